@@ -1,0 +1,5 @@
+"""``python -m octavo`` runs the CLI, like the ``octavo`` script."""
+
+from octavo.entrypoints.cli import main
+
+main()

@@ -1,0 +1,99 @@
+"""The ``AttentionBackend`` contract (see docs/architecture.md, AttentionBackend).
+
+The model runner flattens all scheduled tokens of a step - prefill chunks and decodes
+alike - into one "super-sequence" of ``T`` tokens. For each attention layer the backend
+gets that flattened query/key/value, the layer's paged KV cache and the step's
+:class:`AttentionMetadata`; it writes the new K/V into their slots and returns the
+attention output of every query token, causal within each request (a chunk also sees
+the request's earlier tokens already in the cache).
+
+KV cache layout, one tensor per layer: ``[2, num_blocks, block_size, num_kv_heads,
+head_dim]`` (index 0 holds keys, 1 values). Slot ``s`` is block ``s // block_size``,
+offset ``s % block_size``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step layout of the flattened batch; all tensors live on the model's device.
+
+    Requests are laid out back to back: request ``i`` owns query tokens
+    ``query_start_loc[i]:query_start_loc[i+1]``, which are the *last* tokens of its
+    ``seq_lens[i]`` tokens of context (cached prefix + new tokens).
+    """
+
+    num_actual_tokens: int  # T: flattened query tokens of this step
+    num_reqs: int
+    query_start_loc: torch.Tensor  # int32 [num_reqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_reqs]: context length including this step's tokens
+    block_tables: torch.Tensor  # int32 [num_reqs, max_blocks_per_req]
+    slot_mapping: torch.Tensor  # int64 [T]: cache slot of each new token
+    max_query_len: int
+    max_seq_len: int
+    # Host copies of the small index tensors, so backends can loop without device syncs.
+    query_start_loc_cpu: torch.Tensor | None = None
+    seq_lens_cpu: torch.Tensor | None = None
+
+
+class AttentionImpl:
+    """One attention layer's computation, built by :meth:`AttentionBackend.make_impl`."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        scale: float,
+        num_kv_heads: int,
+        sliding_window: int | None = None,
+    ) -> None:
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads ({num_heads}) must be a multiple of "
+                             f"num_kv_heads ({num_kv_heads})")
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        self.sliding_window = sliding_window
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [T, num_heads, head_dim]
+        key: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [T, num_kv_heads, head_dim]
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, num_heads, head_dim]
+        raise NotImplementedError
+
+
+class AttentionBackend:
+    """A family of attention kernels, registered by name through
+    ``octavo_register_attention_backends``."""
+
+    name: ClassVar[str]
+    supported_head_dims: ClassVar[tuple[int, ...] | None] = None  # None: any
+    supported_block_sizes: ClassVar[tuple[int, ...] | None] = None
+
+    @staticmethod
+    def kv_cache_shape(
+        num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    @classmethod
+    def make_impl(
+        cls,
+        num_heads: int,
+        head_dim: int,
+        scale: float,
+        num_kv_heads: int,
+        sliding_window: int | None = None,
+    ) -> AttentionImpl:
+        raise NotImplementedError

@@ -1,0 +1,75 @@
+"""The worker boundary: what the scheduler sends to workers each step and what comes back.
+
+Plain data only (ints, lists, numpy arrays) - no torch tensors - so a worker may be written
+in any framework and may live in another process (these are msgspec/pickle friendly).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from octavo.sample.params import SamplingParams
+
+
+@dataclass
+class NewRequestData:
+    """A request the workers have not seen yet (or see again after preemption)."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int
+    # Output tokens already generated: non-empty when resuming after preemption.
+    output_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class CachedRequestData:
+    """Running requests the workers already hold, as parallel lists.
+
+    Workers keep each request's sampled tokens themselves; ``new_block_ids`` are the
+    blocks appended since the last step.
+    """
+
+    req_ids: list[str] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    # req_id -> number of tokens to compute this step (prefill chunk, 1, or 1 + drafts).
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    # Requests that finished or were preempted since the last step: workers drop them.
+    finished_req_ids: set[str] = field(default_factory=set)
+    # req_id -> draft tokens to verify this step (speculative decoding).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class LogprobsLists:
+    """Top-n logprobs of sampled positions; row ``i`` is one generated token.
+
+    Column 0 is the sampled token itself, then the top-n tokens by logprob.
+    """
+
+    token_ids: np.ndarray  # int64 [num_tokens, n + 1]
+    logprobs: np.ndarray  # float32 [num_tokens, n + 1]
+    ranks: np.ndarray  # int64 [num_tokens]: rank of the sampled token (1 = most likely)
+
+
+@dataclass
+class ModelRunnerOutput:
+    req_ids: list[str]
+    # For each request in ``req_ids`` order: tokens sampled this step (empty while a
+    # prompt is still being prefilled in chunks; several with speculative decoding).
+    sampled_token_ids: list[list[int]]
+    logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    # req_id -> prompt logprobs of the prompt positions computed this step.
+    prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)

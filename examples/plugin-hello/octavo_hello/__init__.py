@@ -1,0 +1,1 @@
+"""An example third-party Octavo plugin (see docs/plugins.md)."""

@@ -1,0 +1,1 @@
+"""KV connectors for Octavo's disaggregated prefill/decode: shared storage and Mooncake."""

@@ -1,0 +1,1 @@
+"""The NVIDIA CUDA platform for Octavo."""

@@ -1,0 +1,29 @@
+"""The CUDA platform: an NVIDIA GPU seen by a CUDA (not HIP) build of torch."""
+
+from __future__ import annotations
+
+from octavo.platforms import Availability
+from octavo_triton.gpu_platform import TritonGpuPlatform
+
+
+class CudaPlatform(TritonGpuPlatform):
+    name = "cuda"
+    priority = 100
+    dist_backend = "nccl"
+    attention_backend = "triton"
+    distribution = "octavo-cuda"
+
+    @classmethod
+    def check_available(cls) -> Availability:
+        try:
+            import torch
+        except ImportError as exc:
+            return Availability.no(f"torch cannot be imported: {exc}")
+        if torch.version.hip is not None:
+            return Availability.no(
+                f"torch {torch.__version__} is a HIP (ROCm) build; use --backend rocm")
+        if torch.version.cuda is None:
+            return Availability.no(
+                f"torch {torch.__version__} is a CPU-only build (torch.version.cuda is None); "
+                "install a CUDA build of torch")
+        return cls._device_probe()

@@ -1,0 +1,1 @@
+"""The AWS Trainium/Inferentia platform for Octavo (NKI kernels)."""

@@ -1,0 +1,1 @@
+"""The AMD ROCm platform for Octavo."""

