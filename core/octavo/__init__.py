@@ -1,5 +1,29 @@
-"""Octavo: an LLM inference and serving engine - minimal core plus plugins."""
+"""Octavo: an LLM inference and serving engine - minimal core plus plugins.
 
+``from octavo import LLM, SamplingParams`` is the offline API, as in vLLM.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from octavo.sample.params import SamplingParams
 from octavo.version import __version__
 
-__all__ = ["__version__"]
+if TYPE_CHECKING:
+    from octavo.engine.llm import LLM
+    from octavo.engine.outputs import CompletionOutput, RequestOutput
+
+__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # The engine pulls in torch and the models; import it only when asked for, so
+    # `octavo plugins` and `octavo --help` start fast.
+    if name == "LLM":
+        from octavo.engine.llm import LLM
+
+        return LLM
+    if name in ("CompletionOutput", "RequestOutput"):
+        from octavo.engine import outputs
+
+        return getattr(outputs, name)
+    raise AttributeError(f"module 'octavo' has no attribute {name!r}")

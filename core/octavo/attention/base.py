@@ -7,6 +7,11 @@ gets that flattened query/key/value, the layer's paged KV cache and the step's
 attention output of every query token, causal within each request (a chunk also sees
 the request's earlier tokens already in the cache).
 
+A backend must write *all* of the step's new K/V into the cache before any request of the
+step reads the cache: the prefix cache hands a block to a second request in the same step
+that a first request is filling (a burst sharing a prompt prefix), so that second request
+reads keys written by the first one within the same forward pass.
+
 KV cache layout, one tensor per layer: ``[2, num_blocks, block_size, num_kv_heads,
 head_dim]`` (index 0 holds keys, 1 values). Slot ``s`` is block ``s // block_size``,
 offset ``s % block_size``.

@@ -1,1 +1,2 @@
-"""engine"""
+"""The engine: ``EngineCore`` (schedule, execute, update), the ``Processor`` and
+``OutputProcessor`` around it, and the offline ``LLM``."""

@@ -21,3 +21,39 @@ def octavo_register_scheduling_policies(registry: Registry[Any]) -> None:
 
     for policy in (FcfsPolicy, PriorityPolicy):
         registry.register(policy.name, policy)
+
+
+@hookimpl
+def octavo_register_schedulers(registry: Registry[Any]) -> None:
+    from octavo.sched.scheduler import Scheduler
+
+    registry.register("default", Scheduler)
+
+
+@hookimpl
+def octavo_register_kv_managers(registry: Registry[Any]) -> None:
+    from octavo.kv.manager import KVCacheManager
+
+    registry.register("default", KVCacheManager)
+
+
+@hookimpl
+def octavo_register_attention_backends(registry: Registry[Any]) -> None:
+    from octavo.attention.torch_backend import TorchAttentionBackend
+
+    registry.register(TorchAttentionBackend.name, TorchAttentionBackend)
+
+
+@hookimpl
+def octavo_register_models(registry: Registry[Any]) -> None:
+    from octavo.models.llama import (
+        LlamaForCausalLM,
+        MistralForCausalLM,
+        Qwen2ForCausalLM,
+        Qwen3ForCausalLM,
+    )
+    from octavo.models.mixtral import MixtralForCausalLM
+
+    for model in (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+                  MixtralForCausalLM):
+        registry.register(model.__name__, model)

@@ -6,7 +6,9 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from octavo.kv.hashing import BlockHash
 from octavo.sample.params import SamplingParams
+from octavo.sched.engine_output import EngineCoreEvent
 
 
 class RequestStatus(enum.Enum):
@@ -39,10 +41,21 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first schedule
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | None = None  # the stop_token_ids entry that finished the request
+    # Chained hashes of the full blocks of known tokens, extended as tokens arrive
+    # (octavo.kv.hashing.update_block_hashes).
+    block_hashes: list[BlockHash] = field(default_factory=list, repr=False)
+    # Timestamped events not yet reported in an EngineCoreOutput.
+    events: list[EngineCoreEvent] = field(default_factory=list, repr=False)
+    lora_name: str | None = None  # the LoRA adapter computing this request; None: base model
 
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
 
     @property
     def num_tokens(self) -> int:

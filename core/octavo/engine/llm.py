@@ -1,0 +1,93 @@
+"""``LLM``: the offline API, as in vLLM - ``LLM(model=...).generate(prompts, params)``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from octavo.config import EngineConfig
+from octavo.engine.llm_engine import LLMEngine
+from octavo.engine.outputs import RequestOutput
+from octavo.engine.processor import PromptType
+from octavo.sample.params import SamplingParams
+
+ChatMessages = list[dict[str, str]]
+
+
+class LLM:
+    """An engine in this process. Keywords follow vLLM's ``LLM(...)``: ``model``,
+    ``dtype``, ``seed``, ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
+    ``block_size``, ``enable_prefix_caching``, ``kv_cache_memory`` (bytes), plus Octavo's
+    ``backend`` ("auto", "cpu", ...)."""
+
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model=model, **kwargs))
+
+    def get_tokenizer(self) -> Any:
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: list[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in prompt order."""
+        prompt_list = _as_prompt_list(prompts)
+        params_list = _as_params_list(sampling_params, len(prompt_list))
+        ids = [self.llm_engine.add_request(p, sp, priority=priority[i] if priority else 0)
+               for i, (p, sp) in enumerate(zip(prompt_list, params_list))]
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: ChatMessages | list[ChatMessages],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to conversations, formatted with the model's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts: list[PromptType] = [
+            {"prompt_token_ids": self.get_tokenizer().apply_chat_template(
+                conv, add_generation_prompt=add_generation_prompt, tokenize=True,
+                return_dict=False, **(chat_template_kwargs or {}))}
+            for conv in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=len(request_ids), desc="Processed prompts", unit="req",
+                  disable=not use_tqdm, dynamic_ncols=True) as bar:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        bar.update(1)
+        return [finished[i] for i in request_ids]
+
+
+def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # a single prompt given as token ids
+    return prompts
+
+
+def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None,
+                    count: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams() for _ in range(count)]
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    params = list(params)
+    if len(params) != count:
+        raise ValueError(f"got {len(params)} sampling params for {count} prompts")
+    return params

@@ -1,0 +1,67 @@
+"""``LLMEngine``: the in-process engine - processor, engine core and output processor
+wired together. ``LLM`` (offline) drives it; the online server uses the same parts with
+the core in its own process."""
+
+from __future__ import annotations
+
+import itertools
+
+from octavo.config import ConfigError, EngineConfig
+from octavo.engine.core import EngineCore
+from octavo.engine.output_processor import OutputProcessor
+from octavo.engine.outputs import RequestOutput
+from octavo.engine.processor import Processor, PromptType
+from octavo.models.loader import ModelFiles, load_model_files
+from octavo.platforms import resolve_platform
+from octavo.sample.params import SamplingParams
+
+
+def resolve_max_model_len(config: EngineConfig, files: ModelFiles) -> int:
+    """The context length: the model's own unless the user asks for less."""
+    model_max = int(files.hf_config.get("max_position_embeddings", 2048))
+    wanted = config.model.max_model_len
+    if wanted is None:
+        return model_max
+    if wanted > model_max:
+        raise ConfigError(f"max_model_len={wanted} exceeds the model's "
+                          f"max_position_embeddings={model_max} ({files.source})")
+    return wanted
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        platform = resolve_platform(config.backend)
+        files = load_model_files(config.model.model)
+        self.model_files = files
+        self.tokenizer = files.tokenizer
+        self.max_model_len = resolve_max_model_len(config, files)
+        self.core = EngineCore(config, platform, files, self.max_model_len)
+        eos = files.hf_config.get("eos_token_id")
+        self.processor = Processor(self.tokenizer, self.max_model_len,
+                                   int(files.hf_config["vocab_size"]),
+                                   eos[0] if isinstance(eos, list) else eos)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+
+    def add_request(self, prompt: PromptType, params: SamplingParams,
+                    request_id: str | None = None, priority: int = 0) -> str:
+        request_id = str(next(self._ids)) if request_id is None else request_id
+        processed = self.processor.process_prompt(prompt)
+        children = self.processor.make_requests(request_id, processed, params, priority)
+        self.output_processor.add_request(request_id, processed.prompt, children)
+        for child in children:
+            self.core.add_request(child)
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        self.core.abort_requests(self.output_processor.abort_request(request_id))
+
+    def has_unfinished_requests(self) -> bool:
+        return self.output_processor.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        outputs, to_abort = self.output_processor.process_outputs(self.core.step())
+        if to_abort:
+            self.core.abort_requests(to_abort)
+        return outputs

@@ -1,0 +1,178 @@
+"""``OutputProcessor``: from the engine core's token ids to what the user sees.
+
+Per request it detokenizes incrementally, applies stop strings (asking the core to abort
+a request a stop string ended), converts logprobs, keeps timing metrics, and merges the
+children of an ``n > 1`` request into one ``RequestOutput``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from octavo.engine.detokenizer import IncrementalDetokenizer
+from octavo.engine.outputs import (
+    CompletionOutput,
+    Logprob,
+    RequestMetrics,
+    RequestOutput,
+    SampleLogprobs,
+)
+from octavo.sched.engine_output import EngineCoreEventType, EngineCoreOutput
+from octavo.sched.output import LogprobsLists
+from octavo.sched.request import Request
+
+
+@dataclass
+class SequenceState:
+    """One sample (one engine request) being turned into text."""
+
+    index: int
+    request: Request
+    detokenizer: IncrementalDetokenizer | None
+    output: CompletionOutput
+    metrics: RequestMetrics
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class ParentState:
+    """A user request: its prompt and its n sequences."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sequences: list[SequenceState] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.output.finished() for s in self.sequences)
+
+    def to_output(self) -> RequestOutput:
+        first = self.sequences[0]
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=[s.output for s in self.sequences],
+            finished=self.finished,
+            num_cached_tokens=first.num_cached_tokens,
+            metrics=first.metrics,
+        )
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.parents: dict[str, ParentState] = {}
+        self.sequences: dict[str, tuple[ParentState, SequenceState]] = {}
+
+    def add_request(self, request_id: str, prompt: str | None,
+                    children: list[Request]) -> None:
+        parent = ParentState(request_id, prompt, children[0].prompt_token_ids)
+        for index, child in enumerate(children):
+            params = child.sampling_params
+            detok = (IncrementalDetokenizer(self.tokenizer, child.prompt_token_ids, params)
+                     if params.detokenize else None)
+            state = SequenceState(index, child, detok,
+                                  CompletionOutput(index=index,
+                                                   logprobs=[] if params.logprobs is not None
+                                                   else None),
+                                  RequestMetrics(arrival_time=child.arrival_time))
+            parent.sequences.append(state)
+            self.sequences[child.request_id] = (parent, state)
+        self.parents[request_id] = parent
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.parents)
+
+    def process_outputs(self, outputs: list[EngineCoreOutput],
+                        ) -> tuple[list[RequestOutput], list[str]]:
+        """The updated user requests, and the engine request ids to abort (stop strings)."""
+        updated: dict[str, ParentState] = {}
+        to_abort: list[str] = []
+        now = time.monotonic()
+        for out in outputs:
+            entry = self.sequences.get(out.request_id)
+            if entry is None:
+                continue  # aborted by the user meanwhile
+            parent, seq = entry
+            if self._apply(seq, out, now):
+                to_abort.append(out.request_id)
+            updated[parent.request_id] = parent
+            if seq.output.finished():
+                del self.sequences[out.request_id]
+        results = []
+        for parent in updated.values():
+            results.append(parent.to_output())
+            if parent.finished:
+                del self.parents[parent.request_id]
+        return results, to_abort
+
+    def abort_request(self, request_id: str) -> list[str]:
+        """Forget a user request; returns its engine request ids for the core to abort."""
+        parent = self.parents.pop(request_id, None)
+        if parent is None:
+            return []
+        ids = [s.request.request_id for s in parent.sequences]
+        for engine_id in ids:
+            self.sequences.pop(engine_id, None)
+        return ids
+
+    def _apply(self, seq: SequenceState, out: EngineCoreOutput, now: float) -> bool:
+        """Fold one core output into ``seq``; True when a stop string ended it here."""
+        self._record_events(seq.metrics, out, now)
+        seq.num_cached_tokens = out.num_cached_tokens
+        output = seq.output
+        params = seq.request.sampling_params
+        new_ids = out.new_token_ids
+        output.token_ids.extend(new_ids)
+        if out.new_logprobs is not None and output.logprobs is not None:
+            output.logprobs.extend(self._logprobs(out.new_logprobs))
+            output.cumulative_logprob = sum(
+                step[tok].logprob for step, tok in zip(output.logprobs, output.token_ids))
+        stop_string = None
+        if seq.detokenizer is not None:
+            # A stop token ends the text before itself unless asked to keep it.
+            hide_last = (out.finish_reason == "stop" and out.stop_reason is not None
+                         and not params.include_stop_str_in_output)
+            for token_id in new_ids[:-1] if hide_last else new_ids:
+                delta = seq.detokenizer.add_token(token_id)
+                stop_string = seq.detokenizer.check_stop_strings(len(delta))
+                if stop_string is not None:
+                    break
+            output.text = seq.detokenizer.output_text
+        if stop_string is not None:
+            output.finish_reason, output.stop_reason = "stop", stop_string
+            seq.metrics.finished_time = now
+            return not out.finished
+        if out.finished:
+            output.finish_reason, output.stop_reason = out.finish_reason, out.stop_reason
+            seq.metrics.finished_time = now
+        return False
+
+    def _logprobs(self, lists: LogprobsLists) -> SampleLogprobs:
+        result: SampleLogprobs = []
+        for ids, values, rank in zip(lists.token_ids.tolist(), lists.logprobs.tolist(),
+                                     lists.ranks.tolist()):
+            step: dict[int, Logprob] = {}
+            for column, (token_id, value) in enumerate(zip(ids, values)):
+                if token_id in step:
+                    continue
+                step[token_id] = Logprob(value, rank if column == 0 else column,
+                                         self.tokenizer.decode([token_id]))
+            result.append(step)
+        return result
+
+    @staticmethod
+    def _record_events(metrics: RequestMetrics, out: EngineCoreOutput, now: float) -> None:
+        for event in out.events:
+            if event.type == EngineCoreEventType.SCHEDULED and metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = event.timestamp
+            elif event.type == EngineCoreEventType.PREEMPTED:
+                metrics.num_preemptions += 1
+        if out.new_token_ids:
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.last_token_time = now

@@ -1,0 +1,150 @@
+"""``ArchConfig``: a typed view of an HF ``config.json`` dict for the models of this package.
+
+HF configs come in several dialects (transformers 5 writes ``rope_parameters``, older files
+``rope_theta`` + ``rope_scaling``; Qwen marks sliding-window layers differently from Mistral).
+Reading them once here, with errors that name the field, keeps the models free of dict lookups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from octavo.models.loader import ModelLoadError
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ACTIVATIONS = ("silu",)
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding parameters; ``rope_type`` is one of ``SUPPORTED_ROPE_TYPES``."""
+
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    # llama3 only: the frequency band that is smoothly interpolated.
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ArchConfig:
+    """The fields of an HF config that the Llama-family and Mixtral models read."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    tie_word_embeddings: bool
+    attention_bias: bool
+    mlp_bias: bool
+    # Per layer: the attention window in tokens (a token sees itself and the window - 1
+    # tokens before it, as HF's sliding-window mask), or None for full attention.
+    sliding_windows: tuple[int | None, ...]
+    # Mixture of experts; num_experts == 0 for dense models.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+
+    @classmethod
+    def from_hf(cls, hf_config: dict[str, Any], source: str | Path = "config.json") -> ArchConfig:
+        """Read ``hf_config``; errors are ``ModelLoadError`` naming ``source`` and the field."""
+        reader = _Reader(hf_config, str(source))
+        hidden_size = reader.positive_int("hidden_size")
+        num_heads = reader.positive_int("num_attention_heads")
+        num_layers = reader.positive_int("num_hidden_layers")
+        activation = reader.optional("hidden_act", "silu")
+        if activation not in SUPPORTED_ACTIVATIONS:
+            raise reader.error("hidden_act", f"{activation!r} is not supported "
+                               f"(supported: {', '.join(SUPPORTED_ACTIVATIONS)})")
+        return cls(
+            vocab_size=reader.positive_int("vocab_size"),
+            hidden_size=hidden_size,
+            intermediate_size=reader.positive_int("intermediate_size"),
+            num_hidden_layers=num_layers,
+            num_attention_heads=num_heads,
+            num_key_value_heads=reader.optional("num_key_value_heads", None) or num_heads,
+            head_dim=reader.optional("head_dim", None) or hidden_size // num_heads,
+            rms_norm_eps=float(reader.optional("rms_norm_eps", 1e-6)),
+            rope=_rope(reader),
+            tie_word_embeddings=bool(reader.optional("tie_word_embeddings", False)),
+            attention_bias=bool(reader.optional("attention_bias", False)),
+            mlp_bias=bool(reader.optional("mlp_bias", False)),
+            sliding_windows=_sliding_windows(reader, num_layers),
+            num_experts=int(reader.optional("num_local_experts", 0)),
+            num_experts_per_tok=int(reader.optional("num_experts_per_tok", 0)),
+        )
+
+
+class _Reader:
+    """Field access on the raw dict with errors that say which file and field are wrong."""
+
+    def __init__(self, raw: dict[str, Any], source: str) -> None:
+        self.raw = raw
+        self.source = source
+
+    def error(self, key: str, problem: str) -> ModelLoadError:
+        return ModelLoadError(f"{self.source}: config field {key!r}: {problem}")
+
+    def positive_int(self, key: str) -> int:
+        if key not in self.raw:
+            raise self.error(key, "is missing")
+        value = self.raw[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self.error(key, f"must be a positive integer, got {value!r}")
+        return value
+
+    def optional(self, key: str, default: Any) -> Any:
+        value = self.raw.get(key)
+        return default if value is None else value
+
+
+def _rope(reader: _Reader) -> RopeConfig:
+    """Accept both ``rope_parameters`` (transformers 5) and ``rope_theta`` + ``rope_scaling``."""
+    key = "rope_parameters" if reader.raw.get("rope_parameters") else "rope_scaling"
+    params = reader.optional(key, {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise reader.error(key, f"rope type {rope_type!r} is not supported "
+                                f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
+    defaults = RopeConfig()
+    fields = {
+        "factor": params.get("factor", defaults.factor),
+        "low_freq_factor": params.get("low_freq_factor", defaults.low_freq_factor),
+        "high_freq_factor": params.get("high_freq_factor", defaults.high_freq_factor),
+        "original_max_position_embeddings": params.get(
+            "original_max_position_embeddings", defaults.original_max_position_embeddings),
+    }
+    theta = params.get("rope_theta", reader.optional("rope_theta", defaults.theta))
+    return RopeConfig(theta=float(theta), rope_type=rope_type, **fields)
+
+
+def _sliding_windows(reader: _Reader, num_layers: int) -> tuple[int | None, ...]:
+    """Which layers use a sliding window, in the three ways HF configs say it.
+
+    ``layer_types`` lists each layer; Qwen2/3 use ``use_sliding_window`` and window only the
+    layers from ``max_window_layers`` on; Mistral/Mixtral window every layer when
+    ``sliding_window`` is set.
+    """
+    window = reader.optional("sliding_window", None)
+    if window is None:
+        return (None,) * num_layers
+    layer_types = reader.optional("layer_types", None)
+    if layer_types is not None:
+        if len(layer_types) != num_layers:
+            raise reader.error("layer_types", f"has {len(layer_types)} entries for "
+                                              f"{num_layers} layers")
+        return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
+    if "use_sliding_window" in reader.raw:
+        if not reader.raw["use_sliding_window"]:
+            return (None,) * num_layers
+        first = reader.optional("max_window_layers", 0)
+        return tuple(window if layer >= first else None for layer in range(num_layers))
+    return (window,) * num_layers

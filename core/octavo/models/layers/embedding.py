@@ -1,0 +1,64 @@
+"""Token embedding and LM head, split over the vocabulary across tensor-parallel ranks.
+
+Each rank holds ``vocab_size / tp_size`` consecutive rows. The embedding looks up the ids in
+its range (zeros elsewhere) and sums across ranks; the LM head computes logits for its
+range and gathers them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from octavo.models.layers.parallel import all_gather_last_dim, all_reduce, check_divisible
+from octavo.models.layers.weights import copy_shard, new_parameter
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Token ids ``[T]`` -> embeddings ``[T, hidden]``; ``weight`` reuses an existing
+    parameter instead of allocating one (tied embeddings)."""
+
+    def __init__(
+        self, vocab_size: int, hidden_size: int, tp_rank: int = 0, tp_size: int = 1,
+        weight: nn.Parameter | None = None,
+    ) -> None:
+        super().__init__()
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
+        self.rows_per_rank = check_divisible("vocabulary size", vocab_size, tp_size)
+        self.vocab_start = tp_rank * self.rows_per_rank
+        if weight is None:
+            weight = new_parameter(self.rows_per_rank, hidden_size,
+                                   weight_loader=self.weight_loader)
+        self.weight = weight
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        copy_shard(param.data, loaded, 0, self.tp_rank, self.tp_size)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.embedding(input_ids, self.weight)
+        local_ids = input_ids - self.vocab_start
+        mine = (local_ids >= 0) & (local_ids < self.rows_per_rank)
+        embedded = F.embedding(local_ids * mine, self.weight) * mine[:, None]
+        return all_reduce(embedded)
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+    """The output projection to vocabulary logits; ``tie_to`` shares the embedding's weight
+    (tied embeddings) instead of holding its own."""
+
+    def __init__(
+        self, vocab_size: int, hidden_size: int, tp_rank: int = 0, tp_size: int = 1,
+        tie_to: VocabParallelEmbedding | None = None,
+    ) -> None:
+        tied = None if tie_to is None else tie_to.weight
+        super().__init__(vocab_size, hidden_size, tp_rank, tp_size, weight=tied)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits ``[N, vocab_size]`` for hidden states ``[N, hidden_size]``."""
+        logits = F.linear(hidden, self.weight)
+        if self.tp_size > 1:
+            logits = all_gather_last_dim(logits, self.tp_size)
+        return logits.float()

@@ -1,0 +1,140 @@
+"""Linear layers that know how tensor parallelism splits them.
+
+A column-parallel layer keeps a slice of the output features on each rank, a row-parallel
+layer a slice of the input features (its partial outputs are summed across ranks). Fused
+layers (``MergedColumnParallelLinear`` for gate/up, ``QKVParallelLinear`` for q/k/v) hold
+several HF projections in one weight so one matmul computes them; their weight loader
+places each HF tensor in its shard. ``tp_size`` is 1 until tensor parallelism lands; the
+shapes and loaders are already those of the sharded layers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from octavo.models.layers.parallel import all_reduce, check_divisible
+from octavo.models.layers.weights import copy_shard, new_parameter
+
+
+class LinearBase(nn.Module):
+    """``y = x W^T + b`` with this rank's ``weight [out, in]`` and optional bias."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, tp_rank: int, tp_size: int
+    ) -> None:
+        super().__init__()
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
+        self.weight = new_parameter(out_features, in_features, weight_loader=self.weight_loader)
+        self.bias = new_parameter(out_features, weight_loader=self.weight_loader) if bias else None
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    """The whole layer on every rank (small layers such as an MoE router)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(input_size, output_size, bias, tp_rank=0, tp_size=1)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        copy_shard(param.data, loaded)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks; each rank's output is its slice (no communication)."""
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = False,
+        tp_rank: int = 0, tp_size: int = 1,
+    ) -> None:
+        local = check_divisible("output features", output_size, tp_size)
+        super().__init__(input_size, local, bias, tp_rank, tp_size)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        copy_shard(param.data, loaded, 0, self.tp_rank, self.tp_size)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel projections of the same input stacked in one weight.
+
+    ``shard_id`` (an index into ``output_sizes``) says which projection an HF tensor is;
+    each rank stores its slice of every projection, back to back.
+    """
+
+    def __init__(
+        self, input_size: int, output_sizes: Sequence[int], bias: bool = False,
+        tp_rank: int = 0, tp_size: int = 1,
+    ) -> None:
+        self.local_sizes = [check_divisible("output features", size, tp_size)
+                            for size in output_sizes]
+        super().__init__(input_size, sum(output_sizes), bias, tp_rank, tp_size)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        index = self.shard_index(shard_id)
+        offset = sum(self.local_sizes[:index])
+        dst = param.data.narrow(0, offset, self.local_sizes[index])
+        copy_shard(dst, loaded, 0, self.tp_rank, self.tp_size)
+
+    def shard_index(self, shard_id) -> int:
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.local_sizes):
+            raise ValueError(f"shard id {shard_id!r} is not one of 0..{len(self.local_sizes) - 1}")
+        return shard_id
+
+
+class QKVParallelLinear(MergedColumnParallelLinear):
+    """The q, k and v projections in one weight; shard ids ``"q"``, ``"k"``, ``"v"``.
+
+    Ranks split the heads: each keeps ``num_heads / tp_size`` query heads and
+    ``num_kv_heads / tp_size`` key/value heads.
+    """
+
+    SHARDS = ("q", "k", "v")
+
+    def __init__(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
+        bias: bool = False, tp_rank: int = 0, tp_size: int = 1,
+    ) -> None:
+        self.num_heads = check_divisible("attention heads", num_heads, tp_size)
+        self.num_kv_heads = check_divisible("key/value heads", num_kv_heads, tp_size)
+        sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+        super().__init__(hidden_size, sizes, bias, tp_rank, tp_size)
+
+    def shard_index(self, shard_id) -> int:
+        if shard_id not in self.SHARDS:
+            raise ValueError(f"shard id {shard_id!r} is not one of {self.SHARDS}")
+        return self.SHARDS.index(shard_id)
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks; the partial outputs are summed (all-reduce).
+
+    The bias is added once, after the reduction.
+    """
+
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = False,
+        tp_rank: int = 0, tp_size: int = 1,
+    ) -> None:
+        local = check_divisible("input features", input_size, tp_size)
+        super().__init__(local, output_size, bias, tp_rank, tp_size)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if param is self.bias:
+            copy_shard(param.data, loaded)
+        else:
+            copy_shard(param.data, loaded, 1, self.tp_rank, self.tp_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return super().forward(x)
+        output = all_reduce(F.linear(x, self.weight))
+        return output if self.bias is None else output + self.bias

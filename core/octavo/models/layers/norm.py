@@ -1,0 +1,35 @@
+"""RMSNorm, optionally fused with the residual add that precedes it in a decoder layer."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from octavo.models.layers.weights import new_parameter
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / rms(x)`` over the last dimension, computed in fp32 as HF does.
+
+    ``forward(x, residual)`` first adds ``residual`` to ``x`` and returns the normalised sum
+    together with the sum, which is the next residual; this is how decoder layers chain
+    without a separate add.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = new_parameter(hidden_size)
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return self._normalize(x)
+        x = x + residual
+        return self._normalize(x), x

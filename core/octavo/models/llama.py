@@ -1,0 +1,196 @@
+"""The Llama family: Llama 2/3 (incl. llama3 RoPE scaling), SmolLM, Mistral, Qwen2, Qwen3.
+
+They share one decoder: RMSNorm -> attention with rotary embeddings -> RMSNorm -> gated SiLU
+MLP, with residual adds. The members differ only in small traits, set as class attributes
+on the architecture classes at the bottom (Qwen2 always has q/k/v biases, Qwen3 normalises q
+and k per head) or read from the config (attention/MLP biases, sliding window, tied
+embeddings, RoPE scaling).
+
+Parameter names follow HF's, except that q/k/v and gate/up are fused (see
+``CausalLM.stacked_params``).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from octavo.attention.base import AttentionBackend, AttentionMetadata
+from octavo.models.base import CausalLM, default_dtype
+from octavo.models.config import ArchConfig
+from octavo.models.layers.activation import SiluAndMul
+from octavo.models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from octavo.models.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from octavo.models.layers.norm import RMSNorm
+from octavo.models.layers.rotary import RotaryEmbedding
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self,
+        config: ArchConfig,
+        attn_backend: type[AttentionBackend],
+        sliding_window: int | None,
+        qkv_bias: bool,
+        qk_norm: bool,
+    ) -> None:
+        super().__init__()
+        head_dim = config.head_dim
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, config.num_attention_heads,
+                                          config.num_key_value_heads, bias=qkv_bias)
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.head_dim = head_dim
+        self.o_proj = RowParallelLinear(config.num_attention_heads * head_dim, config.hidden_size,
+                                        bias=config.attention_bias)
+        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.rotary_emb = RotaryEmbedding(head_dim, config.rope)
+        self.attn = attn_backend.make_impl(self.num_heads, head_dim, head_dim**-0.5,
+                                           self.num_kv_heads, sliding_window)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q_size = self.num_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn.forward(q, k, v, kv_cache, attn_metadata)
+        return self.o_proj(out.reshape(num_tokens, q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size, intermediate_size], bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm decoder layer; the residual stream is passed along separately so each norm
+    can fuse the add (see ``RMSNorm``)."""
+
+    def __init__(self, config: ArchConfig, self_attn: LlamaAttention, mlp: nn.Module) -> None:
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_cache, attn_metadata)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ArchConfig, layers: list[LlamaDecoderLayer]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(CausalLM):
+    # Traits of the family members (subclasses below).
+    qkv_bias: ClassVar[bool] = False  # q/k/v biases even when the config has no attention_bias
+    qk_norm: ClassVar[bool] = False  # RMSNorm of each head of q and k before RoPE
+
+    stacked_params = (
+        (".qkv_proj.", ".q_proj.", "q"),
+        (".qkv_proj.", ".k_proj.", "k"),
+        (".qkv_proj.", ".v_proj.", "v"),
+        (".gate_up_proj.", ".gate_proj.", 0),
+        (".gate_up_proj.", ".up_proj.", 1),
+    )
+
+    def __init__(
+        self, config: ArchConfig, attn_backend: type[AttentionBackend], dtype: torch.dtype
+    ) -> None:
+        super().__init__(config, attn_backend, dtype)
+        with default_dtype(dtype):
+            layers = [self.make_layer(index) for index in range(config.num_hidden_layers)]
+            self.model = LlamaModel(config, layers)
+            tie_to = self.model.embed_tokens if config.tie_word_embeddings else None
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tie_to=tie_to)
+
+    def make_layer(self, index: int) -> LlamaDecoderLayer:
+        config = self.config
+        attention = LlamaAttention(config, self.attn_backend, config.sliding_windows[index],
+                                   qkv_bias=self.qkv_bias or config.attention_bias,
+                                   qk_norm=self.qk_norm)
+        return LlamaDecoderLayer(config, attention, self.make_mlp())
+
+    def make_mlp(self) -> nn.Module:
+        """The feed-forward block of a layer (a mixture of experts in MoE subclasses)."""
+        config = self.config
+        return LlamaMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Llama with an optional sliding window (read from the config)."""
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    qkv_bias = True
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    qk_norm = True

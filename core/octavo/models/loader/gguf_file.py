@@ -1,0 +1,82 @@
+"""Loading a GGUF file (llama.cpp's format) as ModelFiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gguf import ReaderTensor
+
+from octavo.models.loader.dequant import SUPPORTED_TYPES
+from octavo.models.loader.errors import ModelLoadError
+from octavo.models.loader.files import ModelFiles
+from octavo.models.loader.gguf_config import synthesize_hf_config
+from octavo.models.loader.gguf_metadata import GgufFile
+from octavo.models.loader.gguf_names import ARCHITECTURES, hf_tensor_name
+from octavo.models.loader.gguf_weights import GgufWeights
+from octavo.models.loader.tokenizer import load_gguf_tokenizer
+
+
+def load_gguf(path: Path) -> ModelFiles:
+    """Read a GGUF's metadata, check every tensor can be loaded, and build its tokenizer.
+
+    All checks happen here, before any weight is dequantized, so a bad file fails at once.
+    """
+    gguf = GgufFile(path)
+    parts = gguf.get("split.count", 1)
+    if parts > 1:
+        raise ModelLoadError(
+            f"{path}: is part 1 of a GGUF split into {parts} files; merge them into one first "
+            "(llama.cpp's `llama-gguf-split --merge`)"
+        )
+    arch = ARCHITECTURES.get(gguf.architecture)
+    if arch is None:
+        raise ModelLoadError(
+            f"{path}: unsupported GGUF architecture {gguf.architecture!r}; "
+            f"supported: {', '.join(ARCHITECTURES)}"
+        )
+    config = synthesize_hf_config(gguf, arch)
+    tensors = _hf_named_tensors(gguf)
+    permuted_heads = _permuted_heads(gguf, config, tensors) if arch.permuted_qk else {}
+    weights = GgufWeights(gguf, tensors, permuted_heads)
+    tokenizer = load_gguf_tokenizer(path, gguf.get("tokenizer.chat_template"))
+    return ModelFiles(path, config, tokenizer, weights)
+
+
+def _hf_named_tensors(gguf: GgufFile) -> dict[str, ReaderTensor]:
+    supported = ", ".join(sorted(t.name for t in SUPPORTED_TYPES))
+    named = {}
+    for tensor in gguf.tensors.values():
+        if tensor.tensor_type not in SUPPORTED_TYPES:
+            raise ModelLoadError(
+                f"{gguf.path}: tensor {tensor.name!r} has unsupported type "
+                f"{tensor.tensor_type.name}; supported: {supported}"
+            )
+        name = hf_tensor_name(tensor.name)
+        if name is None:
+            raise ModelLoadError(
+                f"{gguf.path}: tensor {tensor.name!r} has no known Hugging Face counterpart "
+                f"for GGUF architecture {gguf.architecture!r}"
+            )
+        named[name] = tensor
+    return named
+
+
+def _permuted_heads(
+    gguf: GgufFile, config: dict[str, Any], tensors: dict[str, ReaderTensor]
+) -> dict[str, int]:
+    """Head counts of the Q and K projections (weights and biases) that llama.cpp permuted."""
+    counts = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+    heads = {}
+    for name, tensor in tensors.items():
+        proj = name.split(".")[-2]
+        if proj not in counts:
+            continue
+        rows = int(tensor.shape[-1])  # GGUF lists dimensions fastest-first
+        if rows % (2 * counts[proj]):
+            raise ModelLoadError(
+                f"{gguf.path}: tensor {tensor.name!r} has {rows} rows, which do not split "
+                f"into {counts[proj]} heads of rotary pairs"
+            )
+        heads[name] = counts[proj]
+    return heads

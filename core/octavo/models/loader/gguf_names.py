@@ -1,0 +1,56 @@
+"""The GGUF architectures Octavo reads and llama.cpp's tensor names for their HF parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GgufArchitecture:
+    """What a GGUF ``general.architecture`` becomes on the Hugging Face side."""
+
+    hf_architecture: str
+    model_type: str
+    # llama.cpp's llama converter interleaves the rows of each Q/K head (for its RoPE kernel);
+    # its qwen converters do not.
+    permuted_qk: bool
+
+
+ARCHITECTURES: dict[str, GgufArchitecture] = {
+    "llama": GgufArchitecture("LlamaForCausalLM", "llama", permuted_qk=True),
+    "qwen2": GgufArchitecture("Qwen2ForCausalLM", "qwen2", permuted_qk=False),
+    "qwen3": GgufArchitecture("Qwen3ForCausalLM", "qwen3", permuted_qk=False),
+}
+
+_GLOBAL_TENSORS = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+_LAYER_TENSORS = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def hf_tensor_name(gguf_name: str) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None if unknown."""
+    module, _, kind = gguf_name.rpartition(".")
+    if kind not in ("weight", "bias"):
+        return None
+    if module in _GLOBAL_TENSORS:
+        return f"{_GLOBAL_TENSORS[module]}.{kind}"
+    parts = module.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_TENSORS:
+        return f"model.layers.{parts[1]}.{_LAYER_TENSORS[parts[2]]}.{kind}"
+    return None

@@ -1,0 +1,53 @@
+"""The tensors of a GGUF file, dequantized and renamed to Hugging Face parameters."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from gguf import ReaderTensor
+
+from octavo.models.loader.dequant import dequantize
+from octavo.models.loader.errors import ModelLoadError
+from octavo.models.loader.gguf_metadata import GgufFile
+
+
+def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation.
+
+    HF llama keeps each head's rotary pairs as (first half, second half); llama.cpp's converter
+    interleaves them, viewing the rows of a head as (2, head_dim/2) and transposing. Transposing
+    back restores HF's order. Works for weights and biases alike (rows are dim 0).
+    """
+    rows = weight.shape[0]
+    pairs = weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+    return pairs.transpose(1, 2).reshape(weight.shape)
+
+
+class GgufWeights:
+    """Streams a GGUF's tensors as ``(hf_name, tensor)``; see ``ModelFiles.iter_weights``."""
+
+    def __init__(
+        self, gguf: GgufFile, tensors: dict[str, ReaderTensor], permuted_heads: dict[str, int]
+    ) -> None:
+        self.gguf = gguf  # kept open: the tensors are views into its memory map
+        self.tensors = tensors  # HF name -> GGUF tensor
+        self.permuted_heads = permuted_heads  # HF name -> head count, for Q/K to unpermute
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.tensors.items():
+            # GGUF lists dimensions fastest-first; torch wants them slowest-first.
+            shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
+            weight = dequantize(tensor.data, tensor.tensor_type, shape)
+            if name in self.permuted_heads:
+                weight = unpermute_qk(weight, self.permuted_heads[name])
+            yield name, weight
+
+    def file_of(self, name: str) -> Path:
+        if name not in self.tensors:
+            raise ModelLoadError(f"{self.gguf.path}: holds no weight named {name!r}")
+        return self.gguf.path

@@ -1,0 +1,273 @@
+"""``Scheduler``: which requests compute how many tokens each step (vLLM V1 style).
+
+There are no prefill and decode phases. Every request has ``num_tokens`` (prompt plus
+output) and ``num_computed_tokens`` (those whose K/V are in the cache); each step grants
+requests new tokens within a token budget (``max_num_batched_tokens``) and a cap on
+running requests (``max_num_seqs``). A prompt gets chunks of what the budget leaves
+(chunked prefill, always on); a decode gets 1.
+
+Order: running requests first, in policy order; when the KV pool cannot hold a running
+request's new tokens, the policy's least valued running request that has not been
+scheduled this step is preempted (its blocks are freed and it goes back to waiting, to
+be recomputed later - cheaply, since its full blocks stay in the prefix cache until
+evicted). Then, if nothing was preempted, waiting requests in policy order, each
+starting after its longest cached prefix.
+
+``num_computed_tokens`` advances when a request is scheduled, not when its output
+returns: the tokens of a step are as good as computed once the step is sent, so the
+next step can be planned from the scheduler's state alone.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from octavo.kv.block import KVBlock
+from octavo.plugins import get_registries
+from octavo.sched.config import SchedulerConfig
+from octavo.sched.engine_output import (
+    EngineCoreEvent,
+    EngineCoreEventType,
+    EngineCoreOutput,
+    SchedulerStats,
+)
+from octavo.sched.output import (
+    CachedRequestData,
+    LogprobsLists,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from octavo.sched.request import Request, RequestStatus
+from octavo.sched.stop import check_stop
+
+
+@dataclass
+class _Step:
+    """The step being planned."""
+
+    token_budget: int
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    new_reqs: list[NewRequestData] = field(default_factory=list)
+    cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
+    preempted: bool = False
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        registries = get_registries()
+        self.policy = registries.scheduling_policies.get(config.policy)()
+        kv_manager_cls = registries.kv_managers.get(config.kv_manager)
+        self.kv_manager = kv_manager_cls(
+            config.num_blocks, config.block_size, enable_caching=config.enable_prefix_caching
+        )
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.waiting: list[Request] = []  # kept in policy order
+        self.running: list[Request] = []
+        # Finished, aborted or preempted since the last step: the workers drop their state.
+        self.finished_req_ids: set[str] = set()
+
+    def add_request(self, request: Request) -> None:
+        request_id = request.request_id
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in the scheduler")
+        if not 0 < request.num_prompt_tokens <= self.config.max_model_len:
+            raise ValueError(
+                f"request {request_id!r}: the prompt has {request.num_prompt_tokens} tokens; "
+                f"it must have between 1 and max_model_len ({self.config.max_model_len})"
+            )
+        request.events.append(EngineCoreEvent.now(EngineCoreEventType.QUEUED))
+        self.requests[request_id] = request
+        bisect.insort(self.waiting, request, key=self.policy.sort_key)
+
+    def schedule(self) -> SchedulerOutput:
+        step = _Step(token_budget=self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.preempted:
+            self._schedule_waiting(step)
+        output = SchedulerOutput(
+            scheduled_new_reqs=step.new_reqs,
+            scheduled_cached_reqs=step.cached_reqs,
+            num_scheduled_tokens=step.num_scheduled_tokens,
+            total_num_scheduled_tokens=sum(step.num_scheduled_tokens.values()),
+            finished_req_ids=self.finished_req_ids,
+        )
+        self.finished_req_ids = set()
+        return output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Append the sampled tokens, finish the requests that stop, report to the front end."""
+        sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
+        outputs: list[EngineCoreOutput] = []
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            # A request mid-prefill has nothing to sample yet; ignore whatever came back.
+            prefill_done = request.num_computed_tokens >= request.num_tokens
+            new_token_ids = self._append_tokens(
+                request, sampled.get(request_id, []) if prefill_done else [])
+            logprobs = model_runner_output.logprobs.get(request_id)
+            prompt_logprobs = model_runner_output.prompt_logprobs.get(request_id)
+            if new_token_ids or request.is_finished or prompt_logprobs is not None:
+                outputs.append(EngineCoreOutput(
+                    request_id=request_id,
+                    new_token_ids=new_token_ids,
+                    finish_reason=request.status.value if request.is_finished else None,
+                    stop_reason=request.stop_reason,
+                    new_logprobs=_first_rows(logprobs, len(new_token_ids)),
+                    new_prompt_logprobs=prompt_logprobs,
+                    num_cached_tokens=request.num_cached_tokens,
+                    events=request.events,
+                ))
+                request.events = []
+        return outputs
+
+    def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
+        """End requests from outside (abort, or a stop string the front end found). Unknown
+        or already finished ids are ignored: the request may have finished meanwhile."""
+        if not status.finished:
+            raise ValueError(f"finish_requests needs a finished status, got {status}")
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is not None:
+                self._finish(request, status)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def has_finished_requests(self) -> bool:
+        """Whether the next step has finished ids to tell the workers (even with no work)."""
+        return bool(self.finished_req_ids)
+
+    def reset_prefix_cache(self) -> None:
+        self.kv_manager.reset_prefix_cache()
+
+    def make_stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_manager.usage,
+            prefix_cache=dataclasses.replace(self.kv_manager.prefix_stats),
+        )
+
+    def _schedule_running(self, step: _Step) -> None:
+        for request in self.policy.order(self.running):
+            if step.token_budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new_tokens = min(request.num_tokens - request.num_computed_tokens,
+                                 step.token_budget)
+            new_blocks = self._allocate_or_preempt(request, num_new_tokens, step)
+            if new_blocks is None:
+                break  # it preempted itself: no request after it in policy order fits either
+            cached = step.cached_reqs
+            cached.req_ids.append(request.request_id)
+            cached.new_block_ids.append([block.block_id for block in new_blocks])
+            cached.num_computed_tokens.append(request.num_computed_tokens)
+            self._grant(request, num_new_tokens, step)
+
+    def _allocate_or_preempt(
+        self, request: Request, num_new_tokens: int, step: _Step
+    ) -> list[KVBlock] | None:
+        """Allocate, preempting the policy's victim until it fits; ``None`` once the victim
+        is ``request`` itself. Only requests not yet scheduled this step can be victims:
+        their blocks are not about to be written by this step's forward pass."""
+        while True:
+            new_blocks = self.kv_manager.allocate_slots(request, num_new_tokens)
+            if new_blocks is not None:
+                return new_blocks
+            candidates = [r for r in self.running
+                          if r.request_id not in step.num_scheduled_tokens]
+            victim = self.policy.pick_victim(candidates)
+            self._preempt(victim)
+            step.preempted = True
+            if victim is request:
+                return None
+
+    def _schedule_waiting(self, step: _Step) -> None:
+        while (self.waiting and step.token_budget > 0
+               and len(self.running) < self.config.max_num_seqs):
+            request = self.waiting[0]
+            hit_blocks, num_hit_tokens = self.kv_manager.get_computed_blocks(request)
+            num_new_tokens = min(request.num_tokens - num_hit_tokens, step.token_budget)
+            if self.kv_manager.allocate_slots(request, num_new_tokens, hit_blocks) is None:
+                break  # keep policy order: nothing behind it jumps the queue
+            self.waiting.pop(0)
+            if request.status is RequestStatus.WAITING:  # not a preempted one coming back
+                request.num_cached_tokens = num_hit_tokens
+            request.num_computed_tokens = num_hit_tokens
+            request.status = RequestStatus.RUNNING
+            request.events.append(EngineCoreEvent.now(EngineCoreEventType.SCHEDULED))
+            self.running.append(request)
+            step.new_reqs.append(NewRequestData(
+                req_id=request.request_id,
+                prompt_token_ids=list(request.prompt_token_ids),
+                sampling_params=request.sampling_params,
+                block_ids=self.kv_manager.get_block_ids(request.request_id),
+                num_computed_tokens=num_hit_tokens,
+                output_token_ids=list(request.output_token_ids),
+            ))
+            self._grant(request, num_new_tokens, step)
+
+    @staticmethod
+    def _grant(request: Request, num_new_tokens: int, step: _Step) -> None:
+        step.num_scheduled_tokens[request.request_id] = num_new_tokens
+        step.token_budget -= num_new_tokens
+        request.num_computed_tokens += num_new_tokens
+
+    def _preempt(self, request: Request) -> None:
+        """Free the request's blocks and send it back to waiting, to be recomputed."""
+        self.kv_manager.free(request)
+        self.running.remove(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.events.append(EngineCoreEvent.now(EngineCoreEventType.PREEMPTED))
+        bisect.insort(self.waiting, request, key=self.policy.sort_key)
+        self.finished_req_ids.add(request.request_id)
+
+    def _append_tokens(self, request: Request, token_ids: list[int]) -> list[int]:
+        """Append sampled tokens one by one until one of them stops the request."""
+        appended: list[int] = []
+        for token_id in token_ids:
+            request.output_token_ids.append(token_id)
+            appended.append(token_id)
+            if request.num_output_tokens == 1:
+                request.events.append(EngineCoreEvent.now(EngineCoreEventType.FIRST_TOKEN))
+            stop = check_stop(request, self.config.max_model_len)
+            if stop is not None:
+                status, request.stop_reason = stop
+                self._finish(request, status)
+                break
+        return appended
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        queue = self.running if request.status is RequestStatus.RUNNING else self.waiting
+        queue.remove(request)
+        request.status = status
+        self.kv_manager.free(request)
+        del self.requests[request.request_id]
+        self.finished_req_ids.add(request.request_id)
+
+
+def _first_rows(logprobs: LogprobsLists | None, num_rows: int) -> LogprobsLists | None:
+    """The logprobs of the tokens kept (a stop may discard later sampled tokens)."""
+    if logprobs is None or num_rows == 0:
+        return None
+    if len(logprobs.ranks) == num_rows:
+        return logprobs
+    return LogprobsLists(logprobs.token_ids[:num_rows], logprobs.logprobs[:num_rows],
+                         logprobs.ranks[:num_rows])

@@ -1,0 +1,169 @@
+"""``ModelRunner``: executes one ``SchedulerOutput`` - update the persistent batch, run the
+model over the flattened super-sequence, sample the requests that finished their prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import numpy as np
+import torch
+
+from octavo.attention import AttentionBackend
+from octavo.models.base import CausalLM
+from octavo.sample.metadata import SamplingArrays, SamplingMetadata, padded_token_ids
+from octavo.sample.sampler import Sampler, SamplerOutput
+from octavo.sched.output import (
+    LogprobsLists,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
+from octavo.worker.input_batch import CachedRequestState, InputBatch, new_generator
+from octavo.worker.step_inputs import StepInputs, prepare_step
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        attn_backend: type[AttentionBackend],
+        *,
+        block_size: int,
+        max_num_reqs: int,
+        max_model_len: int,
+        vocab_size: int,
+        eos_token_ids: frozenset[int],
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.attn_backend = attn_backend
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.device = device
+        self.batch = InputBatch(max_num_reqs, max_model_len, -(-max_model_len // block_size))
+        self.sampler = Sampler()
+        self.kv_caches: list[torch.Tensor] = []
+
+    # -- KV cache ---------------------------------------------------------------------
+    def kv_cache_bytes_per_block(self) -> int:
+        shape = self.attn_backend.kv_cache_shape(1, self.block_size, self.model.num_kv_heads,
+                                                 self.model.head_dim)
+        per_layer = int(np.prod(shape)) * torch.finfo(self.model.dtype).bits // 8
+        return per_layer * self.model.num_layers
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        shape = self.attn_backend.kv_cache_shape(num_blocks, self.block_size,
+                                                 self.model.num_kv_heads, self.model.head_dim)
+        self.kv_caches = [torch.zeros(shape, dtype=self.model.dtype, device=self.device)
+                          for _ in range(self.model.num_layers)]
+
+    # -- one step -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(scheduler_output)
+        if not scheduler_output.total_num_scheduled_tokens:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        step = prepare_step(self.batch, scheduler_output.num_scheduled_tokens, self.block_size,
+                            self.device)
+        hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.metadata)
+        sample_rows = step.rows[step.sample_mask]
+        sampled: list[list[int]] = [[] for _ in step.rows]
+        logprobs: dict[str, LogprobsLists] = {}
+        if len(sample_rows):
+            logits = self.model.compute_logits(hidden[step.logits_indices])
+            out = self.sampler(logits, self._sampling_metadata(sample_rows))
+            self._record_samples(step, sample_rows, out, sampled, logprobs)
+        return ModelRunnerOutput(
+            req_ids=[self.batch.req_ids[r] for r in step.rows],
+            sampled_token_ids=sampled,
+            logprobs=logprobs,
+        )
+
+    def _record_samples(self, step: StepInputs, sample_rows: np.ndarray, out: SamplerOutput,
+                        sampled: list[list[int]], logprobs: dict[str, LogprobsLists]) -> None:
+        tokens = out.sampled_token_ids.tolist()
+        positions = np.flatnonzero(step.sample_mask)
+        lists = out.logprobs.tolists() if out.logprobs is not None else None
+        for i, (row, pos) in enumerate(zip(sample_rows.tolist(), positions.tolist())):
+            self.batch.append_token(row, tokens[i])
+            sampled[pos] = [tokens[i]]
+            req_id = self.batch.req_ids[row]
+            n = self.batch.states[req_id].sampling_params.logprobs
+            if lists is not None and n is not None:
+                logprobs[req_id] = LogprobsLists(lists.token_ids[i : i + 1, : n + 1],
+                                                 lists.logprobs[i : i + 1, : n + 1],
+                                                 lists.ranks[i : i + 1])
+
+    # -- persistent batch ---------------------------------------------------------------
+    def _update_states(self, so: SchedulerOutput) -> None:
+        for req_id in so.finished_req_ids:
+            if req_id in self.batch.req_index:
+                self.batch.remove(req_id)
+        for new in so.scheduled_new_reqs:
+            self._add_request(new)
+        cached = so.scheduled_cached_reqs
+        for req_id, block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
+                                                   cached.num_computed_tokens):
+            row = self.batch.req_index[req_id]
+            self.batch.append_blocks(row, block_ids)
+            self.batch.num_computed_tokens[row] = num_computed
+
+    def _add_request(self, new: NewRequestData) -> None:
+        if new.req_id in self.batch.req_index:  # resumed after preemption: start afresh
+            self.batch.remove(new.req_id)
+        state = CachedRequestState(
+            req_id=new.req_id,
+            prompt_token_ids=list(new.prompt_token_ids),
+            sampling_params=new.sampling_params,
+            output_token_ids=list(new.output_token_ids),
+            generator=new_generator(new.sampling_params),
+            block_ids=list(new.block_ids),
+        )
+        self.batch.add(state, new.num_computed_tokens)
+
+    # -- sampling -----------------------------------------------------------------------
+    def _sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
+        states = [self.batch.states[self.batch.req_ids[r]] for r in rows.tolist()]
+        params = [s.sampling_params for s in states]
+        arrays = SamplingArrays(**{f.name: getattr(self.batch.sampling, f.name)[rows]
+                                   for f in fields(SamplingArrays)})
+        uses_penalties = any(p.repetition_penalty != 1.0 or p.presence_penalty
+                             or p.frequency_penalty for p in params)
+        return SamplingMetadata.from_arrays(
+            arrays,
+            len(rows),
+            self.vocab_size,
+            output_token_ids=[s.output_token_ids for s in states],
+            generators={i: s.generator for i, s in enumerate(states) if s.generator},
+            prompt_token_ids=(padded_token_ids([s.prompt_token_ids for s in states],
+                                               self.vocab_size, self.device)
+                              if uses_penalties else None),
+            logit_bias=[p.logit_bias for p in params],
+            allowed_token_ids_mask=self._allowed_mask(params),
+            bad_words_token_ids=[p.bad_words_token_ids for p in params],
+            min_tokens=self._min_tokens(params, states),
+            max_num_logprobs=max((p.logprobs for p in params if p.logprobs is not None),
+                                 default=None),
+            device=self.device,
+        )
+
+    def _allowed_mask(self, params: list) -> torch.Tensor | None:
+        if not any(p.allowed_token_ids for p in params):
+            return None
+        mask = torch.ones(len(params), self.vocab_size, dtype=torch.bool)
+        for row, p in enumerate(params):
+            if p.allowed_token_ids:
+                mask[row] = False
+                mask[row, p.allowed_token_ids] = True
+        return mask.to(self.device)
+
+    def _min_tokens(self, params: list, states: list[CachedRequestState],
+                    ) -> dict[int, tuple[int, frozenset[int]]]:
+        result = {}
+        for row, (p, s) in enumerate(zip(params, states)):
+            if p.min_tokens and len(s.output_token_ids) < p.min_tokens:
+                stop = frozenset(p.stop_token_ids)
+                result[row] = (p.min_tokens, stop if p.ignore_eos else stop | self.eos_token_ids)
+        return result

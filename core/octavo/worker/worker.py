@@ -1,0 +1,65 @@
+"""``Worker``: owns one device - loads the model onto it, sizes and allocates the KV cache,
+and runs the model runner for each step."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from octavo.config import EngineConfig
+from octavo.models.build import build_model
+from octavo.models.loader import ModelFiles
+from octavo.platforms import Platform
+from octavo.plugins import get_registries
+from octavo.sched.output import ModelRunnerOutput, SchedulerOutput
+from octavo.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+CPU_DEFAULT_KV_BYTES = 4 * 2**30
+CPU_DEFAULT_KV_FRACTION = 0.4  # of the RAM available at start-up
+
+
+class Worker:
+    def __init__(self, config: EngineConfig, platform: type[Platform], files: ModelFiles,
+                 max_model_len: int) -> None:
+        self.config = config
+        self.platform = platform
+        self.device = torch.device(platform.device_type)
+        torch.manual_seed(config.model.seed)
+        dtype = config.model.torch_dtype(platform.default_dtype)
+        backend_name = config.attention_backend or platform.attention_backend
+        attn_backend = get_registries().attention_backends.get(backend_name)
+        model = build_model(files, dtype, attn_backend, device=self.device)
+        eos = files.hf_config.get("eos_token_id")
+        eos_ids = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        self.runner = ModelRunner(
+            model, attn_backend,
+            block_size=config.cache.block_size,
+            max_num_reqs=config.max_num_seqs,
+            max_model_len=max_model_len,
+            vocab_size=int(files.hf_config["vocab_size"]),
+            eos_token_ids=eos_ids,
+            device=self.device,
+        )
+
+    def determine_num_blocks(self) -> int:
+        """KV blocks that fit the budget: ``--kv-cache-memory`` when given, else (on the CPU)
+        the smaller of 4 GiB and 40% of the available RAM."""
+        budget = self.config.cache.kv_cache_memory
+        if budget is None:
+            budget = min(CPU_DEFAULT_KV_BYTES,
+                         int(self.platform.free_memory() * CPU_DEFAULT_KV_FRACTION))
+        per_block = self.runner.kv_cache_bytes_per_block()
+        num_blocks = budget // per_block
+        if num_blocks < 1:
+            raise ValueError(f"a KV budget of {budget} bytes holds no block of {per_block} bytes; "
+                             "raise --kv-cache-memory")
+        return num_blocks
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.runner.initialize_kv_cache(num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.runner.execute_model(scheduler_output)

@@ -1,0 +1,53 @@
+"""The free-block queue against a plain list doing the same operations."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from octavo.kv.block import KVBlock
+from octavo.kv.free_queue import FreeBlockQueue
+
+
+def _check_links(queue: FreeBlockQueue, expected: list[KVBlock]) -> None:
+    forward = list(queue)
+    assert [b.block_id for b in forward] == [b.block_id for b in expected]
+    assert len(queue) == len(expected)
+    for prev, nxt in zip(forward, forward[1:]):
+        assert prev.next_free is nxt and nxt.prev_free is prev
+
+
+def test_random_operations_match_a_list() -> None:
+    seed = random.SystemRandom().randrange(2**32)
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    blocks = [KVBlock(i) for i in range(40)]
+    queue = FreeBlockQueue(blocks)
+    model = list(blocks)
+    for _ in range(500):
+        outside = [b for b in blocks if b not in model]
+        op = rng.choice(["popleft", "remove", "append", "appendleft"])
+        if op == "popleft" and model:
+            assert queue.popleft() is model.pop(0)
+        elif op == "remove" and model:
+            block = rng.choice(model)
+            queue.remove(block)
+            model.remove(block)
+        elif op in ("append", "appendleft") and outside:
+            block = rng.choice(outside)
+            getattr(queue, op)(block)
+            model.insert(len(model) if op == "append" else 0, block)
+        _check_links(queue, model)
+
+
+def test_misuse_is_refused() -> None:
+    a, b = KVBlock(0), KVBlock(1)
+    queue = FreeBlockQueue([a])
+    with pytest.raises(ValueError, match="block 0 is already in"):
+        queue.append(a)
+    with pytest.raises(ValueError, match="block 1 is not in"):
+        queue.remove(b)
+    assert queue.popleft() is a
+    with pytest.raises(IndexError, match="empty"):
+        queue.popleft()

@@ -1,0 +1,113 @@
+"""Tiny random HF models (Llama, Qwen2, Qwen3, Mistral, Mixtral) for tests, built locally.
+
+``save_tiny_model(arch, folder, seed)`` writes an HF folder (config.json, model.safetensors,
+tokenizer.json with a chat template) and returns the HF transformers model with the same
+weights, in eval mode with eager attention, to serve as the reference. Each architecture
+exercises one family trait: llama3 RoPE scaling (llama), q/k/v biases (qwen2), per-head q/k
+norms, head_dim != hidden/heads and tied embeddings (qwen3), a sliding window and linear
+RoPE scaling (mistral), a mixture of experts (mixtral).
+
+All weights are random, norms and biases included (HF initialises those to ones/zeros,
+which would hide a norm or bias loaded into the wrong place).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
+
+TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "mixtral")
+
+SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")
+BOS_ID, EOS_ID, PAD_ID = 256, 257, 258  # after the 256 byte tokens
+VOCAB_SIZE = 320  # larger than the tokenizer, as real models pad their vocabulary
+MISTRAL_SLIDING_WINDOW = 8
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>"
+    "{{ message['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+_COMMON = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    initializer_range=0.1,
+    bos_token_id=BOS_ID,
+    eos_token_id=EOS_ID,
+    pad_token_id=PAD_ID,
+    tie_word_embeddings=False,
+)
+
+
+def tiny_config(arch: str) -> PretrainedConfig:
+    """The HF config of the tiny ``arch`` (one of ``TINY_ARCHS``)."""
+    if arch == "llama":
+        return LlamaConfig(**_COMMON, rope_theta=10000.0, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32})
+    if arch == "qwen2":
+        return Qwen2Config(**{**_COMMON, "num_key_value_heads": 1})
+    if arch == "qwen3":
+        return Qwen3Config(**{**_COMMON, "head_dim": 32, "tie_word_embeddings": True})
+    if arch == "mistral":
+        return MistralConfig(**_COMMON, sliding_window=MISTRAL_SLIDING_WINDOW,
+                             rope_scaling={"rope_type": "linear", "factor": 2.0})
+    if arch == "mixtral":
+        return MixtralConfig(**{**_COMMON, "intermediate_size": 96}, num_local_experts=4,
+                             num_experts_per_tok=2)
+    raise ValueError(f"unknown tiny architecture {arch!r}; choose from {TINY_ARCHS}")
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer (one token per byte, no merges) with bos/eos/pad specials."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokenizer = Tokenizer(models.BPE(vocab={char: i for i, char in enumerate(alphabet)},
+                                     merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))
+    bos, eos, pad = SPECIAL_TOKENS
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=bos, eos_token=eos,
+                                   pad_token=pad)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def make_tiny_model(arch: str, seed: int) -> PreTrainedModel:
+    """The tiny HF model with random weights drawn from ``seed`` (eval mode, eager attention)."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch), attn_implementation="eager")
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.1 * torch.randn_like(param))
+    return model.eval()
+
+
+def save_tiny_model(arch: str, folder: Path, seed: int) -> PreTrainedModel:
+    """Write the tiny ``arch`` model and tokenizer to ``folder``; return the HF model."""
+    model = make_tiny_model(arch, seed)
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return model
