@@ -5,8 +5,11 @@
 
 from typing import TYPE_CHECKING, Any
 
+from octavo.logger import init_logger
 from octavo.sample.params import SamplingParams
 from octavo.version import __version__
+
+init_logger()
 
 if TYPE_CHECKING:
     from octavo.engine.llm import LLM

@@ -63,25 +63,26 @@ def test_preemption_keeps_outputs_identical(tiny_llama: Path) -> None:
     assert sum(o.metrics.num_preemptions for o in tight) > 0
 
 
+def greedy(**kwargs) -> SamplingParams:  # type: ignore[no-untyped-def]
+    return SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, **kwargs)
+
+
 def test_stop_conditions(tiny_llama: Path) -> None:
     llm = make_llm(tiny_llama)
     prompt = {"prompt_token_ids": list(range(10, 40))}
-    free_run = llm.generate(prompt, GREEDY)[0].outputs[0]
+    free_run = llm.generate(prompt, greedy())[0].outputs[0]
     stop_token = free_run.token_ids[5]
-    by_token = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24,
-                                                   stop_token_ids=[stop_token]))[0].outputs[0]
+    by_token = llm.generate(prompt, greedy(stop_token_ids=[stop_token]))[0].outputs[0]
     first = free_run.token_ids.index(stop_token)
     assert by_token.token_ids == free_run.token_ids[: first + 1]
     assert by_token.finish_reason == "stop" and by_token.stop_reason == stop_token
     assert free_run.finish_reason == "length" and len(free_run.token_ids) == 24
     stop_text = free_run.text[3:6]
-    by_text = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24,
-                                                  stop=[stop_text]))[0].outputs[0]
+    by_text = llm.generate(prompt, greedy(stop=[stop_text]))[0].outputs[0]
     assert by_text.finish_reason == "stop" and by_text.stop_reason == stop_text
     assert by_text.text == free_run.text[: free_run.text.index(stop_text)]
-    floor = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=24, min_tokens=8,
-                                                stop_token_ids=[stop_token]))[0].outputs[0]
-    assert len(floor.token_ids) >= 8
+    floor = llm.generate(prompt, greedy(min_tokens=8, stop_token_ids=[stop_token]))[0]
+    assert len(floor.outputs[0].token_ids) >= 8
 
 
 def test_eos_stops_unless_ignored(tiny_llama: Path) -> None:
@@ -138,5 +139,42 @@ def test_bad_input_is_named(tiny_llama: Path) -> None:
         llm.generate({"prompt_token_ids": list(range(64))}, GREEDY)
     with pytest.raises(ValueError, match="empty"):
         llm.generate("", GREEDY)
+    with pytest.raises(ValueError, match="logit_bias has token ids outside the vocabulary"):
+        llm.generate({"prompt_token_ids": [1]}, SamplingParams(logit_bias={10**6: 1.0}))
     # The engine still serves after rejecting bad requests.
     assert len(llm.generate({"prompt_token_ids": [1, 2]}, GREEDY)[0].outputs[0].token_ids) == 24
+
+
+def test_prompt_logprobs_match_hf_across_chunks(tmp_path: Path) -> None:
+    import torch
+
+    seed = int(np.random.default_rng().integers(1 << 30))
+    hf = save_tiny_model("qwen2", tmp_path, seed)
+    llm = make_llm(tmp_path, max_num_batched_tokens=16)  # a 50-token prompt takes 4 chunks
+    prompt = np.random.default_rng(seed).integers(0, 256, 50).tolist()
+    out = llm.generate({"prompt_token_ids": prompt},
+                       SamplingParams(max_tokens=1, prompt_logprobs=3))[0]
+    assert out.prompt_logprobs is not None and len(out.prompt_logprobs) == len(prompt)
+    assert out.prompt_logprobs[0] is None
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    for pos in range(1, len(prompt)):
+        step = out.prompt_logprobs[pos]
+        assert step is not None and prompt[pos] in step
+        assert step[prompt[pos]].logprob == pytest.approx(ref[pos - 1, prompt[pos]].item(),
+                                                          abs=1e-4), f"seed {seed} pos {pos}"
+        top = ref[pos - 1].topk(3).indices.tolist()
+        assert set(top) <= set(step), f"seed {seed} pos {pos}"
+
+
+def test_bfloat16_engine_generates(tiny_llama: Path) -> None:
+    """bf16 numerics are checked against HF's bf16 at the model level
+    (test_models_parity); here the whole engine runs in bf16, KV cache included."""
+    import torch
+
+    llm = make_llm(tiny_llama, dtype="bfloat16")
+    out = llm.generate({"prompt_token_ids": [3, 1, 4, 1, 5]}, GREEDY)[0]
+    assert len(out.outputs[0].token_ids) == 24
+    runner = llm.llm_engine.core.worker.runner
+    assert runner.kv_caches[0].dtype == torch.bfloat16
+    assert next(runner.model.parameters()).dtype == torch.bfloat16

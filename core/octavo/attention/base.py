@@ -83,6 +83,7 @@ class AttentionBackend:
     ``octavo_register_attention_backends``."""
 
     name: ClassVar[str]
+    impl_cls: ClassVar[type[AttentionImpl]]  # what make_impl builds, unless overridden
     supported_head_dims: ClassVar[tuple[int, ...] | None] = None  # None: any
     supported_block_sizes: ClassVar[tuple[int, ...] | None] = None
 
@@ -101,4 +102,6 @@ class AttentionBackend:
         num_kv_heads: int,
         sliding_window: int | None = None,
     ) -> AttentionImpl:
-        raise NotImplementedError
+        """One layer's attention; backends that need more than the impl's constructor
+        (workspace buffers, tuned launch parameters) override this."""
+        return cls.impl_cls(num_heads, head_dim, scale, num_kv_heads, sliding_window)

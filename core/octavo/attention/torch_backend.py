@@ -21,21 +21,6 @@ import torch.nn.functional as F
 from octavo.attention.base import AttentionBackend, AttentionImpl, AttentionMetadata
 
 
-class TorchAttentionBackend(AttentionBackend):
-    name = "torch"
-
-    @classmethod
-    def make_impl(
-        cls,
-        num_heads: int,
-        head_dim: int,
-        scale: float,
-        num_kv_heads: int,
-        sliding_window: int | None = None,
-    ) -> TorchAttentionImpl:
-        return TorchAttentionImpl(num_heads, head_dim, scale, num_kv_heads, sliding_window)
-
-
 class TorchAttentionImpl(AttentionImpl):
     def forward(
         self,
@@ -170,3 +155,8 @@ def gather_context(
 
 def _host(host_copy: torch.Tensor | None, device_tensor: torch.Tensor) -> torch.Tensor:
     return device_tensor.cpu() if host_copy is None else host_copy
+
+
+class TorchAttentionBackend(AttentionBackend):
+    name = "torch"
+    impl_cls = TorchAttentionImpl

@@ -15,16 +15,15 @@ from octavo.platforms import Platform
 from octavo.plugins import get_registries
 from octavo.sched.engine_output import EngineCoreOutput
 from octavo.sched.request import Request, RequestStatus
-from octavo.worker.worker import Worker
 
-logger = logging.getLogger("octavo")
+logger = logging.getLogger(__name__)
 
 
 class EngineCore:
     def __init__(self, config: EngineConfig, platform: type[Platform], files: ModelFiles,
                  max_model_len: int) -> None:
         self.config = config
-        self.worker = Worker(config, platform, files, max_model_len)
+        self.worker = platform.worker_class()(config, platform, files, max_model_len)
         num_blocks = self.worker.determine_num_blocks()
         self.worker.initialize_kv_cache(num_blocks)
         try:
@@ -47,6 +46,10 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block not held by a request (e.g. after new weights)."""
+        self.scheduler.reset_prefix_cache()
 
     def step(self) -> list[EngineCoreOutput]:
         scheduler_output = self.scheduler.schedule()

@@ -5,6 +5,8 @@ the core in its own process."""
 from __future__ import annotations
 
 import itertools
+import logging
+from typing import Any
 
 from octavo.config import ConfigError, EngineConfig
 from octavo.engine.core import EngineCore
@@ -14,6 +16,8 @@ from octavo.engine.processor import Processor, PromptType
 from octavo.models.loader import ModelFiles, load_model_files
 from octavo.platforms import resolve_platform
 from octavo.sample.params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_max_model_len(config: EngineConfig, files: ModelFiles) -> int:
@@ -28,6 +32,13 @@ def resolve_max_model_len(config: EngineConfig, files: ModelFiles) -> int:
     return wanted
 
 
+def build_processor(tokenizer: Any, hf_config: dict[str, Any], max_model_len: int) -> Processor:
+    """The ``Processor`` of a model, from its tokenizer and HF config (vocabulary, EOS)."""
+    eos = hf_config.get("eos_token_id")
+    return Processor(tokenizer, max_model_len, int(hf_config["vocab_size"]),
+                     eos[0] if isinstance(eos, list) else eos)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -36,11 +47,11 @@ class LLMEngine:
         self.model_files = files
         self.tokenizer = files.tokenizer
         self.max_model_len = resolve_max_model_len(config, files)
+        logger.info("model %s (%s), platform %s, dtype %s, max_model_len %d", files.source,
+                    ",".join(files.hf_config.get("architectures", ["?"])), platform.name,
+                    config.model.torch_dtype(platform.default_dtype), self.max_model_len)
         self.core = EngineCore(config, platform, files, self.max_model_len)
-        eos = files.hf_config.get("eos_token_id")
-        self.processor = Processor(self.tokenizer, self.max_model_len,
-                                   int(files.hf_config["vocab_size"]),
-                                   eos[0] if isinstance(eos, list) else eos)
+        self.processor = build_processor(self.tokenizer, files.hf_config, self.max_model_len)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 

@@ -44,6 +44,9 @@ class ParentState:
     prompt: str | None
     prompt_token_ids: list[int]
     sequences: list[SequenceState] = field(default_factory=list)
+    # vLLM's shape: None for the first prompt token (nothing precedes it), then one entry per
+    # prompt token; filled as prefill chunks arrive.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -57,6 +60,7 @@ class ParentState:
             prompt_token_ids=self.prompt_token_ids,
             outputs=[s.output for s in self.sequences],
             finished=self.finished,
+            prompt_logprobs=self.prompt_logprobs,
             num_cached_tokens=first.num_cached_tokens,
             metrics=first.metrics,
         )
@@ -71,6 +75,8 @@ class OutputProcessor:
     def add_request(self, request_id: str, prompt: str | None,
                     children: list[Request]) -> None:
         parent = ParentState(request_id, prompt, children[0].prompt_token_ids)
+        if children[0].sampling_params.prompt_logprobs is not None:
+            parent.prompt_logprobs = [None]
         for index, child in enumerate(children):
             params = child.sampling_params
             detok = (IncrementalDetokenizer(self.tokenizer, child.prompt_token_ids, params)
@@ -98,6 +104,9 @@ class OutputProcessor:
             if entry is None:
                 continue  # aborted by the user meanwhile
             parent, seq = entry
+            if out.new_prompt_logprobs is not None and seq.index == 0:
+                assert parent.prompt_logprobs is not None
+                parent.prompt_logprobs.extend(self._logprobs(out.new_prompt_logprobs))
             if self._apply(seq, out, now):
                 to_abort.append(out.request_id)
             updated[parent.request_id] = parent

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from octavo.sample.metadata import check_token_ids
 from octavo.sample.params import SamplingParams
 from octavo.sched.request import Request
 
@@ -78,6 +79,10 @@ class Processor:
                 f"prompt ({num_prompt} tokens) plus max_tokens ({params.max_tokens}) exceeds "
                 f"the context length {self.max_model_len}")
         params.update_from_tokenizer(self.tokenizer)
+        try:
+            check_token_ids(0, params, self.vocab_size)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc).removeprefix("row 0: ")) from None
         arrival = time.monotonic()
         if params.n == 1:
             return [self._request(request_id, prompt, params, priority, arrival)]

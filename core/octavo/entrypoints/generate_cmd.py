@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import click
@@ -48,7 +47,6 @@ def make_engine(config: EngineConfig) -> Any:
     from octavo.models.loader import ModelLoadError
 
     resolve_backend_or_exit(config.backend)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return LLMEngine(config)
     except (ModelLoadError, ConfigError) as exc:

@@ -8,7 +8,10 @@ worker run on it. Platforms are registered through ``octavo_register_platforms``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from octavo.worker.worker import Worker
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,14 @@ class Platform:
     @classmethod
     def is_available(cls) -> bool:
         return cls.check_available().available
+
+    @classmethod
+    def worker_class(cls) -> type[Worker]:
+        """The worker that loads and runs the model on this platform. Imported when asked
+        for: platforms are registered in processes that never build a worker."""
+        from octavo.worker.worker import Worker
+
+        return Worker
 
     @classmethod
     def total_memory(cls) -> int:

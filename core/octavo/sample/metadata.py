@@ -56,8 +56,11 @@ class SamplingArrays:
 
     @classmethod
     def empty(cls, max_rows: int) -> SamplingArrays:
+        """Rows start as neutral greedy settings until ``set_row`` writes them."""
         columns = {f.name: np.zeros(max_rows, dtype=np.float32) for f in fields(cls)}
         columns["top_k"] = np.zeros(max_rows, dtype=np.int64)
+        columns["top_p"][:] = 1.0
+        columns["repetition_penalty"][:] = 1.0
         return cls(**columns)
 
     def set_row(self, row: int, params: SamplingParams) -> None:
@@ -126,7 +129,7 @@ class SamplingMetadata:
     ) -> SamplingMetadata:
         """Tensors for rows ``[0, num_rows)`` of ``arrays``; features no row uses become
         None. ``prompt_token_ids`` (padded, see ``padded_token_ids``) is required when a
-        row has a repetition penalty."""
+        row has a penalty."""
         if len(output_token_ids) != num_rows:
             raise ValueError(
                 f"output_token_ids has {len(output_token_ids)} rows, expected {num_rows}"
@@ -135,27 +138,25 @@ class SamplingMetadata:
         greedy = temperature < _GREEDY_EPS
         top_k = arrays.top_k[:num_rows]
         top_k = np.where((top_k <= 0) | (top_k > vocab_size), vocab_size, top_k)
+        top_p, min_p = arrays.top_p[:num_rows], arrays.min_p[:num_rows]
+        presence = arrays.presence_penalty[:num_rows]
+        frequency = arrays.frequency_penalty[:num_rows]
         repetition = arrays.repetition_penalty[:num_rows]
-        penalties = [arrays.presence_penalty[:num_rows], arrays.frequency_penalty[:num_rows]]
-        use_penalties = (repetition != 1.0).any() or any(p.any() for p in penalties)
+        use_penalties = bool(presence.any() or frequency.any() or (repetition != 1.0).any())
         if use_penalties and prompt_token_ids is None:
             raise ValueError("prompt_token_ids is required when a row has a penalty")
 
-        def tensor(column: np.ndarray, used: bool) -> torch.Tensor | None:
-            # A copy: the runner rewrites its arrays while the previous step's tensors live.
-            return torch.tensor(column, device=device) if used else None
-
         return cls(
-            temperature=tensor(np.where(greedy, 0.0, temperature).astype(np.float32), True),
+            temperature=_tensor(np.where(greedy, 0.0, temperature).astype(np.float32), device),
             all_greedy=bool(greedy.all()),
             all_random=not greedy.any(),
-            top_k=tensor(top_k, bool((top_k < vocab_size).any())),
-            top_p=tensor(arrays.top_p[:num_rows], bool((arrays.top_p[:num_rows] < 1).any())),
-            min_p=tensor(arrays.min_p[:num_rows], bool(arrays.min_p[:num_rows].any())),
+            top_k=_tensor(top_k, device) if (top_k < vocab_size).any() else None,
+            top_p=_tensor(top_p, device) if (top_p < 1).any() else None,
+            min_p=_tensor(min_p, device) if min_p.any() else None,
             generators=generators or {},
-            presence_penalties=tensor(penalties[0], use_penalties),
-            frequency_penalties=tensor(penalties[1], use_penalties),
-            repetition_penalties=tensor(repetition, use_penalties),
+            presence_penalties=_tensor(presence, device) if use_penalties else None,
+            frequency_penalties=_tensor(frequency, device) if use_penalties else None,
+            repetition_penalties=_tensor(repetition, device) if use_penalties else None,
             prompt_token_ids=prompt_token_ids if use_penalties else None,
             output_token_ids=output_token_ids,
             logit_bias=logit_bias or [None] * num_rows,
@@ -189,14 +190,13 @@ class SamplingMetadata:
         arrays = SamplingArrays.empty(num_rows)
         for row, p in enumerate(params):
             arrays.set_row(row, p)
-            _check_token_ids(row, p, vocab_size)
+            check_token_ids(row, p, vocab_size)
         if generators is None:
             generators = {
                 row: make_generator(p.seed, device)
                 for row, p in enumerate(params)
-                if p.sampling_type == SamplingType.RANDOM_SEED
+                if p.seed is not None and p.sampling_type != SamplingType.GREEDY
             }
-        eos = frozenset(eos_token_ids)
         num_logprobs = [p.logprobs for p in params if p.logprobs is not None]
         return cls.from_arrays(
             arrays,
@@ -209,22 +209,18 @@ class SamplingMetadata:
                 else padded_token_ids(prompt_token_ids, vocab_size, device)
             ),
             logit_bias=[p.logit_bias or None for p in params],
-            allowed_token_ids_mask=_allowed_token_ids_mask(params, vocab_size, device),
+            allowed_token_ids_mask=allowed_token_ids_mask(params, vocab_size, device),
             bad_words_token_ids=[p.bad_words_token_ids for p in params],
-            min_tokens={
-                row: (p.min_tokens, frozenset(p.all_stop_token_ids) | (
-                    frozenset() if p.ignore_eos else eos))
-                for row, p in enumerate(params)
-                if p.min_tokens > 0
-            },
+            min_tokens=min_tokens_rows(params, eos_token_ids),
             max_num_logprobs=max(num_logprobs) if num_logprobs else None,
             device=device,
         )
 
 
-def _allowed_token_ids_mask(
-    params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str
+def allowed_token_ids_mask(
+    params: Sequence[SamplingParams], vocab_size: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor | None:
+    """[B, V] bool, True where a row may sample the token; None when no row restricts."""
     rows = [(row, p.allowed_token_ids) for row, p in enumerate(params) if p.allowed_token_ids]
     if not rows:
         return None
@@ -235,7 +231,25 @@ def _allowed_token_ids_mask(
     return mask.to(device)
 
 
-def _check_token_ids(row: int, params: SamplingParams, vocab_size: int) -> None:
+def min_tokens_rows(
+    params: Sequence[SamplingParams], eos_token_ids: Iterable[int] = ()
+) -> dict[int, tuple[int, frozenset[int]]]:
+    """row -> (min_tokens, the stop and EOS ids to suppress below it) for rows that set
+    min_tokens. EOS is left alone for requests with ``ignore_eos``."""
+    eos = frozenset(eos_token_ids)
+    return {
+        row: (p.min_tokens, frozenset(p.stop_token_ids) | (frozenset() if p.ignore_eos else eos))
+        for row, p in enumerate(params)
+        if p.min_tokens > 0
+    }
+
+
+def _tensor(column: np.ndarray, device: torch.device | str) -> torch.Tensor:
+    # A copy: the runner rewrites its arrays while the previous step's tensors live on.
+    return torch.tensor(column, device=device)
+
+
+def check_token_ids(row: int, params: SamplingParams, vocab_size: int) -> None:
     """Token ids a request names must index the vocabulary; say which field is wrong."""
     named = {
         "logit_bias": list(params.logit_bias or ()),

@@ -63,6 +63,7 @@ class Sampler(torch.nn.Module):
             return drawn
         return torch.where(is_greedy, logits.argmax(dim=-1), drawn)
 
+
 def exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
     """One token per row of ``probs`` [B, V]; rows in ``generators`` use their own."""
     noise = torch.empty_like(probs)

@@ -103,9 +103,9 @@ class InputBatch:
         self.sampling.copy_row(src, dst)
 
 
-def new_generator(params: SamplingParams) -> torch.Generator | None:
+def new_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
     """A seeded request's own generator, kept for its whole life (see make_generator)."""
     if params.sampling_type != SamplingType.RANDOM_SEED:
         return None
     assert params.seed is not None
-    return make_generator(params.seed)
+    return make_generator(params.seed, device)

@@ -11,7 +11,14 @@ import torch
 
 from octavo.attention import AttentionBackend
 from octavo.models.base import CausalLM
-from octavo.sample.metadata import SamplingArrays, SamplingMetadata, padded_token_ids
+from octavo.sample.logprobs import compute_prompt_logprobs
+from octavo.sample.metadata import (
+    SamplingArrays,
+    SamplingMetadata,
+    allowed_token_ids_mask,
+    min_tokens_rows,
+    padded_token_ids,
+)
 from octavo.sample.sampler import Sampler, SamplerOutput
 from octavo.sched.output import (
     LogprobsLists,
@@ -67,7 +74,8 @@ class ModelRunner:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         step = prepare_step(self.batch, scheduler_output.num_scheduled_tokens, self.block_size,
                             self.device)
-        hidden = self.model(step.input_ids, step.positions, self.kv_caches, step.metadata)
+        hidden = self.run_model(step)
+        prompt_logprobs = self._prompt_logprobs(step, hidden)
         sample_rows = step.rows[step.sample_mask]
         sampled: list[list[int]] = [[] for _ in step.rows]
         logprobs: dict[str, LogprobsLists] = {}
@@ -79,7 +87,36 @@ class ModelRunner:
             req_ids=[self.batch.req_ids[r] for r in step.rows],
             sampled_token_ids=sampled,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
+
+    def _prompt_logprobs(self, step: StepInputs, hidden: torch.Tensor,
+                         ) -> dict[str, LogprobsLists]:
+        """Logprobs of each prompt token given the ones before it, for the prompt positions
+        computed this step (position p scores prompt token p + 1)."""
+        result: dict[str, LogprobsLists] = {}
+        starts = step.metadata.query_start_loc_cpu
+        for i, row in enumerate(step.rows.tolist()):
+            state = self.batch.states[self.batch.req_ids[row]]
+            num_logprobs = state.sampling_params.prompt_logprobs
+            if num_logprobs is None:
+                continue
+            first = int(self.batch.num_computed_tokens[row])
+            last = min(first + int(starts[i + 1] - starts[i]),
+                       int(self.batch.num_prompt_tokens[row]) - 1)
+            if last <= first:
+                continue
+            flat = torch.arange(int(starts[i]), int(starts[i]) + last - first)
+            targets = torch.from_numpy(self.batch.token_ids[row, first + 1 : last + 1])
+            logits = self.model.compute_logits(hidden[flat.to(self.device)])
+            result[state.req_id] = compute_prompt_logprobs(
+                logits, targets.to(self.device), num_logprobs).tolists()
+        return result
+
+    def run_model(self, step: StepInputs) -> torch.Tensor:
+        """The forward pass of one step: hidden states ``[T, hidden]``. GPU runners
+        override it to replay a captured CUDA graph when the step fits one."""
+        return self.model(step.input_ids, step.positions, self.kv_caches, step.metadata)
 
     def _record_samples(self, step: StepInputs, sample_rows: np.ndarray, out: SamplerOutput,
                         sampled: list[list[int]], logprobs: dict[str, LogprobsLists]) -> None:
@@ -118,7 +155,7 @@ class ModelRunner:
             prompt_token_ids=list(new.prompt_token_ids),
             sampling_params=new.sampling_params,
             output_token_ids=list(new.output_token_ids),
-            generator=new_generator(new.sampling_params),
+            generator=new_generator(new.sampling_params, self.device),
             block_ids=list(new.block_ids),
         )
         self.batch.add(state, new.num_computed_tokens)
@@ -141,29 +178,10 @@ class ModelRunner:
                                                self.vocab_size, self.device)
                               if uses_penalties else None),
             logit_bias=[p.logit_bias for p in params],
-            allowed_token_ids_mask=self._allowed_mask(params),
+            allowed_token_ids_mask=allowed_token_ids_mask(params, self.vocab_size, self.device),
             bad_words_token_ids=[p.bad_words_token_ids for p in params],
-            min_tokens=self._min_tokens(params, states),
+            min_tokens=min_tokens_rows(params, self.eos_token_ids),
             max_num_logprobs=max((p.logprobs for p in params if p.logprobs is not None),
                                  default=None),
             device=self.device,
         )
-
-    def _allowed_mask(self, params: list) -> torch.Tensor | None:
-        if not any(p.allowed_token_ids for p in params):
-            return None
-        mask = torch.ones(len(params), self.vocab_size, dtype=torch.bool)
-        for row, p in enumerate(params):
-            if p.allowed_token_ids:
-                mask[row] = False
-                mask[row, p.allowed_token_ids] = True
-        return mask.to(self.device)
-
-    def _min_tokens(self, params: list, states: list[CachedRequestState],
-                    ) -> dict[int, tuple[int, frozenset[int]]]:
-        result = {}
-        for row, (p, s) in enumerate(zip(params, states)):
-            if p.min_tokens and len(s.output_token_ids) < p.min_tokens:
-                stop = frozenset(p.stop_token_ids)
-                result[row] = (p.min_tokens, stop if p.ignore_eos else stop | self.eos_token_ids)
-        return result

@@ -3,8 +3,6 @@ and runs the model runner for each step."""
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from octavo.config import EngineConfig
@@ -15,13 +13,13 @@ from octavo.plugins import get_registries
 from octavo.sched.output import ModelRunnerOutput, SchedulerOutput
 from octavo.worker.model_runner import ModelRunner
 
-logger = logging.getLogger(__name__)
-
 CPU_DEFAULT_KV_BYTES = 4 * 2**30
 CPU_DEFAULT_KV_FRACTION = 0.4  # of the RAM available at start-up
 
 
 class Worker:
+    runner_class: type[ModelRunner] = ModelRunner  # device workers bring their own runner
+
     def __init__(self, config: EngineConfig, platform: type[Platform], files: ModelFiles,
                  max_model_len: int) -> None:
         self.config = config
@@ -34,7 +32,7 @@ class Worker:
         model = build_model(files, dtype, attn_backend, device=self.device)
         eos = files.hf_config.get("eos_token_id")
         eos_ids = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        self.runner = ModelRunner(
+        self.runner = self.runner_class(
             model, attn_backend,
             block_size=config.cache.block_size,
             max_num_reqs=config.max_num_seqs,
