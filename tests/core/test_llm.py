@@ -178,3 +178,15 @@ def test_bfloat16_engine_generates(tiny_llama: Path) -> None:
     runner = llm.llm_engine.core.worker.runner
     assert runner.kv_caches[0].dtype == torch.bfloat16
     assert next(runner.model.parameters()).dtype == torch.bfloat16
+
+
+def test_octavo_chat_streams_replies(tiny_llama: Path) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "octavo", "chat", "--model", str(tiny_llama), "--max-tokens", "8",
+         "--kv-cache-memory", "8MiB", "--system", "be brief"],
+        input="hello\nand again\n\n", capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("model> ") == 2, result.stdout
