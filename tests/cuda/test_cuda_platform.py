@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from octavo.plugins import get_registries
 from octavo_cuda.platform import CudaPlatform
 
-from ..helpers import assert_backend_unavailable
+from ..helpers import assert_backend_unavailable, run_octavo
 
 
 def test_unavailable_with_reason() -> None:
@@ -19,3 +20,24 @@ def test_cli_says_what_was_not_found() -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has the hardware")
     assert_backend_unavailable("cuda", "torch.version.cuda is None")
+
+
+def test_serve_exits_2_saying_no_cuda_here() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has the hardware")
+    result = run_octavo("serve", "--backend", "cuda")
+    assert result.returncode == 2, result.stderr
+    assert "the 'cuda' backend is installed but cannot run here" in result.stderr
+    assert "CPU-only build (torch.version.cuda is None)" in result.stderr
+
+
+def test_runs_models_with_the_triton_backend_and_gpu_worker() -> None:
+    """The path exists end to end: the platform names a registered attention backend and
+    builds its models with the GPU worker (profiling, CUDA graphs)."""
+    from octavo_triton.backend import TritonAttentionBackend
+    from octavo_triton.gpu_worker import GpuWorker
+
+    assert CudaPlatform.missing_kernels == ""
+    backends = get_registries().attention_backends
+    assert backends.get(CudaPlatform.attention_backend) is TritonAttentionBackend
+    assert CudaPlatform.worker_class() is GpuWorker

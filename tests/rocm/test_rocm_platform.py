@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from octavo.plugins import get_registries
 from octavo_rocm.platform import RocmPlatform
 
-from ..helpers import assert_backend_unavailable
+from ..helpers import assert_backend_unavailable, run_octavo
 
 
 def test_unavailable_with_reason() -> None:
@@ -19,3 +20,21 @@ def test_cli_says_what_was_not_found() -> None:
     if torch.version.hip is not None:
         pytest.skip("this machine has the hardware")
     assert_backend_unavailable("rocm", "torch.version.hip is None")
+
+
+def test_serve_exits_2_saying_no_rocm_here() -> None:
+    if torch.version.hip is not None:
+        pytest.skip("this machine has the hardware")
+    result = run_octavo("serve", "--backend", "rocm")
+    assert result.returncode == 2, result.stderr
+    assert "not a HIP build (torch.version.hip is None)" in result.stderr
+
+
+def test_runs_models_with_the_triton_backend_and_gpu_worker() -> None:
+    from octavo_triton.backend import TritonAttentionBackend
+    from octavo_triton.gpu_worker import GpuWorker
+
+    assert RocmPlatform.missing_kernels == ""
+    backends = get_registries().attention_backends
+    assert backends.get(RocmPlatform.attention_backend) is TritonAttentionBackend
+    assert RocmPlatform.worker_class() is GpuWorker

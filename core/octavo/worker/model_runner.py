@@ -96,6 +96,7 @@ class ModelRunner:
         computed this step (position p scores prompt token p + 1)."""
         result: dict[str, LogprobsLists] = {}
         starts = step.metadata.query_start_loc_cpu
+        assert starts is not None  # prepare_step always fills the host copy
         for i, row in enumerate(step.rows.tolist()):
             state = self.batch.states[self.batch.req_ids[row]]
             num_logprobs = state.sampling_params.prompt_logprobs

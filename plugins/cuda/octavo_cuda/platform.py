@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from octavo.platforms import Availability
 from octavo_triton.gpu_platform import TritonGpuPlatform
+from octavo_triton.tuning import KernelTuning
 
 
 class CudaPlatform(TritonGpuPlatform):
@@ -12,6 +13,11 @@ class CudaPlatform(TritonGpuPlatform):
     dist_backend = "nccl"
     attention_backend = "triton"
     distribution = "octavo-cuda"
+    # 32-lane warps: 4 warps per attention program, two pipeline stages hide the loads of
+    # the next cache block (Ampere and Hopper alike). Split-KV below ~one program per SM.
+    kernel_tuning = KernelTuning(name="cuda", attention_warps=4, attention_stages=2,
+                                 prefill_block_m=64, decode_block_m=16,
+                                 split_kv_max_programs=128)
 
     @classmethod
     def check_available(cls) -> Availability:

@@ -1,18 +1,30 @@
 """What the CUDA and ROCm platforms share: torch's GPU device API (which ROCm builds of
-torch expose under ``torch.cuda`` too) and the Triton kernels of this distribution."""
+torch expose under ``torch.cuda`` too), the Triton kernels of this distribution and the
+GPU worker (profiling-based KV sizing, CUDA graphs). Each platform brings its own
+:class:`~octavo_triton.tuning.KernelTuning`."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, ClassVar
+
 from octavo.platforms import Availability, Platform
+from octavo_triton.tuning import DEFAULT_TUNING, KernelTuning
+
+if TYPE_CHECKING:
+    from octavo.worker.worker import Worker
 
 
 class TritonGpuPlatform(Platform):
     device_type = "cuda"  # torch's device type for both NVIDIA and AMD GPUs
     default_dtype = "bfloat16"
-    missing_kernels = (
-        "the Triton attention backend and GPU model runner are not implemented yet in this "
-        "release; use --backend cpu"
-    )
+    attention_backend = "triton"
+    kernel_tuning: ClassVar[KernelTuning] = DEFAULT_TUNING
+
+    @classmethod
+    def worker_class(cls) -> type[Worker]:
+        from octavo_triton.gpu_worker import GpuWorker
+
+        return GpuWorker
 
     @classmethod
     def _device_probe(cls) -> Availability:

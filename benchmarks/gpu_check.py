@@ -1,0 +1,167 @@
+"""The Python half of benchmarks/gpu_check.sh (a machine with one NVIDIA GPU).
+
+    gpu_check.py times OUT_DIR   time each Triton kernel against its torch reference on the
+                                 GPU (bf16, Llama-3-8B-like shapes) -> OUT_DIR/kernels.json
+    gpu_check.py table OUT_DIR   print one table: the kernel tests, the kernel timings, and
+                                 W1/W2 with CUDA graphs on and off (the JSON files that
+                                 ``octavo bench`` wrote into OUT_DIR)
+
+The torch references are the portable implementations the engine uses without the
+plugin: the core's layers and its torch attention backend.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE, BLOCK = 4096, 32, 8, 128, 14336, 16
+# (workload, key of its ``octavo bench`` JSON, unit, whether higher is better)
+WORKLOAD_FIGURES = [
+    ("W1_throughput", "output_tokens_per_second", "output tok/s", True),
+    ("W1_throughput", "tokens_per_second", "total tok/s", True),
+    ("W2_latency", "avg_latency", "s end to end", False),
+    ("W2_latency", "avg_decode_tok_per_s", "decode tok/s", True),
+]
+
+
+def attention_case(context_lens: list[int], query_lens: list[int]) -> dict[str, Any]:
+    """A step over a bf16 paged cache: requests with ``context_lens`` tokens in total, the
+    last ``query_lens`` of them new, their blocks shuffled through the cache."""
+    import torch
+
+    from octavo.attention.base import AttentionMetadata
+
+    blocks_per_req = [-(-n // BLOCK) for n in context_lens]
+    order = torch.randperm(sum(blocks_per_req), device="cuda").int()
+    table = torch.zeros(len(context_lens), max(blocks_per_req), dtype=torch.int32,
+                        device="cuda")
+    slots, start = [], 0
+    for row, (n, q, b) in enumerate(zip(context_lens, query_lens, blocks_per_req)):
+        table[row, :b] = order[start:start + b]
+        start += b
+        pos = torch.arange(n - q, n, device="cuda")
+        slots.append(table[row, pos // BLOCK].long() * BLOCK + pos % BLOCK)
+    tokens = sum(query_lens)
+    query_start = torch.tensor([0, *query_lens], device="cuda").cumsum(0).int()
+    seq_lens = torch.tensor(context_lens, dtype=torch.int32, device="cuda")
+    metadata = AttentionMetadata(
+        num_actual_tokens=tokens, num_reqs=len(context_lens), query_start_loc=query_start,
+        seq_lens=seq_lens, block_tables=table, slot_mapping=torch.cat(slots),
+        max_query_len=max(query_lens), max_seq_len=max(context_lens),
+        query_start_loc_cpu=query_start.cpu(), seq_lens_cpu=seq_lens.cpu())
+    bf16 = {"dtype": torch.bfloat16, "device": "cuda"}
+    return {"query": torch.randn(tokens, HEADS, HEAD_DIM, **bf16),
+            "key": torch.randn(tokens, KV_HEADS, HEAD_DIM, **bf16),
+            "value": torch.randn(tokens, KV_HEADS, HEAD_DIM, **bf16),
+            "kv_cache": torch.randn(2, sum(blocks_per_req), BLOCK, KV_HEADS, HEAD_DIM, **bf16),
+            "metadata": metadata}
+
+
+def kernel_pairs() -> list[tuple[str, str, Callable[[], Any], Callable[[], Any]]]:
+    """(kernel, shape, Triton call, torch reference call) on bf16 inputs."""
+    import torch
+
+    from octavo.attention.torch_backend import TorchAttentionBackend, write_kv
+    from octavo.models.config import RopeConfig
+    from octavo.models.layers.activation import SiluAndMul
+    from octavo.models.layers.norm import RMSNorm
+    from octavo.models.layers.rotary import RotaryEmbedding
+    from octavo_cuda.platform import CudaPlatform
+    from octavo_triton.backend import TritonAttentionBackend
+    from octavo_triton.kernels.activation import silu_and_mul
+    from octavo_triton.kernels.kv_cache import reshape_and_cache
+    from octavo_triton.kernels.rms_norm import rms_norm
+    from octavo_triton.kernels.rotary import rotary_embedding
+    from octavo_triton.tuning import set_tuning
+
+    set_tuning(CudaPlatform.kernel_tuning)
+    bf16 = {"dtype": torch.bfloat16, "device": "cuda"}
+    tokens = 4096
+    x, residual = torch.randn(tokens, HIDDEN, **bf16), torch.randn(tokens, HIDDEN, **bf16)
+    norm = RMSNorm(HIDDEN).to(**bf16)
+    q = torch.randn(tokens, HEADS, HEAD_DIM, **bf16)
+    k = torch.randn(tokens, KV_HEADS, HEAD_DIM, **bf16)
+    positions = torch.randint(0, 8192, (tokens,), device="cuda")
+    rope = RotaryEmbedding(HEAD_DIM, RopeConfig(theta=500000.0)).cuda()
+    gate_up = torch.randn(tokens, 2 * INTERMEDIATE, **bf16)
+    cache = torch.empty(2, tokens // BLOCK + 8, BLOCK, KV_HEADS, HEAD_DIM, **bf16)
+    slots = torch.randperm(cache.shape[1] * BLOCK, device="cuda")[:tokens]
+
+    pairs = [
+        ("rms_norm + residual", f"{tokens} x {HIDDEN}",
+         lambda: rms_norm(x, norm.weight, norm.eps, residual), lambda: norm(x, residual)),
+        ("rotary", f"{tokens} tok, {HEADS}/{KV_HEADS} heads x {HEAD_DIM}",
+         lambda: rotary_embedding(positions, q, k, rope.inv_freq), lambda: rope(positions, q, k)),
+        ("silu_and_mul", f"{tokens} x {INTERMEDIATE}",
+         lambda: silu_and_mul(gate_up), lambda: SiluAndMul()(gate_up)),
+        ("reshape_and_cache", f"{tokens} tok, {KV_HEADS} x {HEAD_DIM}",
+         lambda: reshape_and_cache(k, k, cache[0], cache[1], slots),
+         lambda: write_kv(cache[0], cache[1], k, k, slots)),
+    ]
+    attention = [("prefill 8 x 512", [512] * 8, [512] * 8),
+                 ("chunk 4 x 512 over 3584 cached", [4096] * 4, [512] * 4),
+                 ("decode 64 x 2048", [2048] * 64, [1] * 64),
+                 ("decode 4 x 16384 (split-KV)", [16384] * 4, [1] * 4)]
+    for name, context_lens, query_lens in attention:
+        case = attention_case(context_lens, query_lens)
+        args = (case["query"], case["key"], case["value"], case["kv_cache"], case["metadata"])
+        with torch.device("cuda"):  # layers are built on their device, as build_model does
+            triton_impl = TritonAttentionBackend.make_impl(HEADS, HEAD_DIM, HEAD_DIM**-0.5,
+                                                           KV_HEADS)
+        torch_impl = TorchAttentionBackend.make_impl(HEADS, HEAD_DIM, HEAD_DIM**-0.5, KV_HEADS)
+        pairs.append(("paged attention (+ cache write)", name,
+                      lambda impl=triton_impl, a=args: impl.forward(*a),
+                      lambda impl=torch_impl, a=args: impl.forward(*a)))
+    return pairs
+
+
+def times(out_dir: Path) -> None:
+    import torch
+    from triton.testing import do_bench
+
+    rows = []
+    with torch.inference_mode():
+        for kernel, shape, triton_call, torch_call in kernel_pairs():
+            triton_ms = do_bench(triton_call, warmup=10, rep=50)
+            torch_ms = do_bench(torch_call, warmup=10, rep=50)
+            rows.append({"kernel": kernel, "shape": shape, "triton_us": triton_ms * 1e3,
+                         "torch_us": torch_ms * 1e3})
+            print(f"{kernel} [{shape}]: triton {triton_ms * 1e3:.1f} us, "
+                  f"torch {torch_ms * 1e3:.1f} us", flush=True)
+    (out_dir / "kernels.json").write_text(json.dumps(rows, indent=2))
+
+
+def _load(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def table(out_dir: Path) -> None:
+    from octavo.entrypoints.table import format_table
+
+    rows: list[list[object]] = []
+    tests = out_dir / "tests.summary"
+    rows.append(["kernel tests on the GPU", "pytest tests/triton tests/cuda",
+                 tests.read_text().strip() if tests.exists() else "not run", "", ""])
+    for row in _load(out_dir / "kernels.json") or []:
+        rows.append([row["kernel"], row["shape"], f"{row['triton_us']:.1f} us",
+                     f"{row['torch_us']:.1f} us", f"{row['torch_us'] / row['triton_us']:.2f}x"])
+    for name, key, unit, higher_is_better in WORKLOAD_FIGURES:
+        graphs = _load(out_dir / f"{name}_graphs.json")
+        eager = _load(out_dir / f"{name}_eager.json")
+        if graphs is None or eager is None:
+            rows.append([name, "--backend cuda", "missing (see its log)", "", ""])
+            continue
+        ratio = graphs[key] / eager[key] if higher_is_better else eager[key] / graphs[key]
+        rows.append([name, "--backend cuda: graphs | --enforce-eager",
+                     f"{graphs[key]:.4g} {unit}", f"{eager[key]:.4g} {unit}", f"{ratio:.2f}x"])
+    print(format_table(["check", "configuration", "octavo (triton / graphs)",
+                        "reference (torch / eager)", "speedup"], rows))
+
+
+if __name__ == "__main__":
+    command, out = sys.argv[1], Path(sys.argv[2])
+    {"times": times, "table": table}[command](out)
