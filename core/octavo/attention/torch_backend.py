@@ -38,8 +38,8 @@ class TorchAttentionImpl(AttentionImpl):
         # Tokens past num_actual_tokens (padding a runner may add) get zeros.
         output = torch.zeros_like(query)
         num_reqs = metadata.num_reqs
-        starts = _host(metadata.query_start_loc_cpu, metadata.query_start_loc)
-        starts = starts[:num_reqs + 1].tolist()
+        starts = _host(metadata.query_start_loc_cpu, metadata.query_start_loc)[
+            :num_reqs + 1].tolist()
         seq_lens = _host(metadata.seq_lens_cpu, metadata.seq_lens)[:num_reqs].tolist()
         query_lens = [end - start for start, end in zip(starts, starts[1:])]
         decodes = [row for row, length in enumerate(query_lens) if length == 1]

@@ -75,10 +75,10 @@ class LLM:
 def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:
     if isinstance(prompts, (str, dict)):
         return [prompts]
-    prompts = list(prompts)
-    if prompts and all(isinstance(t, int) for t in prompts):
-        return [prompts]  # a single prompt given as token ids
-    return prompts
+    items = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [[int(t) for t in items]]  # type: ignore[arg-type]  # one prompt of token ids
+    return items  # type: ignore[return-value]
 
 
 def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None,

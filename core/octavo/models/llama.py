@@ -69,7 +69,7 @@ class LlamaAttention(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
         out = self.attn.forward(q, k, v, kv_cache, attn_metadata)
@@ -144,7 +144,7 @@ class LlamaForCausalLM(CausalLM):
     qkv_bias: ClassVar[bool] = False  # q/k/v biases even when the config has no attention_bias
     qk_norm: ClassVar[bool] = False  # RMSNorm of each head of q and k before RoPE
 
-    stacked_params = (
+    stacked_params: ClassVar[tuple[tuple[str, str, object], ...]] = (
         (".qkv_proj.", ".q_proj.", "q"),
         (".qkv_proj.", ".k_proj.", "k"),
         (".qkv_proj.", ".v_proj.", "v"),

@@ -49,6 +49,8 @@ class RotaryEmbedding(nn.Module):
     """Applies rotary embeddings to ``q [T, heads, head_dim]`` and ``k [T, kv_heads, head_dim]``
     at ``positions [T]``."""
 
+    inv_freq: torch.Tensor
+
     def __init__(self, head_dim: int, rope: RopeConfig) -> None:
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, rope), persistent=False)

@@ -49,5 +49,5 @@ def new_parameter(*shape: int, weight_loader=default_weight_loader) -> torch.nn.
     """An uninitialised, frozen parameter (inference only) in torch's default dtype/device;
     the checkpoint fills it."""
     param = torch.nn.Parameter(torch.empty(*shape), requires_grad=False)
-    param.weight_loader = weight_loader
+    param.weight_loader = weight_loader  # type: ignore[attr-defined]
     return param
