@@ -42,6 +42,7 @@ def test_tiny_models_match_hf(arch: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_smollm2_gguf_matches_hf(smollm2_hf) -> None:  # type: ignore[no-untyped-def]
     llm = LLM(dtype="float32", max_num_batched_tokens=128, max_num_seqs=8, max_model_len=512,
               kv_cache_memory=128 * 2**20)

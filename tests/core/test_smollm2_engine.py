@@ -11,7 +11,7 @@ from octavo.bench.workloads import build_workload
 from ..helpers import run_octavo
 from .parity import compare, engine_greedy, hf_greedy
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 # W1 in full is 64 x (256 + 128) tokens; HF's one-prompt-at-a-time reference makes that
 # minutes, so CI checks the first W1_REQUESTS of its prompts (benchmarks/parity_w1.py runs
