@@ -1,0 +1,233 @@
+"""``AsyncLLM``: the engine for the online server, with the core in its own process.
+
+In this (the API) process: the ``Processor`` validates and tokenizes, the
+``OutputProcessor`` detokenizes and applies stop strings, and one output-handler task
+reads the core's outputs and hands each request the newest state of its output. Each
+request is an async generator; leaving it early (a client that disconnected, a cancelled
+task) aborts the request in the core, which frees its KV blocks.
+
+What a request sees is a snapshot, and the text in it is only what is safe to stream:
+while a request runs, the last characters that could still become a stop string are held
+back, so a stop string never reaches a client. A consumer slower than the engine skips
+intermediate snapshots and gets the newest, so it never falls behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from octavo.config import EngineConfig
+from octavo.engine.core_client import EngineCoreClient, EngineDeadError
+from octavo.engine.core_proc import EngineReady
+from octavo.engine.llm_engine import build_processor
+from octavo.engine.output_processor import OutputProcessor, ParentState
+from octavo.engine.outputs import CompletionOutput, RequestOutput
+from octavo.engine.processor import InvalidRequestError, PromptType
+from octavo.engine.serial import EngineCoreOutputs
+from octavo.sample.params import SamplingParams
+from octavo.sched.engine_output import SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class IterationStats:
+    """What one batch of core outputs did, as the API process saw it (its clock includes
+    the trip from the core, as a client's would)."""
+
+    num_prompt_tokens: int = 0  # prompts of the requests that got their first token
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    e2e_latencies: list[float] = field(default_factory=list)  # requests that finished
+
+
+class StatLogger(Protocol):
+    """Told about every batch of core outputs (e.g. the Prometheus metrics)."""
+
+    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats) -> None:
+        ...
+
+
+class _RequestState:
+    """One user request in flight: the newest snapshot for its consumer, and its timing."""
+
+    def __init__(self, arrival_time: float) -> None:
+        self.arrival_time = arrival_time
+        self.num_tokens = 0  # output tokens over all n sequences, so far
+        self.last_token_time = arrival_time
+        self._latest: RequestOutput | Exception | None = None
+        self._ready = asyncio.Event()
+
+    def put(self, item: RequestOutput | Exception | None) -> None:
+        """The newest output, an error to raise, or None: the request was aborted."""
+        self._latest = item
+        self._ready.set()
+
+    async def get(self) -> RequestOutput | None:
+        await self._ready.wait()
+        self._ready.clear()
+        item, self._latest = self._latest, None
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def record(self, output: RequestOutput, now: float, stats: IterationStats) -> None:
+        num_tokens = sum(len(c.token_ids) for c in output.outputs)
+        if num_tokens > self.num_tokens:
+            if self.num_tokens == 0:
+                stats.time_to_first_tokens.append(now - self.arrival_time)
+                stats.num_prompt_tokens += len(output.prompt_token_ids)
+            else:
+                stats.inter_token_latencies.append(now - self.last_token_time)
+            stats.num_generation_tokens += num_tokens - self.num_tokens
+            self.num_tokens, self.last_token_time = num_tokens, now
+        if output.finished:
+            stats.e2e_latencies.append(now - self.arrival_time)
+
+
+class AsyncLLM:
+    def __init__(self, client: EngineCoreClient, ready: EngineReady) -> None:
+        """Use ``await AsyncLLM.start(config)``."""
+        self.client = client
+        self.ready = ready
+        self.tokenizer = ready.tokenizer
+        self.processor = build_processor(ready.tokenizer, ready.hf_config, ready.max_model_len)
+        self.output_processor = OutputProcessor(ready.tokenizer)
+        self.stat_loggers: list[StatLogger] = []
+        self._states: dict[str, _RequestState] = {}
+        self._error: Exception | None = None
+        self._handler = asyncio.get_running_loop().create_task(self._handle_outputs())
+
+    @classmethod
+    async def start(cls, config: EngineConfig) -> AsyncLLM:
+        """Spawn the engine core process and wait until its model is loaded; raises
+        ``EngineStartError`` with the reason when it cannot start."""
+        client, ready = await EngineCoreClient.start(config)
+        return cls(client, ready)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.ready.max_model_len
+
+    def check_health(self) -> None:
+        """Raise ``EngineDeadError`` unless the engine can serve requests."""
+        self.client.check_alive()
+        if self._error is not None:
+            raise EngineDeadError(f"the engine's output handler failed: {self._error}")
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._states)
+
+    @property
+    def num_waiting_requests(self) -> int:
+        """Requests accepted that have not produced a token yet (queued or prefilling):
+        known here exactly and at once, unlike the core's count, which arrives a step late."""
+        return sum(1 for state in self._states.values() if state.num_tokens == 0)
+
+    def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str,
+                 priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
+        """vLLM's ``AsyncLLM.generate``: iterate to get the request's output as it grows.
+
+        The request is validated and sent to the core in this call, so a bad one raises
+        ``InvalidRequestError`` before anything runs (and before a streaming response has
+        begun), and it counts as waiting from now on. Closing the iterator before the last
+        output aborts the request.
+        """
+        self.check_health()
+        if request_id in self._states:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        processed = self.processor.process_prompt(prompt)
+        children = self.processor.make_requests(request_id, processed, sampling_params,
+                                                priority, strict_length=True)
+        state = _RequestState(children[0].arrival_time)
+        self.output_processor.add_request(request_id, processed.prompt, children)
+        self._states[request_id] = state
+        for child in children:
+            self.client.add_request(child)
+        return self._outputs(request_id, state)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its consumer's iteration ends without a final output."""
+        state = self._states.pop(request_id, None)
+        if state is None:
+            return
+        state.put(None)
+        self.client.abort_requests(self.output_processor.abort_request(request_id))
+
+    async def reset_prefix_cache(self) -> None:
+        """Forget the cached KV blocks of earlier prompts (a utility call to the core)."""
+        self.check_health()
+        await self.client.call_utility("reset_prefix_cache")
+
+    def shutdown(self) -> None:
+        """Stop the core process; requests still running end with ``EngineDeadError``."""
+        self._handler.cancel()
+        self.client.shutdown()
+        self._fail_all(EngineDeadError("the engine was shut down"))
+
+    async def _outputs(self, request_id: str, state: _RequestState,
+                       ) -> AsyncGenerator[RequestOutput, None]:
+        try:
+            while (output := await state.get()) is not None:
+                yield output
+                if output.finished:
+                    return
+        finally:
+            self.abort(request_id)  # a no-op once it finished
+
+    async def _handle_outputs(self) -> None:
+        try:
+            while True:
+                self._process(await self.client.get_output())
+        except EngineDeadError as exc:
+            self._fail_all(exc)
+        except Exception as exc:  # a bug here must not leave every request hanging
+            logger.exception("the output handler failed")
+            self._error = exc
+            self._fail_all(EngineDeadError(f"the engine's output handler failed: {exc}"))
+
+    def _process(self, message: EngineCoreOutputs) -> None:
+        now = time.monotonic()
+        outputs, to_abort = self.output_processor.process_outputs(message.outputs)
+        stats = IterationStats()
+        for output in outputs:
+            state = self._states.get(output.request_id)
+            if state is None:
+                continue
+            state.record(output, now, stats)
+            parent = self.output_processor.parents.get(output.request_id)
+            state.put(_streamable_snapshot(output, parent))
+            if output.finished:
+                del self._states[output.request_id]
+        self.client.abort_requests(to_abort)  # ended by a stop string
+        for stat_logger in self.stat_loggers:
+            stat_logger.record(message.scheduler_stats, stats)
+
+    def _fail_all(self, error: Exception) -> None:
+        for state in self._states.values():
+            state.put(error)
+        self._states.clear()
+
+
+def _streamable_snapshot(output: RequestOutput, parent: ParentState | None) -> RequestOutput:
+    """A copy the output processor will not mutate further, with each running sequence's
+    text cut to what its detokenizer says is safe to stream (``parent`` is None once the
+    whole request finished: then all text is final)."""
+    completions: list[CompletionOutput] = []
+    for index, completion in enumerate(output.outputs):
+        text = completion.text
+        detokenizer = parent.sequences[index].detokenizer if parent is not None else None
+        if detokenizer is not None:
+            text = text[: detokenizer.streamable_text_len(completion.finished())]
+        completions.append(replace(
+            completion, text=text, token_ids=list(completion.token_ids),
+            logprobs=None if completion.logprobs is None else list(completion.logprobs)))
+    return replace(output, outputs=completions)
+

@@ -1,0 +1,198 @@
+"""``EngineCoreClient``: the front end's side of the engine core process.
+
+It starts the process, sends it requests over ZMQ (asyncio sockets, so sending never
+blocks the event loop) and gathers what comes back: step outputs into one queue for the
+output handler, utility results to the futures of their callers.
+
+Engine death is noticed at once, not by a timeout: the process's sentinel (a pipe that
+closes when it exits) is watched by the event loop, and from then on every call raises
+``EngineDeadError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from octavo.config import EngineConfig
+from octavo.engine.core_proc import EngineReady, read_handshake, start_engine_core_process
+from octavo.engine.serial import (
+    Decoder,
+    Encoder,
+    EngineCoreOutputs,
+    OutputKind,
+    RequestKind,
+    UtilityCall,
+    UtilityResult,
+)
+from octavo.sched.request import Request
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = "tcp://127.0.0.1"
+SHUTDOWN_TIMEOUT_S = 5.0
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core process is gone; no request can be served any more."""
+
+
+class EngineCoreClient:
+    def __init__(self, config: EngineConfig) -> None:
+        """Bind the sockets and spawn the core process; ``start()`` waits for it."""
+        self._loop = asyncio.get_running_loop()
+        self._context = zmq.asyncio.Context()
+        self._input = self._context.socket(zmq.PUSH)
+        self._output = self._context.socket(zmq.PULL)
+        for socket in (self._input, self._output):
+            socket.setsockopt(zmq.LINGER, 0)
+        input_port = self._input.bind_to_random_port(LOOPBACK)
+        output_port = self._output.bind_to_random_port(LOOPBACK)
+        self.proc, self._handshake = start_engine_core_process(
+            config, f"{LOOPBACK}:{input_port}", f"{LOOPBACK}:{output_port}")
+        self._encoder = Encoder()
+        self._decoder = Decoder(OutputKind)
+        self._outputs: asyncio.Queue[EngineCoreOutputs | EngineDeadError] = asyncio.Queue()
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._call_ids = itertools.count()
+        self._receiver: asyncio.Task[None] | None = None
+        self.dead = False
+        self._closed = False
+
+    @classmethod
+    async def start(cls, config: EngineConfig) -> tuple[EngineCoreClient, EngineReady]:
+        """Spawn the core process and wait (without blocking the loop) until it has loaded
+        the model; raises ``EngineStartError`` with the reason when it cannot."""
+        client = cls(config)
+        try:
+            await _readable(client._loop, client._handshake.fileno())
+            ready = read_handshake(client.proc, client._handshake)
+        except BaseException:
+            client.shutdown()
+            raise
+        finally:
+            client._handshake.close()
+        client._loop.add_reader(client.proc.sentinel, client._on_engine_exit)
+        client._receiver = client._loop.create_task(client._receive())
+        return client, ready
+
+    def add_request(self, request: Request) -> None:
+        """Queue the request on the socket (sends keep their order; none waits here)."""
+        self._send(RequestKind.ADD, request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Like ``add_request``, and a no-op once the core is gone, so cleanup code (a
+        disconnected client's generator) can always call it."""
+        if request_ids and not self.dead:
+            self._send(RequestKind.ABORT, request_ids)
+
+    async def call_utility(self, method: str, *args: Any) -> Any:
+        """Run ``EngineCore.<method>(*args)`` in the core process and return its result."""
+        call_id = next(self._call_ids)
+        future = self._loop.create_future()
+        self._calls[call_id] = future
+        try:
+            await self._send(RequestKind.UTILITY, UtilityCall(call_id, method, list(args)))
+            return await future
+        finally:
+            self._calls.pop(call_id, None)
+
+    async def get_output(self) -> EngineCoreOutputs:
+        """The next step's outputs; raises ``EngineDeadError`` once the core is gone."""
+        item = await self._outputs.get()
+        if isinstance(item, EngineDeadError):
+            self._outputs.put_nowait(item)  # every later call fails the same way
+            raise item
+        return item
+
+    def shutdown(self) -> None:
+        """Stop the core process (by message, then by SIGKILL) and close the sockets.
+        Idempotent; safe whether or not the process is still alive."""
+        if self._closed:
+            return
+        self._closed = True
+        self._loop.remove_reader(self.proc.sentinel)
+        if self._receiver is not None:
+            self._receiver.cancel()
+        if self.proc.is_alive():
+            # A synchronous view of the socket: shutdown may run with no event loop running.
+            sync_input = zmq.Socket.shadow(self._input.underlying)
+            sync_input.send_multipart(self._encoder.encode(RequestKind.SHUTDOWN), zmq.NOBLOCK)
+            self.proc.join(SHUTDOWN_TIMEOUT_S)
+        if self.proc.is_alive():  # it ignores SIGTERM, so no polite signal is left
+            logger.warning("engine core process %d did not stop; killing it", self.proc.pid)
+            self.proc.kill()
+            self.proc.join()
+        self._context.destroy(linger=0)
+        self._fail_all(EngineDeadError("the engine was shut down"))
+
+    def check_alive(self) -> None:
+        """Raise ``EngineDeadError`` if the core process is gone."""
+        if self.dead:
+            raise EngineDeadError(self._death_message())
+
+    def _send(self, kind: RequestKind, payload: Any) -> Awaitable[Any]:
+        self.check_alive()
+        return self._input.send_multipart(self._encoder.encode(kind, payload), copy=False)
+
+    async def _receive(self) -> None:
+        try:
+            while True:
+                frames = await self._output.recv_multipart(copy=False)
+                kind, payload = self._decoder.decode([frame.buffer for frame in frames])
+                if kind is OutputKind.UTILITY_RESULT:
+                    self._resolve_call(payload)
+                else:
+                    self._outputs.put_nowait(payload)
+        except Exception as exc:  # without this task no output arrives: fail, don't hang
+            logger.exception("lost the engine core's output stream")
+            self._fail_all(EngineDeadError(f"lost the engine core's output stream: {exc}"))
+
+    def _resolve_call(self, result: UtilityResult) -> None:
+        future = self._calls.get(result.call_id)
+        if future is None or future.done():
+            return  # its caller gave up (cancelled)
+        if result.error is not None:
+            future.set_exception(RuntimeError(result.error))
+        else:
+            future.set_result(result.result)
+
+    def _on_engine_exit(self) -> None:
+        self._loop.remove_reader(self.proc.sentinel)
+        self.proc.join()
+        self.dead = True
+        message = self._death_message()
+        logger.error(message)
+        self._fail_all(EngineDeadError(message))
+
+    def _death_message(self) -> str:
+        return (f"the engine core process (pid {self.proc.pid}) exited with code "
+                f"{self.proc.exitcode}")
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        self.dead = True
+        self._outputs.put_nowait(error)
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(error)
+
+
+async def _readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    """Wait until ``fd`` is readable, letting the loop run (and be cancelled) meanwhile."""
+    ready = loop.create_future()
+
+    def on_readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, on_readable)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)

@@ -1,0 +1,255 @@
+"""``EngineCoreProc``: the engine core in its own process, fed over ZMQ.
+
+Why a process: the model's forward pass holds the GIL for most of a step, so in the API
+process it would stall HTTP handling, tokenization and detokenization. In its own process
+the core steps back to back while the front end does the rest.
+
+Three threads, so the busy loop never waits on sockets:
+- the input thread reads messages (add, abort, utility, shutdown) into a queue;
+- the main thread runs the busy loop: apply queued messages, step while there is work,
+  block on the queue when idle;
+- the output thread encodes and sends each step's outputs and scheduler stats.
+
+Start-up is a handshake over a pipe: ``EngineReady`` (what the front end needs: the
+tokenizer, limits, KV blocks) or the load error's text, so the server can exit with it
+instead of hanging. The process ignores SIGINT and SIGTERM (the server stops it with a
+SHUTDOWN message after draining) and watches its parent, exiting when it is gone: a killed
+server leaves no orphan holding memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import queue
+import signal
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import zmq
+
+from octavo.config import ConfigError, EngineConfig
+from octavo.engine.core import EngineCore
+from octavo.engine.llm_engine import resolve_max_model_len
+from octavo.engine.serial import (
+    Decoder,
+    Encoder,
+    EngineCoreOutputs,
+    OutputKind,
+    RequestKind,
+    UtilityCall,
+    UtilityResult,
+)
+from octavo.models.loader import ModelLoadError, load_model_files
+from octavo.platforms import BackendError, resolve_platform
+from octavo.sched.engine_output import EngineCoreOutput, SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+_SHUTDOWN = object()  # tells the output thread to stop
+
+
+@dataclass
+class EngineReady:
+    """The handshake of a core process that loaded its model (sent pickled over a pipe)."""
+
+    pid: int
+    platform: str
+    model: str  # the HF folder or .gguf file loaded
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    hf_config: dict[str, Any]  # vocab size, EOS, ... for the front end's Processor
+    tokenizer: Any  # the model's tokenizer, so the front end need not load it again
+
+
+class EngineStartError(RuntimeError):
+    """The core process could not start; the message is the reason (e.g. a load error)."""
+
+
+class EngineCoreProc:
+    def __init__(self, config: EngineConfig, input_address: str, output_address: str) -> None:
+        platform = resolve_platform(config.backend)
+        files = load_model_files(config.model.model)
+        max_model_len = resolve_max_model_len(config, files)
+        self.core = EngineCore(config, platform, files, max_model_len)
+        self.ready = EngineReady(
+            pid=os.getpid(), platform=platform.name, model=str(files.source),
+            num_blocks=self.core.num_blocks, block_size=config.cache.block_size,
+            max_model_len=max_model_len, hf_config=files.hf_config, tokenizer=files.tokenizer)
+        self.inputs: queue.Queue[tuple[RequestKind, Any]] = queue.Queue()
+        self.outputs: queue.Queue[Any] = queue.Queue()
+        self.context = zmq.Context()
+        self._reported: SchedulerStats | None = None
+        self.input_thread = _start_thread("input", self._receive_inputs, input_address)
+        self.output_thread = _start_thread("output", self._send_outputs, output_address)
+
+    def run_busy_loop(self) -> None:
+        """Step while there is work; return on SHUTDOWN."""
+        while self._apply_inputs(block=not self.core.has_unfinished_requests()):
+            if self.core.has_unfinished_requests():
+                self._report(self.core.step())
+
+    def shutdown(self) -> None:
+        """Send what is queued, then close the sockets (the input thread closed its own)."""
+        self.outputs.put(_SHUTDOWN)
+        self.output_thread.join()
+        self.input_thread.join()
+        self.context.term()
+
+    def _apply_inputs(self, block: bool) -> bool:
+        """Apply every queued message, first waiting for one if ``block``; False on SHUTDOWN.
+
+        When the core is left idle by what was applied (e.g. aborts of the last requests),
+        no step follows to report its state, so it is reported here.
+        """
+        applied = False
+        while True:
+            try:
+                kind, payload = self.inputs.get(block=block and not applied)
+            except queue.Empty:
+                break
+            applied = True
+            if kind is RequestKind.SHUTDOWN:
+                return False
+            if kind is RequestKind.ADD:
+                self.core.add_request(payload)
+            elif kind is RequestKind.ABORT:
+                self.core.abort_requests(payload)
+            elif kind is RequestKind.UTILITY:
+                self.outputs.put(self._call_utility(payload))
+        if applied and not self.core.has_unfinished_requests():
+            self._report([])
+        return True
+
+    def _report(self, outputs: list[EngineCoreOutput]) -> None:
+        """Send the outputs and the scheduler's state; nothing when neither is news (a step
+        of a long prefill chunk, say), so the front end is not flooded."""
+        stats = self.core.scheduler.make_stats()
+        if outputs or stats != self._reported:
+            self.outputs.put(EngineCoreOutputs(outputs, stats))
+            self._reported = stats
+
+    def _call_utility(self, call: UtilityCall) -> UtilityResult:
+        method = getattr(self.core, call.method, None)
+        if method is None or call.method.startswith("_"):
+            return UtilityResult(call.call_id, error=f"EngineCore has no method {call.method!r}")
+        try:
+            return UtilityResult(call.call_id, result=method(*call.args))
+        except Exception as exc:  # the caller gets the error; the engine keeps running
+            return UtilityResult(call.call_id, error=f"{type(exc).__name__}: {exc}")
+
+    def _receive_inputs(self, address: str) -> None:
+        socket = self.context.socket(zmq.PULL)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(address)
+        decoder = Decoder(RequestKind)
+        while True:
+            frames = socket.recv_multipart(copy=False)
+            kind, payload = decoder.decode([frame.buffer for frame in frames])
+            self.inputs.put((kind, payload))
+            if kind is RequestKind.SHUTDOWN:
+                socket.close()
+                return
+
+    def _send_outputs(self, address: str) -> None:
+        socket = self.context.socket(zmq.PUSH)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.connect(address)
+        encoder = Encoder()
+        while (message := self.outputs.get()) is not _SHUTDOWN:
+            kind = (OutputKind.UTILITY_RESULT if isinstance(message, UtilityResult)
+                    else OutputKind.OUTPUTS)
+            socket.send_multipart(encoder.encode(kind, message), copy=False)
+        socket.close()
+
+
+def _start_thread(name: str, target: Callable[[str], None], address: str) -> threading.Thread:
+    """A daemon thread whose failure ends the process: a dead I/O thread would otherwise
+    leave a core that silently never answers, which the front end cannot detect."""
+
+    def run() -> None:
+        try:
+            target(address)
+        except BaseException:
+            logger.critical("engine core %s thread failed:\n%s", name, traceback.format_exc())
+            os._exit(1)
+
+    thread = threading.Thread(target=run, name=f"EngineCore-{name}", daemon=True)
+    thread.start()
+    return thread
+
+
+def _exit_with_parent() -> None:
+    """Exit as soon as the parent process is gone (its sentinel pipe closes), however it
+    died - even by SIGKILL, where it had no chance to stop us."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="EngineCore-parent-watch", daemon=True).start()
+
+
+def run_engine_core(config: EngineConfig, input_address: str, output_address: str,
+                    ready_pipe: multiprocessing.connection.Connection) -> None:
+    """The core process's entry point."""
+    # A terminal (Ctrl-C) or a service manager (SIGTERM) signals the whole process group.
+    # The server then drains its requests and stops us itself; dying first would fail them.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    _exit_with_parent()
+    try:
+        proc = EngineCoreProc(config, input_address, output_address)
+    except (ModelLoadError, ConfigError, BackendError) as exc:
+        ready_pipe.send(str(exc))
+        os._exit(1)
+    except BaseException as exc:
+        logger.critical("engine core failed to start:\n%s", traceback.format_exc())
+        ready_pipe.send(f"engine core failed to start: {type(exc).__name__}: {exc}")
+        os._exit(1)
+    ready_pipe.send(proc.ready)
+    ready_pipe.close()
+    try:
+        proc.run_busy_loop()
+        proc.shutdown()
+    except BaseException:
+        logger.critical("engine core failed:\n%s", traceback.format_exc())
+        os._exit(1)
+
+
+def start_engine_core_process(config: EngineConfig, input_address: str, output_address: str,
+                              ) -> tuple[BaseProcess, multiprocessing.connection.Connection]:
+    """Spawn the core process (spawn, not fork: the parent may hold threads and an event
+    loop); returns it and the pipe its handshake arrives on."""
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    proc = context.Process(target=run_engine_core, name="EngineCore", daemon=True,
+                           args=(config, input_address, output_address, sender))
+    proc.start()
+    sender.close()  # the child holds it now; EOF on ours means the child is gone
+    return proc, receiver
+
+
+def read_handshake(proc: BaseProcess, pipe: multiprocessing.connection.Connection) -> EngineReady:
+    """Read the handshake; call it once ``pipe`` is readable (a message, or EOF because the
+    process died before sending one)."""
+    try:
+        message = pipe.recv()
+    except EOFError:
+        proc.join()
+        raise EngineStartError(f"the engine core process exited with code {proc.exitcode} "
+                               "before it was ready") from None
+    if isinstance(message, EngineReady):
+        return message
+    proc.join()
+    raise EngineStartError(message)

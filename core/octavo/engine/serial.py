@@ -1,0 +1,122 @@
+"""The wire between ``AsyncLLM`` and ``EngineCoreProc``: message kinds and their encoding.
+
+Messages are the engine's own plain dataclasses (``Request`` with its ``SamplingParams``,
+``EngineCoreOutput``, ``SchedulerStats``) encoded with msgspec's msgpack, which handles
+dataclasses, enums and nested lists natively and is several times faster than pickle.
+numpy arrays (logprobs) travel as a msgpack extension: dtype, shape and raw bytes.
+
+A message is two ZMQ frames: one byte naming its kind, then the payload.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from octavo.sched.engine_output import EngineCoreOutput, SchedulerStats
+from octavo.sched.request import Request
+
+_NDARRAY_EXT = 1
+
+
+class RequestKind(bytes, enum.Enum):
+    """What the front end sends to the engine core."""
+
+    ADD = b"\x00"  # payload: Request
+    ABORT = b"\x01"  # payload: list of engine request ids
+    UTILITY = b"\x02"  # payload: UtilityCall
+    SHUTDOWN = b"\x03"  # payload: empty
+
+
+class OutputKind(bytes, enum.Enum):
+    """What the engine core sends back."""
+
+    OUTPUTS = b"\x00"  # payload: EngineCoreOutputs
+    UTILITY_RESULT = b"\x01"  # payload: UtilityResult
+
+
+@dataclass
+class EngineCoreOutputs:
+    """One message from the core: the outputs of one step (possibly none, when only the
+    state changed, e.g. after an abort) and the scheduler's state after it."""
+
+    outputs: list[EngineCoreOutput] = field(default_factory=list)
+    scheduler_stats: SchedulerStats | None = None
+
+
+@dataclass
+class UtilityCall:
+    """Call ``EngineCore.<method>(*args)`` in the core process; answered by call id."""
+
+    call_id: int
+    method: str
+    args: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class UtilityResult:
+    call_id: int
+    result: Any = None
+    error: str | None = None  # the exception's text when the call raised
+
+
+_REQUEST_TYPES: dict[RequestKind, Any] = {
+    RequestKind.ADD: Request,
+    RequestKind.ABORT: list[str],
+    RequestKind.UTILITY: UtilityCall,
+}
+_OUTPUT_TYPES: dict[OutputKind, Any] = {
+    OutputKind.OUTPUTS: EngineCoreOutputs,
+    OutputKind.UTILITY_RESULT: UtilityResult,
+}
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        payload = (obj.dtype.str, obj.shape, np.ascontiguousarray(obj).tobytes())
+        return msgspec.msgpack.Ext(_NDARRAY_EXT, msgspec.msgpack.encode(payload))
+    raise NotImplementedError(f"cannot encode {type(obj).__name__} for the engine core")
+
+
+_ARRAY_DECODER = msgspec.msgpack.Decoder(tuple[str, tuple[int, ...], bytes])
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code != _NDARRAY_EXT:
+        raise ValueError(f"unknown msgpack extension {code}")
+    dtype, shape, raw = _ARRAY_DECODER.decode(data)
+    return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def _dec_hook(expected: type, obj: Any) -> Any:
+    if expected is np.ndarray and isinstance(obj, np.ndarray):
+        return obj
+    raise NotImplementedError(f"cannot decode {type(obj).__name__} as {expected}")
+
+
+class Encoder:
+    def __init__(self) -> None:
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+
+    def encode(self, kind: RequestKind | OutputKind, payload: Any = None) -> list[bytes]:
+        return [kind.value, b"" if payload is None else self._encoder.encode(payload)]
+
+
+class Decoder:
+    """Decodes one direction's messages (``RequestKind`` or ``OutputKind``) into typed
+    objects; a message of an unknown kind is an error, not silently dropped."""
+
+    def __init__(self, kinds: type[RequestKind] | type[OutputKind]) -> None:
+        types = _REQUEST_TYPES if kinds is RequestKind else _OUTPUT_TYPES
+        self._kinds = kinds
+        self._decoders = {kind: msgspec.msgpack.Decoder(t, ext_hook=_ext_hook, dec_hook=_dec_hook)
+                          for kind, t in types.items()}
+
+    def decode(self, frames: list[bytes] | list[memoryview]) -> tuple[Any, Any]:
+        kind = self._kinds(bytes(frames[0]))
+        decoder = self._decoders.get(kind)
+        return kind, None if decoder is None else decoder.decode(frames[1])

@@ -1,0 +1,139 @@
+"""``POST /v1/chat/completions``: the conversation through the model's chat template, then
+generation as for completions; replies streamed as ``chat.completion.chunk`` deltas."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import jinja2
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from octavo.engine.core_client import EngineDeadError
+from octavo.engine.outputs import CompletionOutput, RequestOutput
+from octavo.entrypoints.openai.errors import OpenAIError, engine_dead_error, error_body
+from octavo.entrypoints.openai.protocol import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobEntry,
+    ChatLogprobs,
+    ChatMessage,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    DeltaMessage,
+    TopLogprob,
+)
+from octavo.entrypoints.openai.serving_engine import (
+    SSE_DONE,
+    DeltaTracker,
+    OpenAIServing,
+    event_stream,
+    final_outputs,
+    json_logprob,
+    merge_streams,
+    sse,
+    top_logprobs,
+    unless_disconnected,
+    usage_of,
+)
+
+
+class OpenAIServingChat(OpenAIServing):
+    async def create(self, request: ChatCompletionRequest, raw: Request) -> Response:
+        self.check_model(request.model)
+        prompt_ids = apply_chat_template(self.engine.tokenizer, request.messages)
+        self.check_capacity()
+        num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
+        max_tokens = request.max_completion_tokens or request.max_tokens
+        params = self.sampling_params(request, max_tokens, num_logprobs)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        streams = self.start(request_id, [{"prompt_token_ids": prompt_ids}], params,
+                             request.priority)
+        if request.stream:
+            return event_stream(self._stream(request_id, request, streams[0]))
+        outputs = await unless_disconnected(raw, final_outputs(streams))
+        if outputs is None:
+            return Response(status_code=499)  # nobody is listening
+        choices = [ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                              logprobs=self._logprobs(c, 0, request),
+                              finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                   for c in outputs[0].outputs]
+        body = ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
+                                      usage=usage_of(outputs))
+        return JSONResponse(body.model_dump())
+
+    async def _stream(self, request_id: str, request: ChatCompletionRequest,
+                      stream: AsyncGenerator[RequestOutput, None]) -> AsyncIterator[str]:
+        def chunk(choices: list[ChatStreamChoice]) -> str:
+            return sse(ChatCompletionChunk(id=request_id, model=self.model_name,
+                                           choices=choices))
+
+        for index in range(request.n):  # OpenAI opens every choice with its role
+            yield chunk([ChatStreamChoice(index=index,
+                                          delta=DeltaMessage(role="assistant", content=""))])
+        tracker = DeltaTracker(request.n)
+        final: RequestOutput | None = None
+        try:
+            async for _, output in merge_streams([stream]):
+                final = output
+                for delta in tracker.deltas(0, output, request.logprobs):
+                    c = delta.completion
+                    yield chunk([ChatStreamChoice(
+                        index=delta.index, delta=DeltaMessage(content=delta.text),
+                        logprobs=self._logprobs(c, delta.first_new_token, request),
+                        finish_reason=c.finish_reason, stop_reason=c.stop_reason)])
+        except EngineDeadError as exc:
+            error = engine_dead_error(exc)
+            yield sse(error_body(error.status, error.message, code=error.code))
+        else:
+            if request.include_usage and final is not None:
+                yield sse(ChatCompletionChunk(id=request_id, model=self.model_name, choices=[],
+                                              usage=usage_of([final])))
+        yield SSE_DONE
+
+    @staticmethod
+    def _logprobs(completion: CompletionOutput, first_token: int,
+                  request: ChatCompletionRequest) -> ChatLogprobs | None:
+        if not request.logprobs or completion.logprobs is None:
+            return None
+        return chat_logprobs(completion, first_token, request.top_logprobs or 0)
+
+
+def apply_chat_template(tokenizer: Any, messages: list[ChatMessage],
+                        add_generation_prompt: bool = True) -> list[int]:
+    """The conversation as prompt token ids, by default ready for the assistant's reply
+    (the same call as the offline ``LLM.chat``, so both give the model the same prompt)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise OpenAIError(400, "this model has no chat template; use /v1/completions",
+                          param="messages")
+    try:
+        ids = tokenizer.apply_chat_template([m.template_dict() for m in messages],
+                                            add_generation_prompt=add_generation_prompt,
+                                            tokenize=True,
+                                            return_dict=False)
+    except (jinja2.TemplateError, ValueError) as exc:
+        raise OpenAIError(400, f"messages: the chat template rejected them: {exc}",
+                          param="messages") from None
+    return list(ids)
+
+
+def chat_logprobs(completion: CompletionOutput, first_token: int, num_top: int) -> ChatLogprobs:
+    """Chat-style logprobs of ``completion``'s tokens from ``first_token`` on."""
+    assert completion.logprobs is not None
+    content = []
+    for token, step in zip(completion.token_ids[first_token:], completion.logprobs[first_token:]):
+        chosen = step[token]
+        top = [_top_logprob(lp.decoded_token, lp.logprob) for _, lp in top_logprobs(step, num_top)]
+        entry = _top_logprob(chosen.decoded_token, chosen.logprob)
+        content.append(ChatLogprobEntry(**entry.model_dump(), top_logprobs=top))
+    return ChatLogprobs(content=content)
+
+
+def _top_logprob(text: str | None, logprob: float) -> TopLogprob:
+    text = text or ""
+    return TopLogprob(token=text, logprob=json_logprob(logprob),
+                      bytes=list(text.encode("utf-8", errors="replace")))

@@ -1,0 +1,221 @@
+"""What the completions and chat endpoints share: the model and capacity checks, the
+mapping of request fields to ``SamplingParams``, running several engine requests as one
+response, streaming deltas as server-sent events, and aborting on client disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from octavo.engine.async_llm import AsyncLLM
+from octavo.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from octavo.engine.processor import PromptType
+from octavo.entrypoints.openai.errors import OpenAIError
+from octavo.entrypoints.openai.protocol import SamplingRequest, UsageInfo
+from octavo.entrypoints.openai.settings import ServerSettings
+from octavo.sample.params import SamplingParams
+
+T = TypeVar("T")
+SSE_DONE = "data: [DONE]\n\n"
+MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM reports masked tokens with this value
+
+
+class OpenAIServing:
+    def __init__(self, engine: AsyncLLM, settings: ServerSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+
+    @property
+    def model_name(self) -> str:
+        return self.settings.served_model_name
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise OpenAIError(404, f"The model {model!r} does not exist; this server serves "
+                                   f"{self.model_name!r}", param="model",
+                              code="model_not_found")
+
+    def check_capacity(self) -> None:
+        """503 at once when the engine is gone or too many requests wait for it."""
+        self.engine.check_health()
+        cap = self.settings.max_waiting_requests
+        waiting = self.engine.num_waiting_requests
+        if cap is not None and waiting >= cap:
+            raise OpenAIError(503, f"the server is overloaded: {waiting} requests are waiting "
+                                   f"for the engine (--max-waiting-requests {cap}); retry later",
+                              code="overloaded",
+                              headers={"Retry-After": str(self.settings.retry_after_s)})
+
+    def sampling_params(self, request: SamplingRequest, max_tokens: int | None,
+                        logprobs: int | None) -> SamplingParams:
+        try:
+            return SamplingParams(
+                n=request.n, temperature=request.temperature, top_p=request.top_p,
+                top_k=request.top_k, min_p=request.min_p, seed=request.seed,
+                stop=[request.stop] if isinstance(request.stop, str) else request.stop or [],
+                presence_penalty=request.presence_penalty,
+                frequency_penalty=request.frequency_penalty,
+                repetition_penalty=request.repetition_penalty, max_tokens=max_tokens,
+                min_tokens=request.min_tokens, ignore_eos=request.ignore_eos,
+                logprobs=logprobs, logit_bias=self._logit_bias(request.logit_bias))
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc)) from None
+
+    def _logit_bias(self, logit_bias: dict[str, float] | None) -> dict[int, float] | None:
+        if not logit_bias:
+            return None
+        vocab_size = self.engine.processor.vocab_size
+        bias = {int(token): value for token, value in logit_bias.items()}
+        outside = [token for token in bias if not 0 <= token < vocab_size]
+        if outside:
+            raise OpenAIError(400, f"logit_bias: token ids outside the vocabulary "
+                                   f"[0, {vocab_size}): {outside[:5]}", param="logit_bias")
+        return bias
+
+    def start(self, request_id: str, prompts: list[PromptType], params: SamplingParams,
+              priority: int) -> list[AsyncGenerator[RequestOutput, None]]:
+        """One engine request per prompt; a bad prompt fails the whole call (400) and
+        aborts those of the batch already sent."""
+        if len(prompts) == 1:
+            return [self.engine.generate(prompts[0], params, request_id, priority)]
+        ids = [f"{request_id}-{index}" for index in range(len(prompts))]
+        streams = []
+        try:
+            for prompt, engine_id in zip(prompts, ids):
+                streams.append(self.engine.generate(prompt, params, engine_id, priority))
+        except BaseException:
+            for engine_id in ids[: len(streams)]:
+                self.engine.abort(engine_id)
+            raise
+        return streams
+
+
+@dataclass
+class ChoiceDelta:
+    """What is new in one choice since the previous chunk of a stream."""
+
+    index: int  # the choice's index in the response
+    completion: CompletionOutput
+    text: str
+    first_new_token: int  # the new tokens are completion.token_ids[first_new_token:]
+
+
+@dataclass
+class DeltaTracker:
+    """How much of each choice a stream has sent, so every chunk carries only what is new.
+    Choice ``prompt_index * n + sequence index``, as OpenAI numbers batched prompts."""
+
+    n: int
+    sent_text: dict[int, int] = field(default_factory=dict)
+    sent_tokens: dict[int, int] = field(default_factory=dict)
+    finished: set[int] = field(default_factory=set)
+
+    def deltas(self, prompt_index: int, output: RequestOutput,
+               with_tokens: bool) -> Iterator[ChoiceDelta]:
+        """The choices with something to send: new text, a finish, or (``with_tokens``,
+        for logprobs) new tokens whose text is still held back."""
+        for completion in output.outputs:
+            index = prompt_index * self.n + completion.index
+            if index in self.finished:
+                continue
+            text_start = self.sent_text.get(index, 0)
+            token_start = self.sent_tokens.get(index, 0)
+            text = completion.text[text_start:]
+            new_tokens = len(completion.token_ids) > token_start
+            if not (text or completion.finished() or (with_tokens and new_tokens)):
+                continue
+            self.sent_text[index] = len(completion.text)
+            self.sent_tokens[index] = len(completion.token_ids)
+            if completion.finished():
+                self.finished.add(index)
+            yield ChoiceDelta(index, completion, text, token_start)
+
+
+def usage_of(outputs: list[RequestOutput]) -> UsageInfo:
+    prompt = sum(len(o.prompt_token_ids) for o in outputs)
+    completion = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
+                     total_tokens=prompt + completion)
+
+
+def top_logprobs(step: dict[int, Logprob], num: int) -> list[tuple[int, Logprob]]:
+    """The ``num`` most likely tokens at one position, most likely first."""
+    ranked = [(token, lp) for token, lp in step.items() if lp.rank is not None and lp.rank <= num]
+    return sorted(ranked, key=lambda item: item[1].rank or 0)[:num]
+
+
+def json_logprob(value: float) -> float:
+    return max(value, MIN_LOGPROB)
+
+
+async def merge_streams(streams: list[AsyncGenerator[T, None]],
+                        ) -> AsyncGenerator[tuple[int, T], None]:
+    """Items of several streams as they come, tagged with their stream's index. Every
+    stream is closed when this one is, which aborts requests still running."""
+    pending: dict[asyncio.Task[T], int] = {}
+    try:
+        pending = {asyncio.ensure_future(_next(s)): i for i, s in enumerate(streams)}
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                index = pending.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield index, item
+                pending[asyncio.ensure_future(_next(streams[index]))] = index
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
+
+
+async def _next(stream: AsyncGenerator[T, None]) -> T:
+    return await stream.__anext__()
+
+
+async def final_outputs(streams: list[AsyncGenerator[RequestOutput, None]],
+                        ) -> list[RequestOutput]:
+    """The finished output of every stream, in stream order."""
+    finals: dict[int, RequestOutput] = {}
+    async for index, output in merge_streams(streams):
+        finals[index] = output
+    return [finals[i] for i in range(len(streams))]
+
+
+async def unless_disconnected(raw: Request, work: Awaitable[T]) -> T | None:
+    """``work``'s result, or None when the client disconnects first; ``work`` is then
+    cancelled, which aborts its engine requests and frees their KV blocks."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(raw))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    return None if task.cancelled() else task.result()
+
+
+async def _wait_for_disconnect(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
+
+
+def sse(payload: BaseModel) -> str:
+    return f"data: {payload.model_dump_json()}\n\n"
+
+
+def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})

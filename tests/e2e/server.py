@@ -1,0 +1,154 @@
+"""A real ``octavo serve`` subprocess for end-to-end tests, and plain HTTP calls to it.
+
+The server runs in its own session (process group), logging to a file; ``stop()`` ends it
+with SIGTERM and, should that fail, SIGKILLs the whole group, so no test leaves processes
+behind even when it fails.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+HOST = "127.0.0.1"
+API_KEY = "test-key"
+# One compute thread per process: on a shared machine, torch's threads contending for busy
+# cores make these small models tens of times slower.
+ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a new server could listen on ``port`` (SO_REUSEADDR, as servers set: closed
+    connections lingering in TIME_WAIT do not hold a port, a listening socket does)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+            sock.listen()
+        except OSError:
+            return False
+        return True
+
+
+class Server:
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        self.port = free_port()
+        self.log_path = log_path
+        command = [sys.executable, "-m", "octavo", "serve", "--host", HOST,
+                   "--port", str(self.port), *args]
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env={**os.environ, **ONE_THREAD_ENV})
+        self.start_time = time.monotonic()
+        self.ready_s: float | None = None  # seconds from launch to healthy
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float) -> Server:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"octavo serve exited with {self.proc.returncode}:\n"
+                                     f"{self.log()[-3000:]}")
+            try:
+                if self.request("GET", "/health")[0] == 200:
+                    self.ready_s = time.monotonic() - self.start_time
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"octavo serve not healthy after {timeout}s:\n{self.log()[-3000:]}")
+
+    def request(self, method: str, path: str, body: Any = None,
+                headers: dict[str, str] | None = None,
+                api_key: str | None = None) -> tuple[int, dict[str, str], Any]:
+        """(status, headers, JSON body or text). ``body`` bytes are sent as they are."""
+        headers = {"Content-Type": "application/json", **(headers or {})}
+        if api_key is not None:
+            headers["Authorization"] = f"Bearer {api_key}"
+        if body is not None and not isinstance(body, bytes):
+            body = json.dumps(body).encode()
+        connection = http.client.HTTPConnection(HOST, self.port, timeout=60)
+        try:
+            connection.request(method, path, body=body, headers=headers)
+            response = connection.getresponse()
+            raw = response.read().decode()
+            try:
+                payload: Any = json.loads(raw)
+            except json.JSONDecodeError:
+                payload = raw
+            return response.status, dict(response.headers), payload
+        finally:
+            connection.close()
+
+    def metrics(self) -> dict[str, float]:
+        """Sample name -> value of the server's Prometheus metrics."""
+        status, _, text = self.request("GET", "/metrics")
+        assert status == 200, text
+        return {sample.name: sample.value
+                for family in text_string_to_metric_families(text) for sample in family.samples
+                if not sample.name.endswith("_bucket")}
+
+    def engine_pid(self) -> int:
+        status, _, body = self.request("GET", "/version")
+        assert status == 200, body
+        return int(body["engine_pid"])
+
+    def processes(self) -> list[psutil.Process]:
+        """The server and everything it started."""
+        parent = psutil.Process(self.proc.pid)
+        return [parent, *parent.children(recursive=True)]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # anything left in its group
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def still_running(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of ``processes`` still running after up to ``timeout`` s (zombies count as
+    ended: they hold nothing but a pid until their new parent reaps them)."""
+    deadline = time.monotonic() + timeout
+    alive = processes
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _running(p)]
+        time.sleep(0.1)
+    return alive
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

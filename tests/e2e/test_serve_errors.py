@@ -1,0 +1,101 @@
+"""Bad requests get OpenAI-shaped errors with the documented status, and the server stays
+healthy: a normal request right after each one succeeds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .conftest import TinyModel
+from .server import API_KEY, Server
+
+OK_COMPLETION = {"prompt": "hello", "max_tokens": 2}
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+USER = [{"role": "user", "content": "hi"}]
+
+# (id, path, body, status, param the error names or None, text its message contains)
+CASES: list[tuple[str, str, Any, int, str | None, str]] = [
+    ("malformed-json", COMPLETIONS, b'{"prompt": "hi", ', 400, None, "not valid JSON"),
+    ("not-an-object", COMPLETIONS, b'["hi"]', 400, None, "JSON object"),
+    ("missing-prompt", COMPLETIONS, {"max_tokens": 2}, 400, "prompt", "required"),
+    ("prompt-wrong-type", COMPLETIONS, {"prompt": 5}, 400, "prompt", "valid"),
+    ("max-tokens-wrong-type", COMPLETIONS, {"prompt": "hi", "max_tokens": "ten"}, 400,
+     "max_tokens", "integer"),
+    ("temperature-negative", COMPLETIONS, {"prompt": "hi", "temperature": -1}, 400,
+     "temperature", "greater than or equal to 0"),
+    ("top-p-above-1", COMPLETIONS, {"prompt": "hi", "top_p": 1.5}, 400, "top_p", "1"),
+    ("n-zero", COMPLETIONS, {"prompt": "hi", "n": 0}, 400, "n", "greater than or equal to 1"),
+    ("logprobs-too-many", COMPLETIONS, {"prompt": "hi", "logprobs": 21}, 400, "logprobs",
+     "less than or equal to 20"),
+    ("presence-penalty-range", COMPLETIONS, {"prompt": "hi", "presence_penalty": 3}, 400,
+     "presence_penalty", "2"),
+    ("min-tokens-above-max", COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "min_tokens": 5},
+     400, None, "min_tokens"),
+    ("logit-bias-outside-vocab", COMPLETIONS, {"prompt": "hi", "logit_bias": {"99999": 1}},
+     400, "logit_bias", "outside the vocabulary"),
+    ("logit-bias-value-range", COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": 500}}, 400,
+     None, "[-100, 100]"),
+    ("prompt-ids-outside-vocab", COMPLETIONS, {"prompt": [1, 2, 99999]}, 400, None,
+     "outside the vocabulary"),
+    ("empty-prompt", COMPLETIONS, {"prompt": ""}, 400, None, "empty"),
+    ("beyond-context", COMPLETIONS, {"prompt": "hi", "max_tokens": 100000}, 400, None,
+     "exceeds the context length 512"),
+    ("prompt-beyond-context", COMPLETIONS, {"prompt": [7] * 600, "max_tokens": 1}, 400, None,
+     "max_model_len is 512"),
+    ("unsupported-field", COMPLETIONS, {"prompt": "hi", "best_of": 2}, 400, None, "best_of"),
+    ("stream-options-without-stream", COMPLETIONS,
+     {"prompt": "hi", "stream_options": {"include_usage": True}}, 400, None, "stream"),
+    ("unknown-model", COMPLETIONS, {"prompt": "hi", "model": "gpt-4"}, 404, "model",
+     "does not exist"),
+    ("chat-no-messages", CHAT, {"messages": []}, 400, "messages", "at least 1"),
+    ("chat-bad-role", CHAT, {"messages": [{"role": "robot", "content": "x"}]}, 400,
+     "messages.0.role", "user"),
+    ("chat-top-logprobs-alone", CHAT, {"messages": USER, "top_logprobs": 2}, 400, None,
+     "logprobs"),
+    ("chat-tools", CHAT, {"messages": USER, "tools": [{"type": "function"}]}, 400, None,
+     "tools"),
+    ("chat-unknown-model", CHAT, {"messages": USER, "model": "nope"}, 404, "model",
+     "does not exist"),
+    ("chat-beyond-context", CHAT, {"messages": USER, "max_completion_tokens": 5000}, 400,
+     None, "exceeds the context length"),
+    ("tokenize-neither", "/tokenize", {"model": None}, 400, None, "prompt or messages"),
+    ("detokenize-outside-vocab", "/detokenize", {"tokens": [99999]}, 400, "tokens",
+     "outside the vocabulary"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "status", "param", "text"),
+                         [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_bad_request_then_a_good_one(tiny_server: Server, tiny_model: TinyModel, path: str,
+                                     body: Any, status: int, param: str | None,
+                                     text: str) -> None:
+    got, _, payload = tiny_server.request("POST", path, body, api_key=API_KEY)
+    assert got == status, payload
+    error = payload["error"]
+    assert set(error) == {"message", "type", "param", "code"}, payload
+    assert error["type"] == "invalid_request_error" and error["param"] == param, payload
+    assert text in error["message"], payload
+    ok, _, answer = tiny_server.request("POST", COMPLETIONS,
+                                        {**OK_COMPLETION, "model": str(tiny_model.folder)},
+                                        api_key=API_KEY)
+    assert ok == 200 and answer["usage"]["completion_tokens"] >= 1, answer
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-key"},
+                                     {"Authorization": f"Basic {API_KEY}"}],
+                         ids=["no-key", "wrong-key", "wrong-scheme"])
+def test_api_key_is_required(tiny_server: Server, headers: dict[str, str]) -> None:
+    for method, path, body in (("POST", COMPLETIONS, OK_COMPLETION), ("GET", "/v1/models", None),
+                               ("POST", "/tokenize", {"prompt": "x"})):
+        status, _, payload = tiny_server.request(method, path, body, headers=headers)
+        assert status == 401, (path, payload)
+        assert payload["error"]["code"] == "invalid_api_key"
+    for open_path in ("/health", "/version", "/metrics"):  # probes and scrapers need no key
+        assert tiny_server.request("GET", open_path, headers=headers)[0] == 200
+
+
+def test_unknown_route_is_404_in_openai_shape(tiny_server: Server) -> None:
+    status, _, payload = tiny_server.request("GET", "/v1/nothing", api_key=API_KEY)
+    assert status == 404 and payload["error"]["message"] == "Not Found"
