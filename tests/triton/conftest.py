@@ -1,19 +1,10 @@
 """The kernel tests run on a GPU when torch sees one, and otherwise on the CPU under
-Triton's interpreter - switched on here, before any kernel module is imported (the
-``@triton.jit`` decorator reads ``TRITON_INTERPRET`` when a kernel is defined)."""
+Triton's interpreter (switched on for the whole session in tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-    from octavo_triton.interpret import patch_interpreter
-
-    patch_interpreter()
 
 
 @pytest.fixture(autouse=True)
