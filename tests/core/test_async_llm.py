@@ -39,7 +39,9 @@ class Harness:
         self.seed = seed
         self.loop = asyncio.new_event_loop()
         config = EngineConfig.from_kwargs(model=str(folder), **ENGINE_ARGS)
-        self.engine = self.loop.run_until_complete(AsyncLLM.start(config))
+        with pytest.MonkeyPatch.context() as env:  # the core process: one thread, as this one
+            env.setenv("OMP_NUM_THREADS", "1")
+            self.engine = self.loop.run_until_complete(AsyncLLM.start(config))
         self.stats = StatsRecorder()
         self.engine.stat_loggers.append(self.stats)
         self.offline = LLM(model=str(folder), **ENGINE_ARGS)
@@ -54,7 +56,7 @@ class Harness:
 
 
 @pytest.fixture(scope="module")
-def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
+def harness(tmp_path_factory: pytest.TempPathFactory, single_thread: None) -> Iterator[Harness]:
     seed = int(np.random.default_rng().integers(1 << 30))
     folder = tmp_path_factory.mktemp("tiny-llama-async")
     save_tiny_model("llama", folder, seed=seed)

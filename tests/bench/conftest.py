@@ -1,0 +1,35 @@
+"""The benchmark tests' model: the tiny random Llama with SmolLM2's vocabulary size (49152),
+so the reference workloads' token ids (up to 49000) are valid prompts for it. Built once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from ..core.tiny_models import tiny_config, tiny_tokenizer
+
+WORKLOAD_VOCAB = 49152
+ENGINE_ARGS = ["--dtype", "float32", "--kv-cache-memory", "64MiB"]
+
+
+@dataclass
+class BenchModel:
+    folder: Path
+    seed: int  # of its random weights, for assert messages
+
+
+@pytest.fixture(scope="session")
+def bench_model(tmp_path_factory: pytest.TempPathFactory) -> BenchModel:
+    seed = int(np.random.default_rng().integers(1 << 30))
+    folder = tmp_path_factory.mktemp("bench-llama")
+    config = tiny_config("llama")
+    config.vocab_size = WORKLOAD_VOCAB
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return BenchModel(folder, seed)
