@@ -63,6 +63,9 @@ def parse_args() -> argparse.Namespace:
                         help="python of the venv vLLM is installed in "
                              "(default: $OCTAVO_VLLM_PYTHON; vLLM is skipped without it)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per engine, alternating")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for every engine (OMP_NUM_THREADS; vLLM: bound to "
+                             "cores 0..N-1). Default: each engine's own choice")
     parser.add_argument("--work-dir", type=Path,
                         default=Path(tempfile.gettempdir()) / "octavo-compare",
                         help="where the job file, results and a converted model go")
@@ -114,9 +117,22 @@ def engine_command(engine: str, job: dict, job_path: Path, out: Path,
     return [str(python), str(runner), "--job", str(job_path), "--output-json", str(out)]
 
 
-def run_engine(engine: str, command: list[str], out: Path) -> RunResult:
+def engine_env(engine: str, threads: int | None) -> dict[str, str]:
+    """The same thread count for every engine when asked: on a CPU shared with other work,
+    OpenMP threads that wait on each other can slow small ops by an order of magnitude, so
+    engines that pick different counts would not be compared like for like."""
+    env = dict(os.environ)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+        if engine == "vllm":
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "0" if threads == 1 else f"0-{threads - 1}"
+    return env
+
+
+def run_engine(engine: str, command: list[str], out: Path, threads: int | None) -> RunResult:
     print(f"--- {engine}: {' '.join(command)}", flush=True)
-    done = subprocess.run(command, stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S)
+    done = subprocess.run(command, stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S,
+                          env=engine_env(engine, threads))
     if done.returncode != 0:
         raise SystemExit(f"{engine} failed with exit code {done.returncode} (output above)")
     data = json.loads(out.read_text())
@@ -130,19 +146,18 @@ def run_engine(engine: str, command: list[str], out: Path) -> RunResult:
 def summary(results: list[RunResult], engines: list[str]) -> tuple[list[str], list[list]]:
     """One row per engine: median wall time over its runs, throughputs from it, and output
     throughput as a ratio to Octavo's (above 1: faster than Octavo)."""
-    medians = {}
+    rows = []
+    octavo_tps = None
     for engine in engines:
         runs = [r for r in results if r.engine == engine]
-        medians[engine] = (statistics.median(r.wall_s for r in runs), runs[0], len(runs))
-    base = medians["octavo"][1].output_tokens / medians["octavo"][0] if "octavo" in medians \
-        else None
-    rows = []
-    for engine, (wall, run, count) in medians.items():
+        wall = statistics.median(r.wall_s for r in runs)
+        run = runs[0]  # every run of a workload has the same token counts
         out_tps = run.output_tokens / wall
-        total_tps = (run.prompt_tokens + run.output_tokens) / wall
-        ratio = f"{out_tps / base:.2f}x" if base else "-"
-        rows.append([engine, count, run.num_requests, f"{wall:.2f}", f"{out_tps:.1f}",
-                     f"{total_tps:.1f}", ratio])
+        if engine == "octavo":
+            octavo_tps = out_tps
+        ratio = f"{out_tps / octavo_tps:.2f}x" if octavo_tps else "-"
+        rows.append([engine, len(runs), run.num_requests, f"{wall:.2f}", f"{out_tps:.1f}",
+                     f"{(run.prompt_tokens + run.output_tokens) / wall:.1f}", ratio])
     headers = ["engine", "runs", "requests", "median wall s", "output tok/s", "total tok/s",
                "vs octavo"]
     return headers, rows
@@ -150,10 +165,11 @@ def summary(results: list[RunResult], engines: list[str]) -> tuple[list[str], li
 
 def main() -> None:
     args = parse_args()
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    unknown = [e for e in engines if e not in ENGINES]
-    if unknown:
-        raise SystemExit(f"--engines: unknown {', '.join(unknown)}; choose from {ENGINES}")
+    asked = {e.strip() for e in args.engines.split(",") if e.strip()}
+    if asked - set(ENGINES):
+        raise SystemExit(f"--engines: unknown {', '.join(sorted(asked - set(ENGINES)))}; "
+                         f"choose from {','.join(ENGINES)}")
+    engines = [e for e in ENGINES if e in asked]  # Octavo first: the ratios' base
     if "vllm" in engines and not args.vllm_python:
         print("vllm skipped: give --vllm-python or $OCTAVO_VLLM_PYTHON (benchmarks/README.md)")
         engines.remove("vllm")
@@ -168,13 +184,17 @@ def main() -> None:
         for engine in engines:
             out = args.work_dir / f"{engine}-{repeat}.json"
             command = engine_command(engine, job, job_path, out, args.vllm_python)
-            results.append(run_engine(engine, command, out))
+            results.append(run_engine(engine, command, out, args.threads))
     headers, rows = summary(results, engines)
-    print(f"\n{args.workload} ({job['model']}, {args.dtype}); same prompts for every engine")
+    threads = (f"{args.threads} thread{'s' if args.threads > 1 else ''}" if args.threads
+               else "each engine's default threads")
+    print(f"\n{args.workload} ({job['model']}, {args.dtype}, {threads}); "
+          "same prompts for every engine")
     print(format_table(headers, rows))
     if args.output_json:
         args.output_json.write_text(json.dumps(
             {"workload": args.workload, "model": job["model"], "dtype": args.dtype,
+             "threads": args.threads,
              "table": [dict(zip(headers, row)) for row in rows],
              "runs": [r.__dict__ for r in results]}, indent=2) + "\n")
 

@@ -21,14 +21,15 @@ def test_compare_w1_octavo_and_hf(bench_model: BenchModel, tmp_path: Path) -> No
     done = subprocess.run(
         [sys.executable, str(COMPARE), "--workload", "W1_throughput",
          "--model", str(bench_model.folder), "--engines", "octavo,hf,vllm",
-         "--vllm-python", "", "--kv-cache-memory", "64MiB", "--work-dir", str(tmp_path),
-         "--output-json", str(out)],
+         "--vllm-python", "", "--kv-cache-memory", "64MiB", "--threads", "1",
+         "--work-dir", str(tmp_path), "--output-json", str(out)],
         capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "vllm skipped" in done.stdout
     table = done.stdout[done.stdout.index("W1_throughput ("):]
-    assert "vs octavo" in table, done.stdout
+    assert "vs octavo" in table and "1 thread)" in table, done.stdout
     data = json.loads(out.read_text())
+    assert data["threads"] == 1
     rows = {row["engine"]: row for row in data["table"]}
     assert set(rows) == {"octavo", "hf"}
     assert rows["octavo"]["vs octavo"] == "1.00x"
