@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from octavo.kv_transfer.config import KVTransferConfig
 from octavo.sched.config import SchedulerConfig
 
 DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
@@ -62,8 +63,12 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     scheduling_policy: str = "fcfs"
     enforce_eager: bool = False
+    # A KV connector (disaggregated prefill/decode): JSON text or dict, parsed on init.
+    kv_transfer_config: KVTransferConfig | dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
+        if self.kv_transfer_config is not None:
+            self.kv_transfer_config = KVTransferConfig.parse(self.kv_transfer_config)
         self._validate()
 
     @classmethod
@@ -119,7 +124,14 @@ class EngineConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             policy=self.scheduling_policy,
             enable_prefix_caching=self.cache.enable_prefix_caching,
+            kv_transfer=self.kv_transfer,
         )
+
+    @property
+    def kv_transfer(self) -> KVTransferConfig | None:
+        """The parsed ``kv_transfer_config``."""
+        assert not isinstance(self.kv_transfer_config, (dict, str))  # parsed in __post_init__
+        return self.kv_transfer_config
 
 
 def parse_memory(text: str | int) -> int:

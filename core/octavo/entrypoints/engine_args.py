@@ -42,11 +42,15 @@ ENGINE_OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--enforce-eager", is_flag=True, default=False,
                  help="Devices: no graph capture."),
     click.option("--seed", type=int, default=0, show_default=True, help="Random seed."),
+    click.option("--kv-transfer-config", default=None,
+                 help='KV connector as JSON, e.g. \'{"connector": "shared_storage", '
+                      '"role": "producer", "path": "/tmp/kv"}\' (disaggregated serving).'),
 ]
 ENGINE_KEYS = ("model", "backend", "dtype", "max_model_len", "max_num_seqs",
                "max_num_batched_tokens", "block_size", "enable_prefix_caching",
                "kv_cache_memory", "gpu_memory_utilization", "tensor_parallel_size",
-               "scheduling_policy", "attention_backend", "enforce_eager", "seed")
+               "scheduling_policy", "attention_backend", "enforce_eager", "seed",
+               "kv_transfer_config")
 
 
 def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -73,6 +73,7 @@ class KVCacheManager:
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVBlock] = (),
         num_lookahead_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> list[KVBlock] | None:
         """Make room for ``num_new_tokens`` after the request's computed tokens, plus
         ``num_lookahead_tokens`` of room for speculative drafts.
@@ -81,6 +82,10 @@ class KVCacheManager:
         request's first allocation); their tokens count as computed. Returns the blocks
         newly taken from the pool (possibly none), or ``None`` - changing nothing - when
         the pool cannot supply them.
+
+        ``delay_cache_blocks``: the new tokens' KV is being loaded by a KV connector, not
+        computed, so their blocks must not be shared before the load is done; they enter
+        the prefix cache with the request's next allocation.
         """
         if num_new_tokens < 1:
             raise ValueError(f"num_new_tokens must be at least 1, got {num_new_tokens}")
@@ -104,7 +109,8 @@ class KVCacheManager:
         blocks = self._req_blocks.setdefault(request_id, [])
         blocks.extend(new_computed_blocks)
         blocks.extend(new_blocks)
-        self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
+        self._cache_full_blocks(
+            request, blocks, num_computed + (0 if delay_cache_blocks else num_new_tokens))
         return new_blocks
 
     def free(self, request: Request) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from octavo.kv_transfer.config import KVTransferConfig
+
 
 @dataclass
 class SchedulerConfig:
@@ -21,6 +23,7 @@ class SchedulerConfig:
     policy: str = "fcfs"  # a name in the scheduling_policies registry
     enable_prefix_caching: bool = True
     kv_manager: str = "default"  # a name in the kv_managers registry
+    kv_transfer: KVTransferConfig | None = None  # a KV connector to load/save prompt KV
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "max_model_len", "block_size", "max_num_seqs",

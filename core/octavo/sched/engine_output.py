@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from octavo.kv.stats import PrefixCacheStats
+from octavo.kv_transfer.stats import KVTransferStats
 from octavo.sched.output import LogprobsLists
 
 
@@ -63,3 +64,4 @@ class SchedulerStats:
     num_waiting_reqs: int
     kv_cache_usage: float  # share of KV blocks held by requests
     prefix_cache: PrefixCacheStats
+    kv_transfer: KVTransferStats = field(default_factory=KVTransferStats)

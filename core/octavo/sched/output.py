@@ -7,6 +7,7 @@ in any framework and may live in another process (these are msgspec/pickle frien
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +51,8 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     # req_id -> draft tokens to verify this step (speculative decoding).
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # The KV connector's plain-data instructions for this step (loads, saves); None without one.
+    kv_connector_metadata: Any = None
 
 
 @dataclass
@@ -73,3 +76,14 @@ class ModelRunnerOutput:
     logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     # req_id -> prompt logprobs of the prompt positions computed this step.
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    # The KV connector's report of this step; None without a connector.
+    kv_connector_output: KVConnectorOutput | None = None
+
+
+@dataclass
+class KVConnectorOutput:
+    """Transfers the worker side of a KV connector finished (request ids)."""
+
+    finished_sending: set[str] = field(default_factory=set)  # KV saved: blocks may be freed
+    finished_recving: set[str] = field(default_factory=set)  # load done (or failed)
+    failed_recving: set[str] = field(default_factory=set)  # load failed: recompute the prompt

@@ -13,6 +13,7 @@ from octavo.sched.engine_output import EngineCoreEvent
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"  # a KV connector is loading its prompt
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "stop"

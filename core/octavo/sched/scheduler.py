@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from octavo.kv.block import KVBlock
+from octavo.kv_transfer.base import KVConnectorRole
+from octavo.kv_transfer.factory import make_connector
+from octavo.kv_transfer.stats import KVTransferStats
 from octavo.plugins import get_registries
 from octavo.sched.config import SchedulerConfig
 from octavo.sched.engine_output import (
@@ -36,6 +40,7 @@ from octavo.sched.engine_output import (
 )
 from octavo.sched.output import (
     CachedRequestData,
+    KVConnectorOutput,
     LogprobsLists,
     ModelRunnerOutput,
     NewRequestData,
@@ -44,6 +49,7 @@ from octavo.sched.output import (
 from octavo.sched.request import Request, RequestStatus
 from octavo.sched.stop import check_stop
 
+logger = logging.getLogger(__name__)
 
 @dataclass
 class _Step:
@@ -70,6 +76,14 @@ class Scheduler:
         self.running: list[Request] = []
         # Finished, aborted or preempted since the last step: the workers drop their state.
         self.finished_req_ids: set[str] = set()
+        # KV transfer (octavo.kv_transfer), inert without a connector: requests whose prompt
+        # KV is being loaded (with the number of computed tokens once it is), and finished
+        # requests whose blocks stay allocated until the worker has saved their KV.
+        self.connector = make_connector(config.kv_transfer, KVConnectorRole.SCHEDULER,
+                                        config.block_size)
+        self.loading: dict[str, tuple[Request, int]] = {}
+        self.sending: dict[str, Request] = {}
+        self.kv_transfer_stats = KVTransferStats()
 
     def add_request(self, request: Request) -> None:
         request_id = request.request_id
@@ -96,6 +110,8 @@ class Scheduler:
             total_num_scheduled_tokens=sum(step.num_scheduled_tokens.values()),
             finished_req_ids=self.finished_req_ids,
         )
+        if self.connector is not None:
+            output.kv_connector_metadata = self.connector.build_connector_meta(output)
         self.finished_req_ids = set()
         return output
 
@@ -103,6 +119,8 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         """Append the sampled tokens, finish the requests that stop, report to the front end."""
+        if model_runner_output.kv_connector_output is not None:
+            self._update_kv_transfers(model_runner_output.kv_connector_output)
         sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
         outputs: list[EngineCoreOutput] = []
         for request_id in scheduler_output.num_scheduled_tokens:
@@ -142,7 +160,7 @@ class Scheduler:
                 self._finish(request, status)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        return bool(self.requests) or bool(self.sending)
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
@@ -160,6 +178,7 @@ class Scheduler:
             num_waiting_reqs=len(self.waiting),
             kv_cache_usage=self.kv_manager.usage,
             prefix_cache=dataclasses.replace(self.kv_manager.prefix_stats),
+            kv_transfer=dataclasses.replace(self.kv_transfer_stats),
         )
 
     def _schedule_running(self, step: _Step) -> None:
@@ -201,7 +220,16 @@ class Scheduler:
         while (self.waiting and step.token_budget > 0
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[0]
-            hit_blocks, num_hit_tokens = self.kv_manager.get_computed_blocks(request)
+            if self.kv_manager.get_block_ids(request.request_id):  # back from a KV load
+                hit_blocks, num_hit_tokens = [], request.num_computed_tokens
+            else:
+                hit_blocks, num_hit_tokens = self.kv_manager.get_computed_blocks(request)
+                if self.connector is not None and request.status is RequestStatus.WAITING:
+                    started = self._start_kv_load(request, hit_blocks, num_hit_tokens)
+                    if started is None:
+                        break  # no room for it; keep policy order
+                    if started:
+                        continue
             num_new_tokens = min(request.num_tokens - num_hit_tokens, step.token_budget)
             if self.kv_manager.allocate_slots(request, num_new_tokens, hit_blocks) is None:
                 break  # keep policy order: nothing behind it jumps the queue
@@ -221,6 +249,53 @@ class Scheduler:
                 output_token_ids=list(request.output_token_ids),
             ))
             self._grant(request, num_new_tokens, step)
+
+    def _start_kv_load(self, request: Request, hit_blocks: list[KVBlock],
+                       num_hit_tokens: int) -> bool | None:
+        """Let the connector load what it holds of the prompt beyond the local prefix hit:
+        the request waits, holding its blocks, until the worker reports the load. ``False``
+        when there is nothing to load, ``None`` when its blocks do not fit now."""
+        assert self.connector is not None
+        num_external, _ = self.connector.get_num_new_matched_tokens(request, num_hit_tokens)
+        if num_external == 0:
+            return False
+        if self.kv_manager.allocate_slots(request, num_external, hit_blocks,
+                                          delay_cache_blocks=True) is None:
+            return None
+        self.waiting.pop(0)
+        request.num_computed_tokens = num_hit_tokens
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        self.loading[request.request_id] = (request, num_hit_tokens + num_external)
+        self.connector.update_state_after_alloc(
+            request, self.kv_manager.get_block_ids(request.request_id), num_external)
+        return True
+
+    def _update_kv_transfers(self, output: KVConnectorOutput) -> None:
+        """Free the blocks of requests whose KV is saved; send requests whose load finished
+        back to waiting - from the loaded tokens, or from their local prefix when the load
+        failed (nothing was computed on top of it, so recomputing is safe)."""
+        assert self.connector is not None
+        self.connector.update_connector_output(output)
+        stats = self.kv_transfer_stats
+        stats.saves += len(output.finished_sending)
+        for request_id in output.finished_sending:
+            finished = self.sending.pop(request_id, None)
+            if finished is not None:
+                self.kv_manager.free(finished)
+        for request_id in output.finished_recving:
+            request, num_loaded = self.loading.pop(request_id, (None, 0))
+            if request is None:
+                continue  # aborted while loading
+            if request_id in output.failed_recving:
+                stats.failed_loads += 1
+                logger.warning("request %s: loading its prompt KV failed; computing it instead",
+                               request_id)
+            else:
+                stats.loads += 1
+                stats.loaded_tokens += num_loaded - request.num_computed_tokens
+                request.num_computed_tokens = num_loaded
+            request.status = RequestStatus.WAITING
+            bisect.insort(self.waiting, request, key=self.policy.sort_key)
 
     @staticmethod
     def _grant(request: Request, num_new_tokens: int, step: _Step) -> None:
@@ -255,12 +330,26 @@ class Scheduler:
         return appended
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
-        queue = self.running if request.status is RequestStatus.RUNNING else self.waiting
-        queue.remove(request)
+        if request.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
+            del self.loading[request.request_id]
+        else:
+            queue = self.running if request.status is RequestStatus.RUNNING else self.waiting
+            queue.remove(request)
         request.status = status
-        self.kv_manager.free(request)
+        self._free_finished(request)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
+
+    def _free_finished(self, request: Request) -> None:
+        """Free a finished request's blocks - unless the connector is still saving its KV
+        from them; then once the worker reports the save done."""
+        if self.connector is not None:
+            block_ids = self.kv_manager.get_block_ids(request.request_id)
+            delay_free, _ = self.connector.request_finished(request, block_ids)
+            if delay_free:
+                self.sending[request.request_id] = request
+                return
+        self.kv_manager.free(request)
 
 
 def _first_rows(logprobs: LogprobsLists | None, num_rows: int) -> LogprobsLists | None:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from octavo.attention import AttentionBackend
+from octavo.kv_transfer.worker_side import WorkerKVTransfer
 from octavo.models.base import CausalLM
 from octavo.sample.logprobs import compute_prompt_logprobs
 from octavo.sample.metadata import (
@@ -52,6 +53,7 @@ class ModelRunner:
         self.batch = InputBatch(max_num_reqs, max_model_len, -(-max_model_len // block_size))
         self.sampler = Sampler()
         self.kv_caches: list[torch.Tensor] = []
+        self.kv_transfer: WorkerKVTransfer | None = None  # set by the worker with a KV connector
 
     # -- KV cache ---------------------------------------------------------------------
     def kv_cache_bytes_per_block(self) -> int:
@@ -70,6 +72,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self._update_states(scheduler_output)
+        if self.kv_transfer is not None:
+            return self.kv_transfer.execute(scheduler_output, self._execute_step)
+        return self._execute_step(scheduler_output)
+
+    def _execute_step(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         if not scheduler_output.total_num_scheduled_tokens:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         step = prepare_step(self.batch, scheduler_output.num_scheduled_tokens, self.block_size,

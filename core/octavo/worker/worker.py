@@ -6,6 +6,9 @@ from __future__ import annotations
 import torch
 
 from octavo.config import EngineConfig
+from octavo.kv_transfer.base import KVConnectorRole
+from octavo.kv_transfer.factory import make_connector
+from octavo.kv_transfer.worker_side import WorkerKVTransfer
 from octavo.models.build import build_model
 from octavo.models.loader import ModelFiles
 from octavo.platforms import Platform
@@ -58,6 +61,11 @@ class Worker:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.runner.initialize_kv_cache(num_blocks)
+        connector = make_connector(self.config.kv_transfer, KVConnectorRole.WORKER,
+                                   self.config.cache.block_size)
+        if connector is not None:
+            self.runner.kv_transfer = WorkerKVTransfer(connector, self.runner.model,
+                                                       self.runner.kv_caches)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)

@@ -1,2 +1,16 @@
-"""Entry point of octavo-connectors. The connectors register through
-``octavo_register_kv_connectors`` as they land; until then this plugin provides no hooks."""
+"""Entry point of octavo-connectors: registers the KV connectors (Mooncake's own library is
+imported only when a mooncake connector is built)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from octavo.plugins import hookimpl
+from octavo_connectors.mooncake import MooncakeConnector
+from octavo_connectors.shared_storage import SharedStorageConnector
+
+
+@hookimpl
+def octavo_register_kv_connectors(registry: Any) -> None:
+    registry.register("shared_storage", SharedStorageConnector)
+    registry.register("mooncake", MooncakeConnector)

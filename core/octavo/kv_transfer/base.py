@@ -1,0 +1,112 @@
+"""``KVConnector``: the contract between Octavo and a KV transfer backend (vLLM V1's
+``KVConnectorBase_V1`` in Octavo's terms).
+
+One class, built twice per engine: once in the scheduler (``KVConnectorRole.SCHEDULER``),
+once in the worker that owns the KV cache (``KVConnectorRole.WORKER``). The two instances
+only talk through plain data: the scheduler side's per-step metadata rides on the
+``SchedulerOutput``; the worker side's report (finished sends and receives, failed loads)
+comes back on the ``ModelRunnerOutput`` as a ``KVConnectorOutput``.
+
+Loads are asynchronous in the scheduler's eyes: a request whose prompt KV can be loaded
+waits (``WAITING_FOR_REMOTE_KVS``) while the worker fills its blocks, and other requests
+keep running. Only when the worker reports the load finished does the request continue
+from the loaded tokens; when it reports the load failed, the request computes its prompt
+itself - nothing was computed on top of the missing KV, so the output stays correct.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from octavo.attention.base import AttentionMetadata
+    from octavo.kv_transfer.config import KVTransferConfig
+    from octavo.sched.output import KVConnectorOutput, SchedulerOutput
+    from octavo.sched.request import Request
+
+
+class KVConnectorRole(enum.Enum):
+    SCHEDULER = "scheduler"
+    WORKER = "worker"
+
+
+class KVConnector:
+    """Subclasses implement the side(s) of their role; the scheduler calls only the
+    scheduler-side methods on its instance, the worker only the worker-side ones."""
+
+    def __init__(self, config: KVTransferConfig, role: KVConnectorRole, block_size: int) -> None:
+        self.config = config
+        self.role = role
+        self.block_size = block_size
+
+    # -- scheduler side ------------------------------------------------------------------
+    def get_num_new_matched_tokens(
+        self, request: Request, num_local_computed_tokens: int
+    ) -> tuple[int, bool]:
+        """How many prompt tokens after the ``num_local_computed_tokens`` found in the local
+        prefix cache can be loaded from outside, and whether the load is asynchronous.
+        Must leave at least the last prompt token to compute (its logits are sampled)."""
+        raise NotImplementedError
+
+    def update_state_after_alloc(
+        self, request: Request, block_ids: list[int], num_external_tokens: int
+    ) -> None:
+        """The scheduler gave ``request`` the blocks ``block_ids`` (its whole block table);
+        the ``num_external_tokens`` after its local prefix are to be loaded into them."""
+        raise NotImplementedError
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> Any:
+        """What the worker side must do this step (loads to start, saves to make): plain
+        data, attached to ``scheduler_output.kv_connector_metadata``."""
+        raise NotImplementedError
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        """The worker's report of the last step (finished sends, receives, failed loads)."""
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """``request`` finished. Returns whether its blocks must stay allocated until the
+        worker reports its save finished, and parameters a peer would need to fetch its KV
+        (none for connectors that key KV by content)."""
+        return False, None
+
+    # -- worker side ---------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: list[torch.Tensor]) -> None:
+        """The worker's KV cache, one tensor per layer (layout in ``attention.base``)."""
+        raise NotImplementedError
+
+    def bind_connector_metadata(self, metadata: Any) -> None:
+        """This step's metadata from the scheduler side; set before ``start_load_kv``."""
+        raise NotImplementedError
+
+    def start_load_kv(self) -> None:
+        """Begin this step's loads; called before the forward pass."""
+        raise NotImplementedError
+
+    def wait_for_layer_load(self, layer_index: int) -> None:
+        """Block until the loads into ``layer_index`` that this step's attention reads are
+        done. Connectors whose loads all finish before the request is scheduled for compute
+        (the asynchronous case) have nothing to wait for."""
+
+    def save_kv_layer(self, layer_index: int, kv_cache: torch.Tensor,
+                      attn_metadata: AttentionMetadata) -> None:
+        """Start saving this step's KV of ``layer_index``; called after the layer ran."""
+        raise NotImplementedError
+
+    def wait_for_save(self) -> None:
+        """Called after the forward pass: block until saves that must not outlive the step
+        are done."""
+        raise NotImplementedError
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        """Requests whose sends and whose receives finished since the last call
+        (successfully or not; failures are in ``get_failed_loads``)."""
+        raise NotImplementedError
+
+    def get_failed_loads(self) -> set[str]:
+        """Requests whose load failed since the last call: they recompute their prompt."""
+        return set()
