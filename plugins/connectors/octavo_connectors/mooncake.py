@@ -13,6 +13,8 @@ zero-copy transfers would need the cache to live in memory the store allocates.
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from octavo.config import ConfigError
@@ -26,6 +28,13 @@ DEFAULTS: dict[str, Any] = {
     "global_segment_size": 512 * 2**20,
     "local_buffer_size": 128 * 2**20,
 }
+
+logger = logging.getLogger(__name__)
+
+# After the store fails to answer, lookups report "not stored" for this long without asking
+# it: with the master gone each call would retry for seconds, and the prompt computed here
+# is the right answer anyway.
+RETRY_AFTER_S = 30.0
 
 # One client per process and master: the scheduler side and the worker side of an engine
 # share it (a second client in the same process would lend the store a second segment).
@@ -49,9 +58,17 @@ class MooncakeStore(BlobStore):
                                       f"{options['metadata_server']}); is mooncake_master up?")
             _clients[settings] = client
         self.client = client
+        self._unreachable_until = 0.0
 
     def exists(self, name: str) -> bool:
-        return self.client.is_exist(name) == 1
+        if time.monotonic() < self._unreachable_until:
+            return False
+        code = self.client.is_exist(name)
+        if code < 0:
+            logger.warning("the Mooncake store does not answer (code %d); computing prompts "
+                           "locally for the next %.0f s", code, RETRY_AFTER_S)
+            self._unreachable_until = time.monotonic() + RETRY_AFTER_S
+        return code == 1
 
     def put(self, name: str, data: bytes) -> None:
         code = self.client.put(name, data)

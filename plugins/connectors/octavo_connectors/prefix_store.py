@@ -212,7 +212,7 @@ class PrefixStoreConnector(KVConnector):
             try:
                 for write in self._writes.pop(spec.req_id, []):
                     write.result()
-                self.store.put(done_blob(spec.key), b"")
+                self.store.put(done_blob(spec.key), b"1")  # Mooncake refuses empty values
             except Exception as exc:  # the prefix stays incomplete: consumers recompute it
                 logger.warning("KV save of request %s (prefix %s) failed: %s",
                                spec.req_id, spec.key[:16], exc)
