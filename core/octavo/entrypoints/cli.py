@@ -7,6 +7,7 @@ import click
 from octavo.entrypoints.bench_cmd import bench
 from octavo.entrypoints.generate_cmd import chat, generate
 from octavo.entrypoints.plugins_cmd import plugins_command
+from octavo.entrypoints.proxy_cmd import proxy
 from octavo.entrypoints.serve_cmd import serve
 from octavo.version import __version__
 
@@ -17,5 +18,5 @@ def main() -> None:
     """Octavo: serve and run LLMs on any hardware through plugins."""
 
 
-for command in (plugins_command, serve, generate, chat, bench):
+for command in (plugins_command, serve, generate, chat, bench, proxy):
     main.add_command(command)

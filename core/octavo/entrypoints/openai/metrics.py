@@ -10,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from octavo.engine.async_llm import IterationStats
+from octavo.kv_transfer.stats import KVTransferStats
 from octavo.sched.engine_output import SchedulerStats
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -57,6 +58,13 @@ class PrometheusMetrics:
                              "Time from arrival to the last output token.", E2E_BUCKETS)
         self._seen_queries = 0
         self._seen_hits = 0
+        self.kv_transfer = {
+            name: counter(f"octavo:kv_transfer_{name}", doc) for name, doc in (
+                ("loads", "Requests whose prompt KV a KV connector loaded."),
+                ("loaded_tokens", "Prompt tokens loaded by a KV connector, not computed."),
+                ("failed_loads", "KV loads that failed (those prompts were computed)."),
+                ("saves", "Requests whose prompt KV a KV connector saved."))}
+        self._seen_kv_transfer = KVTransferStats()
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats) -> None:
         if scheduler_stats is not None:
@@ -82,3 +90,6 @@ class PrometheusMetrics:
         self.prefix_queries.inc(prefix.queries - self._seen_queries)
         self.prefix_hits.inc(prefix.hits - self._seen_hits)
         self._seen_queries, self._seen_hits = prefix.queries, prefix.hits
+        for name, counter in self.kv_transfer.items():  # totals since the engine started
+            counter.inc(getattr(stats.kv_transfer, name) - getattr(self._seen_kv_transfer, name))
+        self._seen_kv_transfer = stats.kv_transfer
