@@ -122,6 +122,15 @@ def test_proxy_streams_decode_answers_and_survives_losing_prefill(
     assert loaded["octavo:kv_transfer_loads_total"] == 4, why
     assert loaded["octavo:kv_transfer_loaded_tokens_total"] > 0, why
     assert prefill.metrics()["octavo:kv_transfer_saves_total"] == 4, why
+    # Chat goes the same way; its answer is the decode instance's own.
+    messages = [{"role": "user", "content": prompts[0]}]
+    chunks = client.chat.completions.create(model=model, messages=messages, stream=True,
+                                            max_completion_tokens=MAX_TOKENS, **GREEDY)
+    direct = OpenAI(base_url=decode.url + "/v1", api_key="unused").chat.completions.create(
+        model=model, messages=messages, max_completion_tokens=MAX_TOKENS, **GREEDY)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+        direct.choices[0].message.content, why
+    assert decode.metrics()["octavo:kv_transfer_loads_total"] == 5, why
 
     # Kill the prefill instance while requests keep coming: none is lost.
     stop = threading.Event()
