@@ -51,6 +51,7 @@ from octavo.sched.stop import check_stop
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass
 class _Step:
     """The step being planned."""
@@ -220,8 +221,8 @@ class Scheduler:
         while (self.waiting and step.token_budget > 0
                and len(self.running) < self.config.max_num_seqs):
             request = self.waiting[0]
-            if self.kv_manager.get_block_ids(request.request_id):  # back from a KV load
-                hit_blocks, num_hit_tokens = [], request.num_computed_tokens
+            if self.connector is not None and self.kv_manager.get_block_ids(request.request_id):
+                hit_blocks, num_hit_tokens = [], request.num_computed_tokens  # back from a load
             else:
                 hit_blocks, num_hit_tokens = self.kv_manager.get_computed_blocks(request)
                 if self.connector is not None and request.status is RequestStatus.WAITING:
