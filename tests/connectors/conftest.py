@@ -85,10 +85,28 @@ def engine_env() -> dict[str, str]:
 def run_engine(model: TinyModel, prompts_file: Path,
                kv_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """One engine in its own process; its JSON report."""
-    result = subprocess.run(engine_command(model, prompts_file, kv_config), cwd=ROOT,
-                            env=engine_env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+    return run_engines(model, (prompts_file, kv_config))[0]
+
+
+def run_engines(model: TinyModel,
+                *runs: tuple[Path, dict[str, Any] | None]) -> list[dict[str, Any]]:
+    """Independent engines, each in its own process, side by side; their JSON reports."""
+    procs = [subprocess.Popen(engine_command(model, prompts_file, kv_config), cwd=ROOT,
+                              env=engine_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+             for prompts_file, kv_config in runs]
+    reports = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err[-3000:]
+            reports.append(dict(json.loads(out.strip().splitlines()[-1])))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return reports
 
 
 def free_port() -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 from octavo import LLM, SamplingParams
 
 from ..core.tiny_models import save_tiny_model
-from .conftest import Prompts, TinyModel, run_engine, write_prompts
+from .conftest import Prompts, TinyModel, run_engine, run_engines, write_prompts
 from .engine_process import MAX_TOKENS
 
 
@@ -24,8 +24,8 @@ def test_consumer_loads_what_the_producer_saved(tiny_model: TinyModel, prompts: 
     store = tmp_path / "kv"
     produced = write_prompts(tmp_path, "produced", prompts.produced)
     consumed = write_prompts(tmp_path, "consumed", prompts.consumed)
-    reference = run_engine(tiny_model, consumed)
-    producer = run_engine(tiny_model, produced, storage_config(store, "producer"))
+    reference, producer = run_engines(tiny_model, (consumed, None),
+                                      (produced, storage_config(store, "producer")))
     assert producer["tokens"] == reference["tokens"][:3], why
     assert producer["kv_transfer"]["saves"] == 3, why
     assert len(list(store.glob("*/done"))) == 3, why
