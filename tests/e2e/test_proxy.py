@@ -86,7 +86,7 @@ def deployment(tiny_model: TinyModel, tmp_path: Path) -> Iterator[tuple[Server, 
     try:
         for server in servers:
             server.wait_ready(timeout=180)
-        proxy = ProxyProcess(servers[0], servers[1], tmp_path / "proxy.log").wait_ready(60)
+        proxy = ProxyProcess(servers[0], servers[1], tmp_path / "proxy.log").wait_ready(180)
         yield servers[0], servers[1], proxy
     finally:
         if proxy is not None:
