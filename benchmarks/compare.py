@@ -248,20 +248,30 @@ def main() -> None:
             shift = round_index % len(mine)  # each engine takes each place in turn
             for job in mine[shift:] + mine[:shift]:
                 results.append(run_job(job, round_index, args.threads, args.work_dir))
-    model = json.loads(jobs[0].path.read_text())["model"]
+                if args.output_json:  # after every run: a long comparison cut short keeps it
+                    write_json(args, workloads, jobs, results)
     print(f"\n{args.rounds} round(s) in {(time.perf_counter() - started) / 60:.1f} min; "
-          f"{args.dtype}, {args.threads} thread(s) per engine; model {model}")
+          f"{args.dtype}, {args.threads} thread(s) per engine; model {model_of(jobs)}")
+    for workload in workloads:
+        print(f"\n{workload}")
+        print(format_table(*summary(workload, results)))
+
+
+def model_of(jobs: list[Job]) -> str:
+    return json.loads(jobs[0].path.read_text())["model"]
+
+
+def write_json(args: argparse.Namespace, workloads: list[str], jobs: list[Job],
+               results: list[RunResult]) -> None:
     tables = {}
     for workload in workloads:
-        headers, rows = summary(workload, results)
-        tables[workload] = [dict(zip(headers, row)) for row in rows]
-        print(f"\n{workload}")
-        print(format_table(headers, rows))
-    if args.output_json:
-        args.output_json.write_text(json.dumps(
-            {"workloads": workloads, "dtype": args.dtype, "threads": args.threads,
-             "rounds": args.rounds, "model": model, "tables": tables,
-             "runs": [asdict(r) for r in results]}, indent=2) + "\n")
+        if any(r.workload == workload for r in results):
+            headers, rows = summary(workload, results)
+            tables[workload] = [dict(zip(headers, row)) for row in rows]
+    args.output_json.write_text(json.dumps(
+        {"workloads": workloads, "dtype": args.dtype, "threads": args.threads,
+         "rounds": args.rounds, "model": model_of(jobs), "tables": tables,
+         "runs": [asdict(r) for r in results]}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
