@@ -32,9 +32,9 @@ def log_plugins() -> None:
 
 
 async def run_server(config: EngineConfig, settings: ServerSettings) -> None:
-    log_plugins()
     starting = asyncio.ensure_future(AsyncLLM.start(config))
     await asyncio.sleep(0)  # runs start() until it has spawned the core and awaits it
+    log_plugins()
     # The engine core loads the model in its own process meanwhile (on another core):
     # the web stack and the tokenizer's modules are imported now, off the critical path.
     import uvicorn
