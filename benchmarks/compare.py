@@ -220,7 +220,10 @@ def summary(workload: str, results: list[RunResult]) -> tuple[list[str], list[li
     for label in labels:
         runs = [r for r in results if r.workload == workload and r.label == label]
         largest = max(runs, key=lambda r: gb(r.peak_rss))
-        per_process = " + ".join(f"{p.peak_bytes / 1e9:.2f}" for p in largest.peak_rss)
+        per_process = " + ".join(f"{p.peak_bytes / 1e9:.2f}" for p in largest.peak_rss[:3])
+        if len(largest.peak_rss) > 3:  # vLLM's compile workers come and go by the dozen
+            rest = largest.peak_rss[3:]
+            per_process += f" + {len(rest)} more {gb(rest):.2f}"
         speedup = f"{walls[label] / walls['octavo']:.2f}x" if "octavo" in walls else "-"
         run = runs[0]
         rows.append([label, len(runs), f"{walls[label]:.2f}",
