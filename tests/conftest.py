@@ -4,14 +4,25 @@ Without a GPU, Triton kernels run under Triton's interpreter. ``@triton.jit`` re
 ``TRITON_INTERPRET`` when a kernel is *defined*, and any test that fills the plugin
 registries imports octavo-triton's kernels, so the switch must happen here, before the
 first test module is collected - not in tests/triton/conftest.py.
+
+GGUF conversions go to a cache folder of the session's own (inherited by the servers and
+CLIs the tests start), so tests never fill the user's cache with their tiny models; set
+``OCTAVO_CACHE_DIR`` to keep the default model's conversion across sessions.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import os
+import shutil
+import tempfile
 
 import torch
+
+if "OCTAVO_CACHE_DIR" not in os.environ:
+    os.environ["OCTAVO_CACHE_DIR"] = tempfile.mkdtemp(prefix="octavo-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["OCTAVO_CACHE_DIR"], ignore_errors=True)
 
 if not torch.cuda.is_available() and importlib.util.find_spec("octavo_triton") is not None:
     os.environ["TRITON_INTERPRET"] = "1"

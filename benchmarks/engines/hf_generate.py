@@ -1,13 +1,12 @@
-"""Runs a compare.py job on HF transformers ``generate``: one static batch, left-padded, greedy,
-exactly ``output_len`` new tokens per prompt (``min_new_tokens`` stops EOS from ending one
-early). Run it with the Python of an environment that has torch and transformers."""
+"""Runs a compare.py job on HF transformers ``generate`` with SDPA attention: one static
+batch, left-padded, greedy, exactly ``output_len`` new tokens per prompt (``min_new_tokens``
+stops EOS from ending one early). Run it with the Python of an environment that has torch
+and transformers."""
 
 from __future__ import annotations
 
-import time
-
 import torch
-from job import WARMUP_OUTPUT_LEN, load_job, parse_args, write_result
+from job import load_job, measure, parse_args
 from transformers import AutoModelForCausalLM
 
 
@@ -22,27 +21,25 @@ def static_batch(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, t
     return ids, mask
 
 
-def generate(model: AutoModelForCausalLM, prompts: list[list[int]], output_len: int) -> list[int]:
-    pad_id = model.generation_config.pad_token_id or model.generation_config.eos_token_id or 0
-    if isinstance(pad_id, list):
-        pad_id = pad_id[0]
-    ids, mask = static_batch(prompts, pad_id)
-    with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=output_len,
-                             min_new_tokens=output_len, do_sample=False, pad_token_id=pad_id)
-    return [out.shape[1] - ids.shape[1]] * len(prompts)
-
-
 def main() -> None:
     args = parse_args(__doc__)
     job = load_job(args.job)
-    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=getattr(torch, job["dtype"]))
+    model = AutoModelForCausalLM.from_pretrained(job["model"], dtype=getattr(torch, job["dtype"]),
+                                                 attn_implementation="sdpa")
     model.eval()
-    generate(model, [job["warmup_prompt"]], WARMUP_OUTPUT_LEN)
-    start = time.perf_counter()
-    output_lens = generate(model, job["prompts"], job["output_len"])
-    wall = time.perf_counter() - start
-    write_result(args.output_json, "hf", wall, job["prompts"], output_lens)
+    pad_id = model.generation_config.pad_token_id or model.generation_config.eos_token_id or 0
+    if isinstance(pad_id, list):
+        pad_id = pad_id[0]
+
+    def generate(prompts: list[list[int]], output_len: int) -> list[int]:
+        ids, mask = static_batch(prompts, pad_id)
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=output_len,
+                                 min_new_tokens=output_len, do_sample=False,
+                                 pad_token_id=pad_id)
+        return [out.shape[1] - ids.shape[1]] * len(prompts)
+
+    measure("hf", job, args.output_json, generate)
 
 
 if __name__ == "__main__":

@@ -8,16 +8,19 @@ command lines carry over unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from octavo.kv_transfer.config import KVTransferConfig
 from octavo.sched.config import SchedulerConfig
 
-DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
-          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "half": torch.float16, "fp16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+# dtype names users type -> torch's name; torch is imported only when one is resolved, so
+# a process that just parses a config (the server, before it spawns the core) need not.
+DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32",
+          "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "half": "float16", "fp16": "float16"}
 
 
 class ConfigError(ValueError):
@@ -35,7 +38,9 @@ class ModelConfig:
         name = platform_default if self.dtype == "auto" else self.dtype
         if name not in DTYPES:
             raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}; got {name!r}")
-        return DTYPES[name]
+        import torch
+
+        return getattr(torch, DTYPES[name])
 
 
 @dataclass

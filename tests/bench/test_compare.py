@@ -1,6 +1,7 @@
-"""``benchmarks/compare.py``: the same reference workload on Octavo and HF transformers, each in
-its own process, and one table of ratios to Octavo. The tiny model has SmolLM2's vocabulary
-size, so W1's prompts run on it unchanged."""
+"""``benchmarks/compare.py``: a reference workload (W2, the cheapest) on Octavo and HF
+transformers, each job in its own process, rounds alternating, one table per workload with
+Octavo's speed-up, start-up time and peak RSS. The tiny model has SmolLM2's vocabulary size,
+so the workloads' prompts run on it unchanged."""
 
 from __future__ import annotations
 
@@ -16,28 +17,34 @@ from .conftest import BenchModel
 COMPARE = Path(__file__).resolve().parents[2] / "benchmarks" / "compare.py"
 
 
-def test_compare_w1_octavo_and_hf(bench_model: BenchModel, tmp_path: Path) -> None:
+def test_compare_w2_octavo_and_hf(bench_model: BenchModel, tmp_path: Path) -> None:
     out = tmp_path / "table.json"
     done = subprocess.run(
-        [sys.executable, str(COMPARE), "--workload", "W1_throughput",
+        [sys.executable, str(COMPARE), "--workloads", "W2", "--rounds", "2",
          "--model", str(bench_model.folder), "--engines", "octavo,hf,vllm",
-         "--vllm-python", "", "--kv-cache-memory", "64MiB", "--threads", "1",
-         "--work-dir", str(tmp_path), "--output-json", str(out)],
-        capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+         "--vllm-python", "", "--dtype", "float32", "--kv-cache-memory", "64MiB",
+         "--threads", "1", "--work-dir", str(tmp_path), "--output-json", str(out)],
+        capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "vllm skipped" in done.stdout
-    table = done.stdout[done.stdout.index("W1_throughput ("):]
-    assert "vs octavo" in table and "1 thread)" in table, done.stdout
     data = json.loads(out.read_text())
-    assert data["threads"] == 1
-    rows = {row["engine"]: row for row in data["table"]}
-    assert set(rows) == {"octavo", "hf"}
-    assert rows["octavo"]["vs octavo"] == "1.00x"
-    workload = build_workload("W1_throughput")
-    for run in data["runs"]:  # every engine did the whole workload, token for token
-        assert run["num_requests"] == 64, run
-        assert run["prompt_tokens"] == sum(len(p) for p in workload.prompts), run
-        assert run["output_tokens"] == 64 * 128, run
-    octavo, hf = (next(r for r in data["runs"] if r["engine"] == e) for e in ("octavo", "hf"))
-    ratio = (hf["output_tokens"] / hf["wall_s"]) / (octavo["output_tokens"] / octavo["wall_s"])
-    assert rows["hf"]["vs octavo"] == f"{ratio:.2f}x"
+    assert data["workloads"] == ["W2_latency"]
+    assert data["threads"] == 1 and data["rounds"] == 2
+    for workload in data["workloads"]:
+        rows = {row["engine"]: row for row in data["tables"][workload]}
+        assert set(rows) == {"octavo", "hf"}, rows
+        assert rows["octavo"]["octavo speed-up"] == "1.00x"
+        spec = build_workload(workload)
+        runs = [r for r in data["runs"] if r["workload"] == workload]
+        assert [r["label"] for r in runs] == ["octavo", "hf", "hf", "octavo"]  # alternating
+        for run in runs:  # every engine did the whole workload, token for token
+            assert run["num_requests"] == len(spec.prompts), run
+            assert run["prompt_tokens"] == sum(len(p) for p in spec.prompts), run
+            assert run["output_tokens"] == len(spec.prompts) * spec.output_len, run
+            assert 0 < run["start_up_s"] < 300, run
+            assert run["peak_rss"] and all(p["peak_bytes"] > 10**7 for p in run["peak_rss"])
+        octavo_wall = sorted(r["wall_s"] for r in runs if r["label"] == "octavo")
+        hf_wall = sorted(r["wall_s"] for r in runs if r["label"] == "hf")
+        speedup = (sum(hf_wall) / 2) / (sum(octavo_wall) / 2)  # medians of two runs
+        assert rows["hf"]["octavo speed-up"] == f"{speedup:.2f}x"
+        assert workload in done.stdout

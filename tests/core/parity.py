@@ -104,3 +104,18 @@ def compare(prompts: list[list[int]], ours: tuple, reference: list[tuple]) -> Pa
             (report.divergences if gap < TIE_GAP else report.failures).append(where)
             break
     return report
+
+
+def greedy_agreement(ours: list[list[int]], reference: list[list[int]]) -> float:
+    """The share of reference tokens the engine reproduced before its first divergence in
+    each sequence (nothing after a divergence counts: the contexts differ from there on).
+
+    This is how bf16 runs are judged: rounding differs between two bf16 implementations,
+    so sequences may part at a near-tie, and the measure is how long they stay together.
+    """
+    agreed = 0
+    for mine, theirs in zip(ours, reference, strict=True):
+        same = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
+                    min(len(mine), len(theirs)))
+        agreed += same
+    return agreed / sum(len(theirs) for theirs in reference)

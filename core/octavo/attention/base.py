@@ -19,8 +19,8 @@ offset ``s % block_size``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
@@ -45,6 +45,9 @@ class AttentionMetadata:
     # Host copies of the small index tensors, so backends can loop without device syncs.
     query_start_loc_cpu: torch.Tensor | None = None
     seq_lens_cpu: torch.Tensor | None = None
+    # What a backend derives from this metadata once per step (index tensors, masks) and
+    # reuses in every layer, keyed by the backend; starts empty each step.
+    backend_state: dict[str, Any] = field(default_factory=dict)
 
 
 class AttentionImpl:

@@ -1,24 +1,121 @@
 """The portable paged-attention backend: pure PyTorch, runs on any CPU (and any torch device).
 
 Each step it scatters the new keys/values into their cache slots, then computes attention
-for every request of the flattened batch:
+for every request of the flattened batch with ``scaled_dot_product_attention`` on 4-D
+tensors (its fused kernels; 3-D inputs fall back to a much slower path):
 
-- requests with one query token (decodes) together: their context is gathered through the
-  block tables into one padded tensor and attended with a single batched matmul, the hot
-  path of generation;
-- every other request (a prompt or a chunk of one) on its own with
-  ``scaled_dot_product_attention`` over exactly its context, so no request is padded to the
-  longest. Query token ``j`` of a request with ``q`` new tokens and ``s`` tokens of context
-  sits at position ``s - q + j`` and sees the context up to and including itself, which is
-  what lets a chunk attend to the prefix already in the cache.
+- requests with one query token (decodes) together: their contexts are read through the
+  block tables into one padded ``[batch, kv_heads, max_len, head_dim]`` tensor, and each
+  key/value head's group of query heads is folded into the query length, so one call
+  attends all of them with no repeated keys;
+- requests with several query tokens (a prompt or a chunk of one) in groups of consecutive
+  requests with equal query and context lengths, one call per group, so no request is
+  padded to the longest. A fresh prompt attends its own new keys directly; a chunk over a
+  cached prefix reads its context from the cache. Query token ``j`` of a request with ``q``
+  new tokens and ``s`` tokens of context sits at position ``s - q + j`` and sees the
+  context up to and including itself.
+
+How the step's requests split into these groups, and which cache slots each one reads, is
+the same in every layer: it is worked out once per step (:class:`StepPlan`) and kept in the
+metadata's ``backend_state``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from octavo.attention.base import AttentionBackend, AttentionImpl, AttentionMetadata
+
+
+@dataclass
+class DecodeBatch:
+    """The single-token requests of a step, attended together over a padded context."""
+
+    tokens: torch.Tensor | None  # int64 [B]: their query tokens; None: tokens 0..B-1
+    slots: torch.Tensor  # int64 [B * max_len]: cache slot of each context position
+    seq_lens: torch.Tensor  # int64 [B, 1]
+    max_len: int
+    equal_lens: bool  # every request has max_len tokens of context (no padding)
+
+
+@dataclass
+class PrefillGroup:
+    """Consecutive requests with several query tokens and the same query and context
+    lengths, attended in one call."""
+
+    start: int  # first query token of the group in the flat batch
+    num_reqs: int
+    query_len: int
+    seq_len: int
+    slots: torch.Tensor | None  # int64 [num_reqs * seq_len]; None: fresh prompts
+
+
+@dataclass
+class StepPlan:
+    """How one step's requests are attended; shared by every layer of the step."""
+
+    decode: DecodeBatch | None
+    prefills: list[PrefillGroup]
+    masks: dict[tuple, torch.Tensor | None] = field(default_factory=dict)  # per window
+
+
+def build_plan(metadata: AttentionMetadata, block_size: int) -> StepPlan:
+    num_reqs = metadata.num_reqs
+    starts = _host(metadata.query_start_loc_cpu, metadata.query_start_loc)[
+        :num_reqs + 1].tolist()
+    seq_lens = _host(metadata.seq_lens_cpu, metadata.seq_lens)[:num_reqs].tolist()
+    query_lens = [end - start for start, end in zip(starts, starts[1:])]
+    block_tables = metadata.block_tables
+    device = block_tables.device
+
+    decode_rows = [row for row, length in enumerate(query_lens) if length == 1]
+    decode = None
+    if decode_rows:
+        lens = [seq_lens[row] for row in decode_rows]
+        max_len = max(lens)
+        all_decode = len(decode_rows) == num_reqs
+        rows = torch.tensor(decode_rows, device=device)
+        decode = DecodeBatch(
+            tokens=None if all_decode else torch.tensor([starts[r] for r in decode_rows],
+                                                        device=device),
+            slots=context_slots(block_tables[rows], max_len, block_size, lens),
+            seq_lens=torch.tensor(lens, device=device)[:, None],
+            max_len=max_len,
+            equal_lens=min(lens) == max_len,
+        )
+
+    prefills: list[PrefillGroup] = []
+    for row, length in enumerate(query_lens):
+        if length == 1:
+            continue
+        last = prefills[-1] if prefills else None
+        if (last is not None and last.start + last.num_reqs * last.query_len == starts[row]
+                and (last.query_len, last.seq_len) == (length, seq_lens[row])):
+            last.num_reqs += 1
+        else:
+            prefills.append(PrefillGroup(starts[row], 1, length, seq_lens[row], None))
+    row_of_token = {start: row for row, start in enumerate(starts[:-1])}
+    for group in prefills:
+        if group.seq_len != group.query_len:  # a cached prefix: read the context from the cache
+            first = row_of_token[group.start]
+            group.slots = context_slots(block_tables[first:first + group.num_reqs],
+                                        group.seq_len, block_size)
+    return StepPlan(decode, prefills)
+
+
+def context_slots(block_tables: torch.Tensor, length: int, block_size: int,
+                  lens: list[int] | None = None) -> torch.Tensor:
+    """Cache slots of positions ``0..length-1`` of each row's context, flattened
+    ``[rows * length]``. Rows shorter than ``length`` (``lens``) repeat their last slot."""
+    positions = torch.arange(length, device=block_tables.device).expand(len(block_tables), -1)
+    if lens is not None:
+        last = torch.tensor(lens, device=block_tables.device)[:, None] - 1
+        positions = torch.minimum(positions, last)
+    blocks = block_tables.gather(1, positions // block_size).long()
+    return (blocks * block_size + positions % block_size).flatten()
 
 
 class TorchAttentionImpl(AttentionImpl):
@@ -31,100 +128,109 @@ class TorchAttentionImpl(AttentionImpl):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = metadata.num_actual_tokens
-        key_cache, value_cache = kv_cache[0], kv_cache[1]
-        write_kv(key_cache, value_cache, key[:num_tokens], value[:num_tokens],
+        write_kv(kv_cache[0], kv_cache[1], key[:num_tokens], value[:num_tokens],
                  metadata.slot_mapping[:num_tokens])
+        plan = metadata.backend_state.get("torch")
+        if plan is None:
+            plan = metadata.backend_state["torch"] = build_plan(metadata, kv_cache.shape[2])
+        # [2, slots, kv_heads * head_dim]: a context read is one row gather for K and V.
+        cache_rows = kv_cache.view(2, -1, self.num_kv_heads * self.head_dim)
 
+        decode = plan.decode
+        if decode is not None and decode.tokens is None and query.shape[0] == num_tokens:
+            return self._decode(query, cache_rows, decode, plan)
         # Tokens past num_actual_tokens (padding a runner may add) get zeros.
-        output = torch.zeros_like(query)
-        num_reqs = metadata.num_reqs
-        starts = _host(metadata.query_start_loc_cpu, metadata.query_start_loc)[
-            :num_reqs + 1].tolist()
-        seq_lens = _host(metadata.seq_lens_cpu, metadata.seq_lens)[:num_reqs].tolist()
-        query_lens = [end - start for start, end in zip(starts, starts[1:])]
-        decodes = [row for row, length in enumerate(query_lens) if length == 1]
-        if decodes:
-            tokens = torch.tensor([starts[row] for row in decodes], device=query.device)
-            output[tokens] = self._decode(query[tokens], key_cache, value_cache,
-                                          metadata.block_tables[decodes],
-                                          [seq_lens[row] for row in decodes])
-        for row, length in enumerate(query_lens):
-            if length > 1:
-                start = starts[row]
-                output[start:start + length] = self._prefill(
-                    query[start:start + length], key_cache, value_cache,
-                    metadata.block_tables[row], seq_lens[row])
+        output = torch.empty_like(query)
+        output[num_tokens:].zero_()
+        if decode is not None:
+            tokens = decode.tokens
+            if tokens is None:
+                output[:len(decode.seq_lens)] = self._decode(
+                    query[:len(decode.seq_lens)], cache_rows, decode, plan)
+            else:
+                output.index_copy_(0, tokens, self._decode(query.index_select(0, tokens),
+                                                           cache_rows, decode, plan))
+        for group in plan.prefills:
+            end = group.start + group.num_reqs * group.query_len
+            output[group.start:end] = self._prefill(query[group.start:end], key[group.start:end],
+                                                    value[group.start:end], cache_rows, group,
+                                                    plan)
         return output
 
     def _prefill(
         self,
-        query: torch.Tensor,  # [q, heads, head_dim]
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        block_table: torch.Tensor,  # [max_blocks]
-        seq_len: int,
+        query: torch.Tensor,  # [n * q, heads, head_dim]
+        key: torch.Tensor,  # [n * q, kv_heads, head_dim]: the group's new keys
+        value: torch.Tensor,
+        cache_rows: torch.Tensor,  # [2, slots, kv_heads * head_dim]
+        group: PrefillGroup,
+        plan: StepPlan,
     ) -> torch.Tensor:
-        """One request's chunk of ``q`` tokens against its context (cached prefix + chunk)."""
-        query_len = query.shape[0]
-        # With a window, keys before the first query token's window are never looked at.
-        first_key = 0
-        if self.sliding_window is not None:
-            first_key = max(0, seq_len - query_len - self.sliding_window + 1)
-        keys = gather_context(key_cache, block_table, first_key, seq_len)
-        values = gather_context(value_cache, block_table, first_key, seq_len)
-        num_keys = seq_len - first_key
-
-        window_cuts = self.sliding_window is not None and query_len > self.sliding_window
-        is_causal = query_len == num_keys and not window_cuts
-        mask = None
-        if not is_causal:
-            mask = self._mask(torch.arange(seq_len - query_len, seq_len, device=query.device),
-                              torch.arange(first_key, seq_len, device=query.device))
+        n, q_len, s_len = group.num_reqs, group.query_len, group.seq_len
+        queries = query.view(n, q_len, self.num_heads, self.head_dim).transpose(1, 2)
+        if group.slots is None:  # fresh prompts: the context is exactly the new tokens
+            keys = key.view(n, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            values = value.view(n, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        else:
+            context = cache_rows.index_select(1, group.slots).view(
+                2, n, s_len, self.num_kv_heads, self.head_dim).transpose(2, 3)
+            keys, values = context[0], context[1]
+        mask = self._prefill_mask(q_len, s_len, query.device, plan)
         out = F.scaled_dot_product_attention(
-            query.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
-            attn_mask=mask, is_causal=is_causal, scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
-        return out.transpose(0, 1)
+            queries, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads)
+        return out.transpose(1, 2).reshape(n * q_len, self.num_heads, self.head_dim)
 
-    def _mask(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
-        """``[q, k]`` True where the query at ``query_pos`` may attend the key at ``key_pos``."""
-        allowed = key_pos[None, :] <= query_pos[:, None]
-        if self.sliding_window is not None:
-            allowed &= key_pos[None, :] > query_pos[:, None] - self.sliding_window
-        return allowed
+    def _prefill_mask(self, query_len: int, seq_len: int, device: torch.device,
+                      plan: StepPlan) -> torch.Tensor | None:
+        """``[q, s]`` True where a query may attend a key; None when plain causal does."""
+        window = self.sliding_window
+        if query_len == seq_len and (window is None or window >= seq_len):
+            return None
+        cache_key = ("prefill", query_len, seq_len, window)
+        if cache_key not in plan.masks:
+            query_pos = torch.arange(seq_len - query_len, seq_len, device=device)[:, None]
+            key_pos = torch.arange(seq_len, device=device)[None, :]
+            allowed = key_pos <= query_pos
+            if window is not None:
+                allowed &= key_pos > query_pos - window
+            plan.masks[cache_key] = allowed
+        return plan.masks[cache_key]
 
     def _decode(
         self,
-        query: torch.Tensor,  # [batch, heads, head_dim]: one token per request
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        block_tables: torch.Tensor,  # [batch, max_blocks]
-        seq_lens: list[int],
+        query: torch.Tensor,  # [B, heads, head_dim]: one token per request
+        cache_rows: torch.Tensor,  # [2, slots, kv_heads * head_dim]
+        decode: DecodeBatch,
+        plan: StepPlan,
     ) -> torch.Tensor:
-        """All single-token requests at once: gather each one's blocks into a padded
-        ``[batch, max_seq_len]`` context, mask the padding, one grouped matmul."""
+        """All single-token requests at once. Query heads ``h * group .. h * group + group -
+        1`` share key/value head ``h``, so they become ``group`` query positions of head
+        ``h``: no causal mask is needed (all sit at the same position), only padding."""
         batch = query.shape[0]
-        block_size = key_cache.shape[1]
-        max_len = max(seq_lens)
-        blocks = block_tables[:, :-(-max_len // block_size)]
-        # [batch, kv_heads, tokens, head_dim]
-        keys = key_cache[blocks].flatten(1, 2)[:, :max_len].transpose(1, 2)
-        values = value_cache[blocks].flatten(1, 2)[:, :max_len].transpose(1, 2)
-
-        # Query heads h * group ... h * group + group - 1 share key/value head h.
         group = self.num_heads // self.num_kv_heads
-        grouped = query.view(batch, self.num_kv_heads, group, self.head_dim)
-        scores = torch.matmul(grouped, keys.transpose(2, 3)).float() * self.scale
+        context = cache_rows.index_select(1, decode.slots).view(
+            2, batch, decode.max_len, self.num_kv_heads, self.head_dim).transpose(2, 3)
+        queries = query.view(batch, self.num_kv_heads, group, self.head_dim)
+        out = F.scaled_dot_product_attention(queries, context[0], context[1],
+                                             attn_mask=self._decode_mask(decode, plan),
+                                             scale=self.scale)
+        return out.view(batch, self.num_heads, self.head_dim)
 
-        lens = torch.tensor(seq_lens, device=query.device)[:, None]
-        key_pos = torch.arange(max_len, device=query.device)[None, :]
-        allowed = key_pos < lens
-        if self.sliding_window is not None:
-            allowed &= key_pos >= lens - self.sliding_window
-        scores.masked_fill_(~allowed[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(query.dtype)
-        return torch.matmul(probs, values).view(batch, self.num_heads, self.head_dim)
+    def _decode_mask(self, decode: DecodeBatch, plan: StepPlan) -> torch.Tensor | None:
+        """``[B, 1, 1, max_len]``: each request's own context (and window); None when every
+        request sees its whole padded context."""
+        window = self.sliding_window
+        if decode.equal_lens and (window is None or window >= decode.max_len):
+            return None
+        cache_key = ("decode", window)
+        if cache_key not in plan.masks:
+            key_pos = torch.arange(decode.max_len, device=decode.seq_lens.device)[None, :]
+            allowed = key_pos < decode.seq_lens
+            if window is not None:
+                allowed &= key_pos >= decode.seq_lens - window
+            plan.masks[cache_key] = allowed[:, None, None, :]
+        return plan.masks[cache_key]
 
 
 def write_kv(
@@ -138,19 +244,6 @@ def write_kv(
     num_kv_heads, head_dim = key_cache.shape[2:]
     key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
     value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
-
-
-def gather_context(
-    cache: torch.Tensor, block_table: torch.Tensor, start: int, end: int
-) -> torch.Tensor:
-    """Tokens ``start:end`` of one request's context, ``[end - start, kv_heads, head_dim]``,
-    read through its block table (only the blocks that hold them)."""
-    block_size = cache.shape[1]
-    first_block = start // block_size
-    last_block = -(-end // block_size)
-    tokens = cache[block_table[first_block:last_block]].flatten(0, 1)
-    offset = first_block * block_size
-    return tokens[start - offset:end - offset]
 
 
 def _host(host_copy: torch.Tensor | None, device_tensor: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,6 @@ from typing import Protocol
 from octavo.config import EngineConfig
 from octavo.engine.core_client import EngineCoreClient, EngineDeadError
 from octavo.engine.core_proc import EngineReady
-from octavo.engine.llm_engine import build_processor
 from octavo.engine.output_processor import OutputProcessor, ParentState
 from octavo.engine.outputs import CompletionOutput, RequestOutput
 from octavo.engine.processor import InvalidRequestError, PromptType
@@ -97,6 +96,8 @@ class AsyncLLM:
         self.client = client
         self.ready = ready
         self.tokenizer = ready.tokenizer
+        from octavo.engine.llm_engine import build_processor  # the model stack: after spawning
+
         self.processor = build_processor(ready.tokenizer, ready.hf_config, ready.max_model_len)
         self.output_processor = OutputProcessor(ready.tokenizer)
         self.stat_loggers: list[StatLogger] = []

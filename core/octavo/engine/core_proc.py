@@ -35,8 +35,6 @@ from typing import Any
 import zmq
 
 from octavo.config import ConfigError, EngineConfig
-from octavo.engine.core import EngineCore
-from octavo.engine.llm_engine import resolve_max_model_len
 from octavo.engine.serial import (
     Decoder,
     Encoder,
@@ -46,7 +44,6 @@ from octavo.engine.serial import (
     UtilityCall,
     UtilityResult,
 )
-from octavo.models.loader import ModelLoadError, load_model_files
 from octavo.platforms import BackendError, resolve_platform
 from octavo.sched.engine_output import EngineCoreOutput, SchedulerStats
 
@@ -75,6 +72,12 @@ class EngineStartError(RuntimeError):
 
 class EngineCoreProc:
     def __init__(self, config: EngineConfig, input_address: str, output_address: str) -> None:
+        # Imported here, in the core process only: the server imports this module to spawn
+        # the core, and should not first wait for the model stack (transformers, loaders).
+        from octavo.engine.core import EngineCore
+        from octavo.engine.llm_engine import resolve_max_model_len
+        from octavo.models.loader import load_model_files
+
         platform = resolve_platform(config.backend)
         files = load_model_files(config.model.model)
         max_model_len = resolve_max_model_len(config, files)
@@ -208,6 +211,8 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
     _exit_with_parent()
+    from octavo.models.loader import ModelLoadError
+
     try:
         proc = EngineCoreProc(config, input_address, output_address)
     except (ModelLoadError, ConfigError, BackendError) as exc:

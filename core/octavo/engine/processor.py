@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from octavo.sample.metadata import check_token_ids
 from octavo.sample.params import SamplingParams
 from octavo.sched.request import Request
 
@@ -79,6 +78,8 @@ class Processor:
                 f"prompt ({num_prompt} tokens) plus max_tokens ({params.max_tokens}) exceeds "
                 f"the context length {self.max_model_len}")
         params.update_from_tokenizer(self.tokenizer)
+        from octavo.sample.metadata import check_token_ids  # torch: not before spawning
+
         try:
             check_token_ids(0, params, self.vocab_size)
         except ValueError as exc:

@@ -30,7 +30,7 @@ ENGINE_OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--enable-prefix-caching/--no-enable-prefix-caching", default=True,
                  show_default=True, help="Reuse KV blocks of shared prompt prefixes."),
     click.option("--kv-cache-memory", default=None,
-                 help="KV-cache size, e.g. 2GiB (default on CPU: min(4GiB, 40% of free RAM))."),
+                 help="KV-cache size, e.g. 2GiB (default on CPU: min(1GiB, 40% of free RAM))."),
     click.option("--gpu-memory-utilization", type=float, default=0.9, show_default=True,
                  help="Devices: fraction of memory for weights and KV cache."),
     click.option("--tensor-parallel-size", "-tp", type=int, default=1, show_default=True,

@@ -14,6 +14,7 @@ import torch
 from octavo.attention.base import AttentionBackend
 from octavo.models.base import CausalLM, WeightLoadError
 from octavo.models.config import ArchConfig
+from octavo.models.layers.cpu_gemm import attach_cpu_gemms, cpu_gemm_supported
 from octavo.models.loader import ModelFiles, ModelLoadError
 from octavo.plugins import Registry, get_registries
 
@@ -27,7 +28,8 @@ def build_model(
     device: str | torch.device = "cpu",
 ) -> CausalLM:
     """Instantiate the architecture of ``files.hf_config`` in ``dtype`` on ``device`` and load
-    its weights; the model is returned in eval mode with frozen parameters."""
+    its weights; the model is returned in eval mode with frozen parameters. A bf16 model on
+    the CPU gets its weights prepacked for the CPU's GEMMs (see ``cpu_gemm``)."""
     config_file = _config_file(files.source)
     model_class = model_class_for(files.hf_config, config_file)
     config = ArchConfig.from_hf(files.hf_config, config_file)
@@ -37,6 +39,10 @@ def build_model(
     except ValueError as exc:  # dimensions the layers cannot be built with
         raise ModelLoadError(f"{config_file}: cannot build {model_class.__name__}: {exc}") from exc
     _load(model, files)
+    if cpu_gemm_supported(dtype, torch.device(device)):
+        from octavo.platforms.cpu import cpu_has_amx
+
+        attach_cpu_gemms(model, fp32_for_large=not cpu_has_amx())
     return model.eval()
 
 

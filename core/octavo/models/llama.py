@@ -39,7 +39,9 @@ class LlamaAttention(nn.Module):
         sliding_window: int | None,
         qkv_bias: bool,
         qk_norm: bool,
+        rotary_emb: RotaryEmbedding | None = None,
     ) -> None:
+        """``rotary_emb``: the model's shared rotary embedding (a layer of its own if None)."""
         super().__init__()
         head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, config.num_attention_heads,
@@ -51,7 +53,7 @@ class LlamaAttention(nn.Module):
                                         bias=config.attention_bias)
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
-        self.rotary_emb = RotaryEmbedding(head_dim, config.rope)
+        self.rotary_emb = rotary_emb or RotaryEmbedding(head_dim, config.rope)
         self.attn = attn_backend.make_impl(self.num_heads, head_dim, head_dim**-0.5,
                                            self.num_kv_heads, sliding_window)
 
@@ -157,6 +159,8 @@ class LlamaForCausalLM(CausalLM):
     ) -> None:
         super().__init__(config, attn_backend, dtype)
         with default_dtype(dtype):
+            # One for all layers: it computes each step's cos/sin once (see RotaryEmbedding).
+            self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope)
             layers = [self.make_layer(index) for index in range(config.num_hidden_layers)]
             self.model = LlamaModel(config, layers)
             tie_to = self.model.embed_tokens if config.tie_word_embeddings else None
@@ -166,7 +170,7 @@ class LlamaForCausalLM(CausalLM):
         config = self.config
         attention = LlamaAttention(config, self.attn_backend, config.sliding_windows[index],
                                    qkv_bias=self.qkv_bias or config.attention_bias,
-                                   qk_norm=self.qk_norm)
+                                   qk_norm=self.qk_norm, rotary_emb=self.rotary_emb)
         return LlamaDecoderLayer(config, attention, self.make_mlp())
 
     def make_mlp(self) -> nn.Module:

@@ -19,12 +19,35 @@ def _meminfo_bytes(field: str) -> int:
     return 0
 
 
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of the first CPU in /proc/cpuinfo (Linux); empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+# Native bf16 dot products (AVX512-BF16, or AMX tiles): there bf16 weights halve the memory
+# traffic of every decode step (see models/layers/cpu_gemm.py for the GEMMs). Elsewhere
+# bf16 is emulated and slower than fp32, so fp32 stays the default.
+BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_has_amx() -> bool:
+    """AMX tiles: bf16 GEMMs outrun fp32 ones at every batch size."""
+    return "amx_bf16" in cpu_flags()
+
+
 class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
     priority = 0
     dist_backend = "gloo"
-    default_dtype = "float32"
+    default_dtype = "bfloat16" if cpu_flags() & BF16_FLAGS else "float32"
     attention_backend = "torch"
 
     @classmethod

@@ -65,7 +65,9 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = self.attn_backend.kv_cache_shape(num_blocks, self.block_size,
                                                  self.model.num_kv_heads, self.model.head_dim)
-        self.kv_caches = [torch.zeros(shape, dtype=self.model.dtype, device=self.device)
+        # Uninitialised: pages the OS has not handed out yet cost no memory until a block
+        # is first written, and attention never reads a slot before it is written.
+        self.kv_caches = [torch.empty(shape, dtype=self.model.dtype, device=self.device)
                           for _ in range(self.model.num_layers)]
 
     # -- one step -----------------------------------------------------------------------

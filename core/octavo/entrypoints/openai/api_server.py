@@ -8,13 +8,11 @@ then the app's shutdown stops the engine core process.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-
-import uvicorn
 
 from octavo.config import EngineConfig
 from octavo.engine.async_llm import AsyncLLM
-from octavo.entrypoints.openai.app import build_app
 from octavo.entrypoints.openai.settings import ServerSettings
 from octavo.plugins import get_plugin_host
 
@@ -34,8 +32,17 @@ def log_plugins() -> None:
 
 
 async def run_server(config: EngineConfig, settings: ServerSettings) -> None:
+    starting = asyncio.ensure_future(AsyncLLM.start(config))
+    await asyncio.sleep(0)  # runs start() until it has spawned the core and awaits it
     log_plugins()
-    engine = await AsyncLLM.start(config)
+    # The engine core loads the model in its own process meanwhile (on another core):
+    # the web stack and the tokenizer's modules are imported now, off the critical path.
+    import uvicorn
+
+    import octavo.engine.llm_engine  # noqa: F401  (the handshake's tokenizer, the Processor)
+    from octavo.entrypoints.openai.app import build_app
+
+    engine = await starting
     try:
         ready = engine.ready
         logger.info("engine core process pid %d: platform %s, model %s, %d KV blocks of %d "

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo.models.layers.cpu_gemm import CpuGemm
 from octavo.models.layers.parallel import all_gather_last_dim, all_reduce, check_divisible
 from octavo.models.layers.weights import copy_shard, new_parameter
 
@@ -55,10 +56,14 @@ class ParallelLMHead(VocabParallelEmbedding):
     ) -> None:
         tied = None if tie_to is None else tie_to.weight
         super().__init__(vocab_size, hidden_size, tp_rank, tp_size, weight=tied)
+        self.cpu_gemm: CpuGemm | None = None  # set by attach_cpu_gemms for bf16 on the CPU
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[N, vocab_size]`` for hidden states ``[N, hidden_size]``."""
-        logits = F.linear(hidden, self.weight)
+        if self.cpu_gemm is not None:
+            logits = self.cpu_gemm(hidden)
+        else:
+            logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:
             logits = all_gather_last_dim(logits, self.tp_size)
         return logits.float()

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from octavo.models.layers.cpu_gemm import CpuGemm
 from octavo.models.layers.parallel import all_reduce, check_divisible
 from octavo.models.layers.weights import copy_shard, new_parameter
 
@@ -31,11 +32,14 @@ class LinearBase(nn.Module):
         self.tp_size = tp_size
         self.weight = new_parameter(out_features, in_features, weight_loader=self.weight_loader)
         self.bias = new_parameter(out_features, weight_loader=self.weight_loader) if bias else None
+        self.cpu_gemm: CpuGemm | None = None  # set by attach_cpu_gemms for bf16 on the CPU
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cpu_gemm is not None:
+            return self.cpu_gemm(x)
         return F.linear(x, self.weight, self.bias)
 
 

@@ -40,26 +40,41 @@ def _llama3_scaled(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
-
-
 class RotaryEmbedding(nn.Module):
     """Applies rotary embeddings to ``q [T, heads, head_dim]`` and ``k [T, kv_heads, head_dim]``
-    at ``positions [T]``."""
+    at ``positions [T]``.
+
+    One instance serves every layer of a model: cos/sin depend only on the positions, so they
+    are computed once per forward pass (for the first layer) and reused by the others.
+    """
 
     inv_freq: torch.Tensor
 
     def __init__(self, head_dim: int, rope: RopeConfig) -> None:
         super().__init__()
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, rope), persistent=False)
+        self._cached: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos`` and the signed ``sin`` (``-sin`` on the first half) ``[T, 1, head_dim]`` in
+        ``dtype``: ``x * cos + roll(x, head_dim / 2) * sin`` is HF's rotate-half formula."""
+        cached = self._cached
+        if cached is not None and cached[0] is positions and cached[1] == dtype:
+            return cached[2], cached[3]
+        freqs = positions[:, None].float() * self.inv_freq
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, head_dim]
+        cos = angles.cos().to(dtype)
+        sin = angles.sin()
+        half = sin.shape[-1] // 2
+        sin[..., :half].neg_()
+        sin = sin.to(dtype)
+        self._cached = (positions, dtype, cos, sin)
+        return cos, sin
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self.inv_freq
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, head_dim]
-        cos = angles.cos().to(q.dtype)
-        sin = angles.sin().to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        cos, sin = self.cos_sin(positions, q.dtype)
+        half = q.shape[-1] // 2
+        return (q * cos + q.roll(half, dims=-1) * sin, k * cos + k.roll(half, dims=-1) * sin)

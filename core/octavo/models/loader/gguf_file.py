@@ -1,23 +1,64 @@
-"""Loading a GGUF file (llama.cpp's format) as ModelFiles."""
+"""Loading a GGUF file (llama.cpp's format) as ModelFiles, through the conversion cache."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from gguf import ReaderTensor
 
+from octavo.models.loader import gguf_cache
 from octavo.models.loader.dequant import SUPPORTED_TYPES
 from octavo.models.loader.errors import ModelLoadError
-from octavo.models.loader.files import ModelFiles
+from octavo.models.loader.files import ModelFiles, WeightSource
 from octavo.models.loader.gguf_config import synthesize_hf_config
 from octavo.models.loader.gguf_metadata import GgufFile
 from octavo.models.loader.gguf_names import ARCHITECTURES, hf_tensor_name
 from octavo.models.loader.gguf_weights import GgufWeights
+from octavo.models.loader.hf_folder import load_hf_folder
 from octavo.models.loader.tokenizer import load_gguf_tokenizer
 
 
 def load_gguf(path: Path) -> ModelFiles:
+    """The GGUF's model, from its conversion cache entry (made on the first load)."""
+    entry = gguf_cache.lookup(path)
+    if entry is not None:
+        try:
+            return _from_entry(path, entry)
+        except ModelLoadError as e:
+            gguf_cache.discard(entry, str(e))
+    files = read_gguf(path)
+    entry = gguf_cache.store(path, files)
+    return files if entry is None else _from_entry(path, entry)
+
+
+def _from_entry(path: Path, entry: Path) -> ModelFiles:
+    cached = load_hf_folder(entry)
+    return ModelFiles(path, cached.hf_config, cached.tokenizer, EntryWeights(path, cached.weights))
+
+
+class EntryWeights:
+    """A cache entry's weights, attributed to the GGUF they came from: errors about a weight
+    name the file the user gave, not the cache."""
+
+    def __init__(self, gguf: Path, weights: WeightSource) -> None:
+        self.gguf = gguf
+        self.weights = weights
+
+    def __len__(self) -> int:
+        return len(self.weights)
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return iter(self.weights)
+
+    def file_of(self, name: str) -> Path:
+        self.weights.file_of(name)  # raises for a name the entry does not hold
+        return self.gguf
+
+
+def read_gguf(path: Path) -> ModelFiles:
     """Read a GGUF's metadata, check every tensor can be loaded, and build its tokenizer.
 
     All checks happen here, before any weight is dequantized, so a bad file fails at once.

@@ -1,0 +1,62 @@
+"""How a bf16 linear layer multiplies on the CPU.
+
+``F.linear`` on bf16 tensors re-reads the weight in its plain ``[out, in]`` layout every
+call. Two faster paths, chosen per call by the number of rows ``T``:
+
+- few rows (decode): oneDNN with the weight reordered once into its blocked layout
+  (``mkldnn._reorder_linear_weight``). Decoding is bound by reading the weights, and the
+  blocked layout streams them ~1.4x faster than ``F.linear`` (SmolLM2-135M, T=1).
+- many rows (prefill, large decode batches), on CPUs whose bf16 arrives by AVX512-BF16
+  alone: an fp32 GEMM on an fp32 copy of the weight. ``vdpbf16ps`` does no more
+  multiply-adds per cycle than fp32 FMAs, so oneDNN's bf16 kernels run at ~0.6x of its
+  fp32 ones there (measured at T=64..512); with AMX tiles bf16 is the faster, and the bf16
+  path serves every call. The result is the same computation a bf16 GEMM does - bf16
+  products accumulated in fp32, rounded to bf16 at the end - in another order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# Rows from which the fp32 copy beats the blocked bf16 weight (measured crossover ~8-16).
+LARGE_ROWS = 16
+
+
+class CpuGemm:
+    """``x @ weight.T + bias`` for one bf16 layer, on prepacked copies of its weight."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fp32_for_large: bool,
+                 ) -> None:
+        self.bias = bias
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self.weight32 = weight.float() if fp32_for_large else None
+        self.bias32 = None if bias is None or not fp32_for_large else bias.float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight32 is not None and x.numel() >= LARGE_ROWS * x.shape[-1]:
+            return F.linear(x.float(), self.weight32, self.bias32).to(x.dtype)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def cpu_gemm_supported(dtype: torch.dtype, device: torch.device) -> bool:
+    return (dtype == torch.bfloat16 and device.type == "cpu"
+            and torch.backends.mkldnn.is_available())
+
+
+def attach_cpu_gemms(model: nn.Module, fp32_for_large: bool) -> int:
+    """Give every bf16 layer with a ``cpu_gemm`` slot its :class:`CpuGemm`, from the loaded
+    weights (call it after loading; later weight changes are not seen). Returns how many."""
+    attached = 0
+    for module in model.modules():
+        if not hasattr(module, "cpu_gemm"):
+            continue
+        weight = module.weight
+        if not cpu_gemm_supported(weight.dtype, weight.device):
+            continue
+        bias = getattr(module, "bias", None)
+        module.cpu_gemm = CpuGemm(weight.detach(), None if bias is None else bias.detach(),
+                                  fp32_for_large)
+        attached += 1
+    return attached

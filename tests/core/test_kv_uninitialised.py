@@ -1,0 +1,74 @@
+"""The KV cache is allocated uninitialised (``torch.empty``): it must cost no memory until
+written, and whatever garbage its unwritten slots hold - NaN and inf included - must never
+reach an attention output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from octavo import LLM, SamplingParams
+from tests.core.test_attention_torch import (
+    DECODE_BATCH,
+    MIXED_BATCH,
+    NUM_KV_HEADS,
+    dense_reference,
+    fresh_seed,
+    make_case,
+    run_backend,
+)
+from tests.core.tiny_models import save_tiny_model
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def poison_all_but_cached_prefixes(case, requests: list[tuple[int, int]], block_size: int,
+                                   seed: int) -> None:
+    """Every slot that no request has written before this step - free blocks, the tails of
+    partly filled blocks, and the slots this step's new tokens are about to fill - gets NaN,
+    +inf or -inf."""
+    flat = case.kv_cache.view(2, -1, NUM_KV_HEADS, case.kv_cache.shape[-1])
+    keep = torch.zeros(flat.shape[1], dtype=torch.bool)
+    for row, (cached, _) in enumerate(requests):
+        table = case.metadata.block_tables[row]
+        for pos in range(cached):
+            keep[int(table[pos // block_size]) * block_size + pos % block_size] = True
+    garbage = torch.tensor([float("nan"), float("inf"), float("-inf")])
+    pick = torch.randint(0, 3, flat.shape, generator=torch.Generator().manual_seed(seed))
+    flat[:, ~keep] = garbage[pick].to(flat.dtype)[:, ~keep]
+
+
+@pytest.mark.parametrize("requests", [MIXED_BATCH, DECODE_BATCH, MIXED_BATCH + DECODE_BATCH],
+                         ids=["mixed", "decodes", "both"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_garbage_in_unwritten_slots_never_reaches_the_output(requests, dtype) -> None:
+    seed = fresh_seed()
+    block_size, num_heads, head_dim = 16, NUM_KV_HEADS * 3, 64
+    case = make_case(requests, num_heads, head_dim, block_size, dtype, seed)
+    poison_all_but_cached_prefixes(case, requests, block_size, seed)
+    out = run_backend(case, num_heads, head_dim)
+    assert torch.isfinite(out).all(), f"seed={seed}"
+    expected = dense_reference(case, requests, head_dim**-0.5, None)
+    atol = 1e-5 if dtype == torch.float32 else 3e-2
+    diff = (out.double() - expected).abs().max().item()
+    assert diff < atol, f"seed={seed} max abs diff {diff}"
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def test_kv_cache_memory_is_resident_only_once_written(tmp_path: Path) -> None:
+    """A 1 GiB cache adds (far) less than 1 GiB of RSS, and generation still works."""
+    folder = tmp_path / "tiny"
+    save_tiny_model("llama", folder, seed=0)
+    before = _rss()
+    llm = LLM(model=str(folder), dtype="float32", kv_cache_memory=2**30)
+    grown = _rss() - before
+    assert grown < 2**30 // 4, f"the KV cache made {grown / 2**20:.0f} MiB resident"
+    outputs = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=4,
+                                                          ignore_eos=True))
+    assert len(outputs[0].outputs[0].token_ids) == 4
