@@ -104,3 +104,4 @@ class Proposer(ABC):
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the proposer's own cache for ``num_blocks`` blocks (no-op by default)."""
+        del num_blocks  # a proposer without a cache has nothing to allocate
