@@ -62,8 +62,13 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     scheduling_policy: str = "fcfs"
     enforce_eager: bool = False
+    # JSON text, a dict or a SpeculativeConfig; parsed in __post_init__. None = off.
+    speculative_config: Any = None
 
     def __post_init__(self) -> None:
+        from octavo.spec.config import SpeculativeConfig
+
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self._validate()
 
     @classmethod
@@ -119,6 +124,8 @@ class EngineConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             policy=self.scheduling_policy,
             enable_prefix_caching=self.cache.enable_prefix_caching,
+            num_speculative_tokens=(self.speculative_config.num_speculative_tokens
+                                    if self.speculative_config else 0),
         )
 
 

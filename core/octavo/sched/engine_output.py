@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from octavo.kv.stats import PrefixCacheStats
 from octavo.sched.output import LogprobsLists
+from octavo.spec.stats import SpecDecodingStats
 
 
 class EngineCoreEventType(enum.IntEnum):
@@ -63,3 +64,4 @@ class SchedulerStats:
     num_waiting_reqs: int
     kv_cache_usage: float  # share of KV blocks held by requests
     prefix_cache: PrefixCacheStats
+    spec_decoding: SpecDecodingStats | None = None  # totals since start; None: spec off

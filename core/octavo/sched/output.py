@@ -50,6 +50,9 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     # req_id -> draft tokens to verify this step (speculative decoding).
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # req_id -> blocks the request keeps after its rejected drafts' trailing blocks were
+    # released since the last step: workers cut its block table to that many first.
+    trimmed_block_tables: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -73,3 +76,6 @@ class ModelRunnerOutput:
     logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     # req_id -> prompt logprobs of the prompt positions computed this step.
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
+    # For each request in ``req_ids`` order: drafts proposed for the next step (speculative
+    # decoding; empty when off).
+    spec_token_ids: list[list[int]] = field(default_factory=list)

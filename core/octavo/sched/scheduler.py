@@ -6,7 +6,8 @@ requests new tokens within a token budget (``max_num_batched_tokens``) and a cap
 running requests (``max_num_seqs``). A prompt gets chunks of what the budget leaves
 (chunked prefill, always on); a decode gets 1.
 
-Order: running requests first, in policy order; when the KV pool cannot hold a running
+Order: running requests first, in policy order; with speculative decoding a decode gets
+1 + its drafts (see ``octavo.spec.scheduling``); when the KV pool cannot hold a running
 request's new tokens, the policy's least valued running request that has not been
 scheduled this step is preempted (its blocks are freed and it goes back to waiting, to
 be recomputed later - cheaply, since its full blocks stay in the prefix cache until
@@ -43,6 +44,7 @@ from octavo.sched.output import (
 )
 from octavo.sched.request import Request, RequestStatus
 from octavo.sched.stop import check_stop
+from octavo.spec.scheduling import SpecScheduling
 
 
 @dataclass
@@ -54,6 +56,7 @@ class _Step:
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
     preempted: bool = False
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -70,6 +73,8 @@ class Scheduler:
         self.running: list[Request] = []
         # Finished, aborted or preempted since the last step: the workers drop their state.
         self.finished_req_ids: set[str] = set()
+        self.spec = SpecScheduling(config, self.kv_manager) if config.num_speculative_tokens \
+            else None
 
     def add_request(self, request: Request) -> None:
         request_id = request.request_id
@@ -95,6 +100,8 @@ class Scheduler:
             num_scheduled_tokens=step.num_scheduled_tokens,
             total_num_scheduled_tokens=sum(step.num_scheduled_tokens.values()),
             finished_req_ids=self.finished_req_ids,
+            scheduled_spec_decode_tokens=step.spec_tokens,
+            trimmed_block_tables=self.spec.take_trimmed() if self.spec else {},
         )
         self.finished_req_ids = set()
         return output
@@ -104,6 +111,7 @@ class Scheduler:
     ) -> list[EngineCoreOutput]:
         """Append the sampled tokens, finish the requests that stop, report to the front end."""
         sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
+        index = {req_id: i for i, req_id in enumerate(model_runner_output.req_ids)}
         outputs: list[EngineCoreOutput] = []
         for request_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(request_id)
@@ -111,8 +119,12 @@ class Scheduler:
                 continue  # aborted while the step ran
             # A request mid-prefill has nothing to sample yet; ignore whatever came back.
             prefill_done = request.num_computed_tokens >= request.num_tokens
-            new_token_ids = self._append_tokens(
-                request, sampled.get(request_id, []) if prefill_done else [])
+            token_ids = sampled.get(request_id, []) if prefill_done else []
+            if self.spec:
+                self.spec.roll_back(request, scheduler_output, token_ids)
+            new_token_ids = self._append_tokens(request, token_ids)
+            if self.spec and not request.is_finished:
+                self.spec.after_update(request, model_runner_output, index.get(request_id))
             logprobs = model_runner_output.logprobs.get(request_id)
             prompt_logprobs = model_runner_output.prompt_logprobs.get(request_id)
             if new_token_ids or request.is_finished or prompt_logprobs is not None:
@@ -160,6 +172,7 @@ class Scheduler:
             num_waiting_reqs=len(self.waiting),
             kv_cache_usage=self.kv_manager.usage,
             prefix_cache=dataclasses.replace(self.kv_manager.prefix_stats),
+            spec_decoding=self.spec.snapshot() if self.spec else None,
         )
 
     def _schedule_running(self, step: _Step) -> None:
@@ -170,9 +183,14 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens,
                                  step.token_budget)
+            drafts = (self.spec.drafts_to_schedule(request, step.token_budget - num_new_tokens)
+                      if self.spec else [])
+            num_new_tokens += len(drafts)
             new_blocks = self._allocate_or_preempt(request, num_new_tokens, step)
             if new_blocks is None:
                 break  # it preempted itself: no request after it in policy order fits either
+            if drafts:
+                step.spec_tokens[request.request_id] = drafts
             cached = step.cached_reqs
             cached.req_ids.append(request.request_id)
             cached.new_block_ids.append([block.block_id for block in new_blocks])
@@ -185,8 +203,10 @@ class Scheduler:
         """Allocate, preempting the policy's victim until it fits; ``None`` once the victim
         is ``request`` itself. Only requests not yet scheduled this step can be victims:
         their blocks are not about to be written by this step's forward pass."""
+        lookahead = self.spec.lookahead(request, num_new_tokens) if self.spec else 0
         while True:
-            new_blocks = self.kv_manager.allocate_slots(request, num_new_tokens)
+            new_blocks = self.kv_manager.allocate_slots(request, num_new_tokens,
+                                                        num_lookahead_tokens=lookahead)
             if new_blocks is not None:
                 return new_blocks
             candidates = [r for r in self.running
@@ -203,7 +223,10 @@ class Scheduler:
             request = self.waiting[0]
             hit_blocks, num_hit_tokens = self.kv_manager.get_computed_blocks(request)
             num_new_tokens = min(request.num_tokens - num_hit_tokens, step.token_budget)
-            if self.kv_manager.allocate_slots(request, num_new_tokens, hit_blocks) is None:
+            lookahead = (self.spec.lookahead(request, num_new_tokens, num_hit_tokens)
+                         if self.spec else 0)
+            if self.kv_manager.allocate_slots(request, num_new_tokens, hit_blocks,
+                                              num_lookahead_tokens=lookahead) is None:
                 break  # keep policy order: nothing behind it jumps the queue
             self.waiting.pop(0)
             if request.status is RequestStatus.WAITING:  # not a preempted one coming back
@@ -234,6 +257,7 @@ class Scheduler:
         self.running.remove(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         request.events.append(EngineCoreEvent.now(EngineCoreEventType.PREEMPTED))
         bisect.insort(self.waiting, request, key=self.policy.sort_key)

@@ -76,6 +76,9 @@ class ProposeInputs:
     # final norm, or (needs_prenorm_hidden_states) before it. None unless asked for.
     hidden_states: torch.Tensor | None = None
     prenorm_hidden_states: torch.Tensor | None = None
+    # The persistent batch's block tables (a view, do not write): row r's blocks are
+    # block_table[r]; they cover k lookahead slots past each sampling request's tokens.
+    block_table: np.ndarray | None = None  # int32 [max_num_reqs, max_blocks_per_req]
 
 
 class Proposer(ABC):
