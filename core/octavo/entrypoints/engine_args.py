@@ -42,11 +42,16 @@ ENGINE_OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--enforce-eager", is_flag=True, default=False,
                  help="Devices: no graph capture."),
     click.option("--seed", type=int, default=0, show_default=True, help="Random seed."),
+    click.option("--speculative-config", default=None,
+                 help='Speculative decoding as JSON, e.g. \'{"method": "ngram", '
+                      '"num_speculative_tokens": 4}\' (methods: ngram, draft_model, medusa, '
+                      'eagle, eagle3; the last four need "model").'),
 ]
 ENGINE_KEYS = ("model", "backend", "dtype", "max_model_len", "max_num_seqs",
                "max_num_batched_tokens", "block_size", "enable_prefix_caching",
                "kv_cache_memory", "gpu_memory_utilization", "tensor_parallel_size",
-               "scheduling_policy", "attention_backend", "enforce_eager", "seed")
+               "scheduling_policy", "attention_backend", "enforce_eager", "seed",
+               "speculative_config")
 
 
 def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -39,7 +39,28 @@ class SpecDecodingStats:
         """Tokens gained per verification step: accepted drafts plus the bonus token."""
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
 
+    def since(self, earlier: SpecDecodingStats) -> SpecDecodingStats:
+        """The counts added after the snapshot ``earlier`` (e.g. a benchmark's timed part)."""
+        positions = [n - (earlier.accepted_per_position[i]
+                          if i < len(earlier.accepted_per_position) else 0)
+                     for i, n in enumerate(self.accepted_per_position)]
+        return SpecDecodingStats(self.num_drafts - earlier.num_drafts,
+                                 self.num_draft_tokens - earlier.num_draft_tokens,
+                                 self.num_accepted_tokens - earlier.num_accepted_tokens,
+                                 positions)
+
     def position_rates(self) -> list[float]:
         """Per draft position, the share of verification steps that accepted it."""
         return [n / self.num_drafts for n in self.accepted_per_position] if self.num_drafts \
             else []
+
+
+def spec_summary(stats: SpecDecodingStats | None) -> dict[str, object] | None:
+    """The figures to report (logs, benchmark JSON), or None when speculation is off."""
+    if stats is None:
+        return None
+    return {"num_drafts": stats.num_drafts, "num_draft_tokens": stats.num_draft_tokens,
+            "num_accepted_tokens": stats.num_accepted_tokens,
+            "acceptance_rate": stats.acceptance_rate,
+            "mean_acceptance_length": stats.mean_acceptance_length,
+            "per_position_acceptance_rate": stats.position_rates()}
