@@ -91,3 +91,13 @@ def octavo_register_models(registry: Registry[Any]) -> None:
     ``registry.register("LlamaForCausalLM", LlamaForCausalLM)``. Called in workers, where
     models are built, and in the engine process when it validates a model config.
     """
+
+
+@hookspec
+def octavo_register_cli_commands(registry: Registry[Any]) -> None:
+    """Register click commands or groups under ``octavo``:
+    ``registry.register("spec", spec_group)`` makes ``octavo spec ...``.
+
+    Called in the CLI process when ``octavo`` starts; import heavy libraries inside the
+    command's function, not where the command is defined.
+    """

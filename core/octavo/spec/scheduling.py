@@ -13,12 +13,17 @@ only they (or unused lookahead) needed go back to the pool.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 
 from octavo.kv.manager import KVCacheManager
 from octavo.sched.config import SchedulerConfig
 from octavo.sched.output import ModelRunnerOutput, SchedulerOutput
 from octavo.sched.request import Request
 from octavo.spec.stats import SpecDecodingStats
+
+logger = logging.getLogger(__name__)
+LOG_INTERVAL_S = 10.0
 
 
 class SpecScheduling:
@@ -28,6 +33,8 @@ class SpecScheduling:
         self.kv_manager = kv_manager
         self.stats = SpecDecodingStats()
         self._trimmed: dict[str, int] = {}  # for the workers, see SchedulerOutput
+        self._logged = SpecDecodingStats()
+        self._last_log = time.monotonic()
 
     def drafts_to_schedule(self, request: Request, budget_left: int) -> list[int]:
         """The drafts to verify with a decoding request's next token: within the token
@@ -62,6 +69,7 @@ class SpecScheduling:
         request.num_computed_tokens -= len(drafts) - num_accepted
         request.spec_stats.record(len(drafts), num_accepted)
         self.stats.record(len(drafts), num_accepted)
+        self._maybe_log()
 
     def after_update(self, request: Request, runner_output: ModelRunnerOutput,
                      index: int | None) -> None:
@@ -73,6 +81,19 @@ class SpecScheduling:
         proposals = runner_output.spec_token_ids
         request.spec_token_ids = list(proposals[index]) if proposals and index is not None \
             else []
+
+    def _maybe_log(self) -> None:
+        """Every LOG_INTERVAL_S at most: the acceptance since the previous log line."""
+        now = time.monotonic()
+        if now - self._last_log < LOG_INTERVAL_S:
+            return
+        new = self.stats.since(self._logged)
+        logger.info("speculative decoding: acceptance rate %.1f%%, mean accepted length %.2f, "
+                    "per-position acceptance %s (%d drafts, %d draft tokens)",
+                    100 * new.acceptance_rate, new.mean_acceptance_length,
+                    " ".join(f"{r:.2f}" for r in new.position_rates()), new.num_drafts,
+                    new.num_draft_tokens)
+        self._logged, self._last_log = self.snapshot(), now
 
     def take_trimmed(self) -> dict[str, int]:
         trimmed, self._trimmed = self._trimmed, {}
