@@ -50,6 +50,8 @@ class EngineCoreOutput:
     new_prompt_logprobs: LogprobsLists | None = None  # the prompt positions computed this step
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     events: list[EngineCoreEvent] = field(default_factory=list)
+    # The request's speculative-decoding acceptance, sent with its final output.
+    spec_decoding: SpecDecodingStats | None = None
 
     @property
     def finished(self) -> bool:

@@ -137,6 +137,8 @@ class Scheduler:
                     new_prompt_logprobs=prompt_logprobs,
                     num_cached_tokens=request.num_cached_tokens,
                     events=request.events,
+                    spec_decoding=(request.spec_stats if self.spec and request.is_finished
+                                   else None),
                 ))
                 request.events = []
         return outputs
