@@ -12,7 +12,16 @@ from octavo.plugins.registry import Registry
 @hookimpl
 def octavo_register_proposers(registry: Registry[Any]) -> None:
     from octavo_spec_decode.draft_model import DraftModelProposer
+    from octavo_spec_decode.eagle import EagleProposer
+    from octavo_spec_decode.medusa import MedusaProposer
     from octavo_spec_decode.ngram import NgramProposer
 
-    for proposer in (NgramProposer, DraftModelProposer):
+    for proposer in (NgramProposer, DraftModelProposer, MedusaProposer, EagleProposer):
         registry.register(proposer.name, proposer)
+
+
+@hookimpl
+def octavo_register_cli_commands(registry: Registry[Any]) -> None:
+    from octavo_spec_decode.spec_cmd import spec
+
+    registry.register("spec", spec)
