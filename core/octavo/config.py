@@ -8,11 +8,14 @@ command lines carry over unchanged.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from octavo.sched.config import SchedulerConfig
+
+if TYPE_CHECKING:  # spec.config imports ConfigError from here
+    from octavo.spec.config import SpeculativeConfig
 
 DTYPES = {"float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -63,7 +66,7 @@ class EngineConfig:
     scheduling_policy: str = "fcfs"
     enforce_eager: bool = False
     # JSON text, a dict or a SpeculativeConfig; parsed in __post_init__. None = off.
-    speculative_config: Any = None
+    speculative_config: SpeculativeConfig | str | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         from octavo.spec.config import SpeculativeConfig
@@ -116,6 +119,8 @@ class EngineConfig:
                               "use tensor_parallel_size=1 and pipeline_parallel_size=1")
 
     def scheduler_config(self, num_blocks: int, max_model_len: int) -> SchedulerConfig:
+        from octavo.spec.config import SpeculativeConfig
+
         return SchedulerConfig(
             num_blocks=num_blocks,
             max_model_len=max_model_len,
@@ -125,7 +130,8 @@ class EngineConfig:
             policy=self.scheduling_policy,
             enable_prefix_caching=self.cache.enable_prefix_caching,
             num_speculative_tokens=(self.speculative_config.num_speculative_tokens
-                                    if self.speculative_config else 0),
+                                    if isinstance(self.speculative_config, SpeculativeConfig)
+                                    else 0),
         )
 
 
