@@ -12,6 +12,7 @@ import pytest
 
 from octavo import LLM, SamplingParams
 from octavo.bench.copy_task import copy_prompts
+from octavo.models.loader import load_model_files
 from octavo.models.loader.default_model import default_model_path
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -24,7 +25,7 @@ ENGINE = dict(dtype="float32", max_model_len=256, max_num_batched_tokens=64)
 
 @pytest.fixture(scope="module")
 def batch() -> tuple[list[dict], list[SamplingParams]]:
-    tokenizer = LLM(dtype="float32", max_model_len=256).get_tokenizer()
+    tokenizer = load_model_files(None).tokenizer  # the default model's, without its weights
     prompts = [{"prompt_token_ids": ids} for ids, _ in copy_prompts(3, tokenizer, seed=1)]
     params = [SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
                              logprobs=1 if i == 2 else None) for i in range(3)]
