@@ -111,7 +111,8 @@ class Scheduler:
     ) -> list[EngineCoreOutput]:
         """Append the sampled tokens, finish the requests that stop, report to the front end."""
         sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
-        index = {req_id: i for i, req_id in enumerate(model_runner_output.req_ids)}
+        index = ({req_id: i for i, req_id in enumerate(model_runner_output.req_ids)}
+                 if self.spec else {})
         outputs: list[EngineCoreOutput] = []
         for request_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(request_id)
