@@ -56,8 +56,16 @@ def eagle_folder(tmp_path_factory: pytest.TempPathFactory, target: Path, seed: i
     folder = tmp_path_factory.mktemp("eagle")
     torch.manual_seed(seed)
     model, hf_config = load_target(str(target))
-    save_eagle(new_eagle_head(model), folder, hf_config)
+    head = new_eagle_head(model)
+    head.draft_token_ids = draft_vocabulary(seed)
+    save_eagle(head, folder, hf_config)
     return folder
+
+
+def draft_vocabulary(seed: int) -> torch.Tensor:
+    """A random half of the vocabulary: the tokens EAGLE drafts may pick (``d2t``)."""
+    return torch.randperm(VOCAB_SIZE, generator=torch.Generator().manual_seed(seed))[
+        : VOCAB_SIZE // 2].sort().values
 
 
 # -- checkpoint layouts -----------------------------------------------------------------
@@ -94,7 +102,7 @@ def test_medusa_layout_errors_name_file_and_tensor(medusa_folder: Path, tmp_path
 
 
 def test_eagle_round_trip_in_published_layout(eagle_folder: Path, target: Path,
-                                              tmp_path: Path) -> None:
+                                              tmp_path: Path, seed: int) -> None:
     model, _ = load_target(str(target))
     embed = model.model.embed_tokens
     tensors = load_file(eagle_folder / "model.safetensors")
@@ -104,13 +112,18 @@ def test_eagle_round_trip_in_published_layout(eagle_folder: Path, target: Path,
     assert "layers.0.mlp.gate_proj.weight" in tensors
     assert "layers.0.input_layernorm.weight" not in tensors  # EAGLE-1's first layer has none
     head = load_eagle(eagle_folder, TorchAttentionBackend, embed, HIDDEN)
+    assert head.published_tensors().keys() == tensors.keys()
     for name, tensor in head.published_tensors().items():
         assert torch.equal(tensor, tensors[name]), name
-    # The .bin layout with the optional embedding copy loads the same.
+    assert head.draft_token_ids is not None
+    assert head.draft_token_ids.tolist() == draft_vocabulary(seed).tolist(), f"seed {seed}"
+    # The .bin layout, with the optional embedding copy and without d2t, loads the same.
+    del tensors["d2t"]
     torch.save({**tensors, "embed_tokens.weight": embed.weight.detach().clone()},
                tmp_path / "pytorch_model.bin")
     (tmp_path / "config.json").write_text((eagle_folder / "config.json").read_text())
     again = load_eagle(tmp_path, TorchAttentionBackend, embed, HIDDEN)
+    assert again.draft_token_ids is None
     for name, tensor in again.published_tensors().items():
         assert torch.equal(tensor, tensors[name]), name
 

@@ -13,6 +13,13 @@ LlamaConfig with ``num_hidden_layers`` = 1 and optionally ``bias`` for ``fc``)::
     layers.0.self_attn.{q,k,v,o}_proj.weight, layers.0.mlp.{gate,up,down}_proj.weight,
     layers.0.post_attention_layernorm.weight     (layer 0 has no input_layernorm)
     embed_tokens.weight                           (optional; the target's is used)
+    d2t [draft_vocab_size]                        (optional, EAGLE-3's draft vocabulary:
+                                                   draft token i is target token i + d2t[i])
+
+With ``d2t``, drafts are the argmax over the draft vocabulary only: on a small target with a
+large vocabulary (SmolLM2: 49k rows x 576) the k LM-head products of a chain would
+otherwise cost more than half a target forward. ``octavo spec train`` writes the tokens of
+its training text there.
 
 EAGLE-3 checkpoints (``midlayer.*``, ``fc`` [h, 3h], own ``lm_head`` with ``d2t``/``t2d``)
 are recognised and refused with a clear error: they need three target layers' features.
@@ -64,6 +71,8 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList(self._layer(config, attn_backend, index)
                                     for index in range(config.num_hidden_layers))
         self.embed = [embed]  # a list keeps the target's module out of state_dict()
+        # Target ids of the draft vocabulary (None: the whole vocabulary).
+        self.draft_token_ids: torch.Tensor | None = None
 
     @staticmethod
     def _layer(config: ArchConfig, attn_backend: type[AttentionBackend],
@@ -90,6 +99,9 @@ class EagleHead(nn.Module):
     def published_tensors(self) -> dict[str, torch.Tensor]:
         """The state dict under the published names (fused q/k/v and gate/up split)."""
         tensors: dict[str, torch.Tensor] = {}
+        if self.draft_token_ids is not None:
+            ids = self.draft_token_ids
+            tensors["d2t"] = ids - torch.arange(len(ids))
         for name, param in self.state_dict().items():
             parts = published_names(name)
             sizes = _split_sizes(self, name, len(parts))
@@ -102,6 +114,13 @@ class EagleHead(nn.Module):
         loaded: set[str] = set()
         for name, tensor in tensors.items():
             if name.endswith(UNUSED):
+                continue
+            if name == "d2t":
+                self.draft_token_ids = torch.arange(len(tensor)) + tensor.long()
+                if tensor.dim() != 1 or not 0 <= int(self.draft_token_ids.min()) <= int(
+                        self.draft_token_ids.max()) < self.config.vocab_size:
+                    raise HeadCheckpointError(f"{path}: tensor 'd2t' maps draft tokens "
+                                              f"outside the vocabulary")
                 continue
             param_name, shard_id = param_for(name)
             param = params.get(param_name)
@@ -187,6 +206,8 @@ def save_eagle(head: EagleHead, folder: str | Path, hf_config: dict,
     """Write the head with the target's ``hf_config`` (layer count set to the head's)."""
     config = {**hf_config, "num_hidden_layers": head.config.num_hidden_layers,
               "bias": head.fc_bias, "architectures": ["LlamaForCausalLM"]}
+    if head.draft_token_ids is not None:
+        config["draft_vocab_size"] = len(head.draft_token_ids)
     write_head(Path(folder), weights_name, head.published_tensors(), config)
 
 
@@ -212,6 +233,10 @@ class EagleProposer(Proposer):
                                hidden_size=target.config.hidden_size)
         self.head.to(device=context.device, dtype=context.dtype).eval()
         self.kv_caches: list[torch.Tensor] = []
+        ids = self.head.draft_token_ids
+        self.draft_ids = None if ids is None else ids.to(context.device)
+        self.draft_lm_head = None if ids is None else \
+            target.lm_head.weight[self.draft_ids].clone()
 
     def _cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         config = self.head.config
@@ -244,7 +269,7 @@ class EagleProposer(Proposer):
         last_positions = positions[np.cumsum(counts) - 1]
         active = np.arange(len(counts))
         for j in range(int(num_drafts.max(initial=0))):
-            drafts[active, j] = context.target.compute_logits(predicted).argmax(-1).cpu().numpy()
+            drafts[active, j] = self._top_tokens(predicted)
             keep = num_drafts[active] > j + 1
             active, predicted = active[keep], predicted[torch.from_numpy(keep).to(context.device)]
             if not len(active):
@@ -255,6 +280,14 @@ class EagleProposer(Proposer):
             predicted = self.head(predicted, single.input_ids, single.positions,
                                   self.kv_caches, single.metadata)
         return [drafts[i, :n].tolist() for i, n in enumerate(num_drafts.tolist())]
+
+
+    def _top_tokens(self, predicted: torch.Tensor) -> np.ndarray:
+        """The argmax token of each predicted feature, over the draft vocabulary if any."""
+        if self.draft_ids is None or self.draft_lm_head is None:
+            return self.context.target.compute_logits(predicted).argmax(-1).cpu().numpy()
+        best = (predicted @ self.draft_lm_head.T).argmax(-1)
+        return self.draft_ids[best].cpu().numpy()
 
 
 def verified_entries(inputs: ProposeInputs,

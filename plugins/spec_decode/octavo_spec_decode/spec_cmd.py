@@ -32,16 +32,20 @@ def spec() -> None:
 @click.option("--max-tokens", type=click.IntRange(1), default=80, show_default=True,
               help="Length of each generated reply.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--data", type=click.Path(dir_okay=False), default=None,
+              help="File for the generated text and features: reused when it exists, "
+                   "written otherwise (train Medusa and EAGLE from one generation).")
 @click.option("--eval/--no-eval", "evaluate", default=True, show_default=True,
               help="Measure tokens per verification step on held-out prompts at the end.")
 def train(method: str, model: str | None, out: str, num_heads: int, steps: int | None,
-          num_prompts: int, max_tokens: int, seed: int, evaluate: bool) -> None:
+          num_prompts: int, max_tokens: int, seed: int, data: str | None,
+          evaluate: bool) -> None:
     """Self-distil heads from the target: it answers built-in instructions, its features
     on its own replies are recorded, and the heads learn to predict what it says next."""
     from octavo_spec_decode.train.run import TrainOptions, train_heads
 
     options = TrainOptions(method=method, model=model, out=out, num_heads=num_heads,
                            steps=steps, num_prompts=num_prompts, max_tokens=max_tokens,
-                           seed=seed, evaluate=evaluate)
+                           seed=seed, evaluate=evaluate, data=data)
     report = train_heads(options)
     click.echo(report)

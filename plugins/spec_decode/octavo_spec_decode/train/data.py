@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -58,3 +59,19 @@ def add_features(target: CausalLM, sequences: list[Sequence], batch_tokens: int 
         hidden = target(ids, positions, kv_caches, full_sequence_metadata(lengths, ids.device))
         for seq, features in zip(batch, hidden.split(lengths)):
             seq.features = features.clone()
+
+
+def save_data(path: Path, model: str | None, sequences: list[Sequence]) -> None:
+    """Keep text and features, so heads of another kind can train without regenerating."""
+    torch.save({"model": model or "", "sequences": [
+        {"token_ids": s.token_ids, "num_prompt_tokens": s.num_prompt_tokens,
+         "features": s.features} for s in sequences]}, path)
+
+
+def load_data(path: Path, model: str | None) -> list[Sequence]:
+    data = torch.load(path, weights_only=True)
+    if data.get("model") != (model or ""):
+        raise ValueError(f"{path}: holds data of model {data.get('model') or 'default'!r}, "
+                         f"not {model or 'default'!r}")
+    return [Sequence(s["token_ids"], s["num_prompt_tokens"], s["features"])
+            for s in data["sequences"]]

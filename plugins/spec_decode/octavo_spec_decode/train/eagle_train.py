@@ -103,6 +103,7 @@ def train_eagle(target: CausalLM, sequences: list[Sequence], steps: int, seed: i
             optimizer.step()
             schedule.step()
             bar.set_postfix(loss=f"{loss.item():.3f}")
+    head.draft_token_ids = subset.token_ids  # drafts pick among the tokens the target used
     return head.eval()
 
 

@@ -8,9 +8,17 @@ from pathlib import Path
 
 import torch
 
+from octavo.models.base import CausalLM
 from octavo_spec_decode.eagle import save_eagle
 from octavo_spec_decode.medusa import save_medusa
-from octavo_spec_decode.train.data import add_features, generate_text, load_target
+from octavo_spec_decode.train.data import (
+    Sequence,
+    add_features,
+    generate_text,
+    load_data,
+    load_target,
+    save_data,
+)
 from octavo_spec_decode.train.eagle_train import eagle_accuracy, train_eagle
 from octavo_spec_decode.train.evaluate import measure_acceptance
 from octavo_spec_decode.train.medusa_train import medusa_accuracy, train_medusa
@@ -31,20 +39,15 @@ class TrainOptions:
     max_tokens: int = 80
     seed: int = 0
     evaluate: bool = True
+    data: str | None = None  # file of generated text + features: reused if it exists
 
 
 def train_heads(options: TrainOptions) -> str:
     """Train, save to ``options.out`` and return a short report."""
     started = time.perf_counter()
     torch.manual_seed(options.seed)
-    prompts = training_prompts()
-    if options.num_prompts > len(prompts):
-        raise ValueError(f"--prompts {options.num_prompts}: only {len(prompts)} built-in "
-                         f"training prompts exist")
-    sequences = generate_text(options.model, prompts[:options.num_prompts],
-                              options.max_tokens, options.seed)
     target, hf_config = load_target(options.model)
-    add_features(target, sequences)
+    sequences = training_data(options, target)
     train_set, eval_set = split(sequences)
     steps = options.steps or DEFAULT_STEPS[options.method]
     lm_head = target.lm_head.weight
@@ -67,3 +70,20 @@ def train_heads(options: TrainOptions) -> str:
                                         options.num_heads, list(HELD_OUT_PROMPTS),
                                         options.max_tokens).summary())
     return "\n".join(lines)
+
+
+def training_data(options: TrainOptions, target: CausalLM) -> list[Sequence]:
+    """The target's replies to the training prompts with its features, from
+    ``options.data`` when that file exists (and written there otherwise)."""
+    if options.data and Path(options.data).is_file():
+        return load_data(Path(options.data), options.model)
+    prompts = training_prompts()
+    if options.num_prompts > len(prompts):
+        raise ValueError(f"--prompts {options.num_prompts}: only {len(prompts)} built-in "
+                         f"training prompts exist")
+    sequences = generate_text(options.model, prompts[:options.num_prompts],
+                              options.max_tokens, options.seed)
+    add_features(target, sequences)
+    if options.data:
+        save_data(Path(options.data), options.model, sequences)
+    return sequences
