@@ -26,7 +26,7 @@ def spec() -> None:
 @click.option("--num-heads", "--k", "num_heads", type=click.IntRange(1, 8), default=3,
               show_default=True, help="Medusa heads = most drafts per step (k).")
 @click.option("--steps", type=click.IntRange(1), default=None,
-              help="Optimizer steps [default: 600 for medusa, 300 for eagle].")
+              help="Optimizer steps [default: 400 for medusa, 300 for eagle].")
 @click.option("--prompts", "num_prompts", type=click.IntRange(1), default=128,
               show_default=True, help="How many built-in training prompts the target answers.")
 @click.option("--max-tokens", type=click.IntRange(1), default=80, show_default=True,

@@ -76,7 +76,7 @@ class EagleBatch:
 
 
 def train_eagle(target: CausalLM, sequences: list[Sequence], steps: int, seed: int,
-                passes: int = 2, batch_sequences: int = 4, lr: float = 3e-4) -> EagleHead:
+                passes: int = 2, batch_sequences: int = 2, lr: float = 1e-3) -> EagleHead:
     torch.manual_seed(seed)
     rng = random.Random(seed)
     head = new_eagle_head(target)
@@ -95,9 +95,11 @@ def train_eagle(target: CausalLM, sequences: list[Sequence], steps: int, seed: i
             for predicted in batch.unrolled(head, passes):
                 regression = F.smooth_l1_loss(predicted[batch.regress],
                                               batch.target[batch.regress])
-                tokens = F.cross_entropy(subset.logits(predicted, lm_head), batch.labels,
-                                         ignore_index=-100)
-                loss = loss + regression + CLS_WEIGHT * tokens
+                scored = batch.labels != -100  # the LM-head product only where it counts
+                if scored.any():
+                    loss = loss + CLS_WEIGHT * F.cross_entropy(
+                        subset.logits(predicted[scored], lm_head), batch.labels[scored])
+                loss = loss + regression
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

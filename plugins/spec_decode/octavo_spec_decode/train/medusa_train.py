@@ -38,7 +38,7 @@ def head_logits(heads: MedusaHeads, features: torch.Tensor, lm_head: torch.Tenso
 
 
 def train_medusa(sequences: list[Sequence], lm_head: torch.Tensor, num_heads: int,
-                 num_layers: int, steps: int, seed: int, batch_size: int = 256,
+                 num_layers: int, steps: int, seed: int, batch_size: int = 128,
                  lr: float = 1e-3) -> MedusaHeads:
     torch.manual_seed(seed)
     vocab_size, hidden_size = lm_head.shape

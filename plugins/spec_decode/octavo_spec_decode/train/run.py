@@ -25,7 +25,7 @@ from octavo_spec_decode.train.medusa_train import medusa_accuracy, train_medusa
 from octavo_spec_decode.train.prompts import HELD_OUT_PROMPTS, training_prompts
 from octavo_spec_decode.train.targets import split
 
-DEFAULT_STEPS = {"medusa": 600, "eagle": 300}
+DEFAULT_STEPS = {"medusa": 400, "eagle": 300}
 
 
 @dataclass(frozen=True)
