@@ -16,6 +16,8 @@ from octavo.sched.config import SchedulerConfig
 if TYPE_CHECKING:
     import torch
 
+    from octavo.spec.config import SpeculativeConfig  # spec.config imports ConfigError
+
 # dtype names users type -> torch's name; torch is imported only when one is resolved, so
 # a process that just parses a config (the server, before it spawns the core) need not.
 DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32",
@@ -70,10 +72,15 @@ class EngineConfig:
     enforce_eager: bool = False
     # A KV connector (disaggregated prefill/decode): JSON text or dict, parsed on init.
     kv_transfer_config: KVTransferConfig | dict[str, Any] | str | None = None
+    # JSON text, a dict or a SpeculativeConfig; parsed in __post_init__. None = off.
+    speculative_config: SpeculativeConfig | str | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        from octavo.spec.config import SpeculativeConfig
+
         if self.kv_transfer_config is not None:
             self.kv_transfer_config = KVTransferConfig.parse(self.kv_transfer_config)
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         self._validate()
 
     @classmethod
@@ -121,6 +128,8 @@ class EngineConfig:
                               "use tensor_parallel_size=1 and pipeline_parallel_size=1")
 
     def scheduler_config(self, num_blocks: int, max_model_len: int) -> SchedulerConfig:
+        from octavo.spec.config import SpeculativeConfig
+
         return SchedulerConfig(
             num_blocks=num_blocks,
             max_model_len=max_model_len,
@@ -130,6 +139,9 @@ class EngineConfig:
             policy=self.scheduling_policy,
             enable_prefix_caching=self.cache.enable_prefix_caching,
             kv_transfer=self.kv_transfer,
+            num_speculative_tokens=(self.speculative_config.num_speculative_tokens
+                                    if isinstance(self.speculative_config, SpeculativeConfig)
+                                    else 0),
         )
 
     @property

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from octavo.bench.copy_task import copy_prompts
 from octavo.bench.workloads import TOKEN_HIGH, TOKEN_LOW, build_workload
 
-DATASET_NAMES = ("random", "sharegpt", "prefix-repetition")
+DATASET_NAMES = ("random", "sharegpt", "prefix-repetition", "copy")
 
 # ShareGPT filters, as vLLM's: drop conversations too short to time or too long to fit.
 SHAREGPT_MIN_LEN = 4
@@ -125,6 +126,14 @@ def sharegpt_requests(path: str | Path, num: int, tokenizer: Any, seed: int = 0,
     return requests
 
 
+def copy_requests(num: int, tokenizer: Any, seed: int = 0) -> list[BenchRequest]:
+    """The ``copy`` dataset (``octavo.bench.copy_task``): each request generates as many
+    tokens as the passage it is asked to repeat."""
+    _check_positive(num_prompts=num)
+    return [BenchRequest(ids, len(ids), passage_len)
+            for ids, passage_len in copy_prompts(num, tokenizer, seed)]
+
+
 def workload_requests(name: str) -> list[BenchRequest]:
     """A reference workload's requests, exactly as ``workloads.json`` specifies them."""
     try:
@@ -180,6 +189,8 @@ def build_requests(options: DatasetOptions, tokenizer: Any) -> list[BenchRequest
             options.num_prompts, options.prefix_repetition_prefix_len,
             options.prefix_repetition_suffix_len, options.prefix_repetition_num_prefixes,
             options.prefix_repetition_output_len, options.seed, vocab)
+    if options.dataset_name == "copy":
+        return copy_requests(options.num_prompts, tokenizer, options.seed)
     assert options.dataset_path is not None  # check() made sure
     return sharegpt_requests(options.dataset_path, options.num_prompts, tokenizer,
                              options.seed, options.sharegpt_output_len)

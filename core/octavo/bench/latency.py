@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from octavo.bench.datasets import BenchRequest
 from octavo.bench.offline import generate, warm_up
 from octavo.engine.llm import LLM
+from octavo.spec.stats import SpecDecodingStats, spec_summary
 
 LATENCY_PERCENTILES = (10, 25, 50, 75, 90, 99)
 
@@ -25,6 +26,8 @@ class LatencyResult:
     latencies: list[float]  # seconds per measured iteration, submission to last token
     ttfts: list[float]  # seconds to the batch's last first token, per iteration
     decode_tok_per_s: list[float]  # tokens after the first, over the time they took
+    # Speculative decoding over the measured iterations (None when off).
+    spec_decoding: SpecDecodingStats | None = None
 
     @property
     def avg_latency(self) -> float:
@@ -41,7 +44,8 @@ class LatencyResult:
                 "percentiles": {str(p): v for p, v in self.percentiles().items()},
                 "avg_ttft": float(np.mean(self.ttfts)), "ttfts": self.ttfts,
                 "avg_decode_tok_per_s": float(np.mean(self.decode_tok_per_s)),
-                "decode_tok_per_s": self.decode_tok_per_s}
+                "decode_tok_per_s": self.decode_tok_per_s,
+                "spec_decoding": spec_summary(self.spec_decoding)}
 
 
 def run_latency(llm: LLM, requests: list[BenchRequest], num_iters_warmup: int,
@@ -56,6 +60,7 @@ def run_latency(llm: LLM, requests: list[BenchRequest], num_iters_warmup: int,
         generate(llm, requests, show_progress=False)
     result = LatencyResult(len(requests), requests[0].prompt_len, requests[0].output_len,
                            [], [], [])
+    before = _spec_stats(llm)
     for _ in tqdm(range(num_iters), desc="Measured iterations", dynamic_ncols=True):
         start = time.perf_counter()
         outputs = generate(llm, requests, show_progress=False)
@@ -63,7 +68,14 @@ def run_latency(llm: LLM, requests: list[BenchRequest], num_iters_warmup: int,
         ttft, decode_rate = _batch_timings(outputs)
         result.ttfts.append(ttft)
         result.decode_tok_per_s.append(decode_rate)
+    after = _spec_stats(llm)
+    if before is not None and after is not None:
+        result.spec_decoding = after.since(before)
     return result
+
+
+def _spec_stats(llm: LLM) -> SpecDecodingStats | None:
+    return llm.llm_engine.core.scheduler.make_stats().spec_decoding
 
 
 def _batch_timings(outputs: list[Any]) -> tuple[float, float]:

@@ -34,6 +34,12 @@ def latency_table(result: LatencyResult) -> str:
     rows += [[f"p{p} latency (s)", f"{v:.4f}"] for p, v in result.percentiles().items()]
     rows += [["avg time to first token (s)", f"{np.mean(result.ttfts):.4f}"],
              ["avg decode tokens/s", f"{np.mean(result.decode_tok_per_s):.1f}"]]
+    spec = result.spec_decoding
+    if spec is not None:
+        rows += [["spec: acceptance rate", f"{spec.acceptance_rate:.1%}"],
+                 ["spec: mean accepted length", f"{spec.mean_acceptance_length:.2f}"],
+                 ["spec: per-position acceptance",
+                  " ".join(f"{r:.2f}" for r in spec.position_rates())]]
     title = (f"batch {result.batch_size}, input {result.input_len}, output {result.output_len}, "
              f"{len(result.latencies)} iterations")
     return title + "\n" + format_table(["metric", "value"], rows)

@@ -181,6 +181,8 @@ class OutputProcessor:
                 metrics.first_scheduled_time = event.timestamp
             elif event.type == EngineCoreEventType.PREEMPTED:
                 metrics.num_preemptions += 1
+        if out.spec_decoding is not None:
+            metrics.spec_decoding = out.spec_decoding
         if out.new_token_ids:
             if metrics.first_token_time is None:
                 metrics.first_token_time = now

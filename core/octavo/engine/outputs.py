@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from octavo.spec.stats import SpecDecodingStats
+
 
 @dataclass
 class Logprob:
@@ -26,6 +28,8 @@ class RequestMetrics:
     last_token_time: float | None = None
     finished_time: float | None = None
     num_preemptions: int = 0
+    # Speculative decoding: this request's drafts and acceptance (None when off).
+    spec_decoding: SpecDecodingStats | None = None
 
     @property
     def time_to_first_token(self) -> float | None:

@@ -18,6 +18,7 @@ from octavo.bench.datasets import (
     BenchRequest,
     DatasetOptions,
     build_requests,
+    copy_requests,
     random_requests,
     workload_requests,
 )
@@ -118,11 +119,15 @@ def bench() -> None:
 @click.option("--num-iters-warmup", type=click.IntRange(min=0), default=1, show_default=True)
 @click.option("--num-iters", type=click.IntRange(min=1), default=5, show_default=True,
               help="Measured iterations (a workload's 'repeats' overrides it).")
+@click.option("--dataset-name", type=click.Choice(["random", "copy"]), default="random",
+              show_default=True,
+              help="random: --input-len random tokens; copy: chat prompts asking to repeat a "
+                   "passage, generating its length (--input/--output-len unused).")
 @WORKLOAD_OPTION
 @click.option("--output-json", default=None, help="Write the results here as JSON.")
 @engine_options
 def latency(input_len: int, output_len: int, batch_size: int, num_iters_warmup: int,
-            num_iters: int, workload: str | None, output_json: str | None,
+            num_iters: int, dataset_name: str, workload: str | None, output_json: str | None,
             **kwargs: Any) -> None:
     """Time one batch from submission to its last token, over repeated iterations."""
     from octavo.bench.latency import run_latency
@@ -134,6 +139,8 @@ def latency(input_len: int, output_len: int, batch_size: int, num_iters_warmup: 
         if workload is not None:
             requests = workload_requests(workload)
             num_iters = load_specs()[workload].get("repeats", num_iters)
+        elif dataset_name == "copy":
+            requests = copy_requests(batch_size, llm.get_tokenizer(), seed)
         else:
             requests = random_requests(batch_size, input_len, output_len, seed=seed,
                                        vocab_size=len(llm.get_tokenizer()))

@@ -9,6 +9,7 @@ from octavo.entrypoints.generate_cmd import chat, generate
 from octavo.entrypoints.plugins_cmd import plugins_command
 from octavo.entrypoints.proxy_cmd import proxy
 from octavo.entrypoints.serve_cmd import serve
+from octavo.plugins import get_registries
 from octavo.version import __version__
 
 
@@ -20,3 +21,5 @@ def main() -> None:
 
 for command in (plugins_command, serve, generate, chat, bench, proxy):
     main.add_command(command)
+for entry in get_registries().cli_commands.entries():  # plugins' commands (octavo spec)
+    main.add_command(entry.obj, entry.name)

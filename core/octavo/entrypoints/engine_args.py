@@ -45,12 +45,16 @@ ENGINE_OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--kv-transfer-config", default=None,
                  help='KV connector as JSON, e.g. \'{"connector": "shared_storage", '
                       '"role": "producer", "path": "/tmp/kv"}\' (disaggregated serving).'),
+    click.option("--speculative-config", default=None,
+                 help='Speculative decoding as JSON, e.g. \'{"method": "ngram", '
+                      '"num_speculative_tokens": 4}\' (methods: ngram, draft_model, medusa, '
+                      'eagle, eagle3; the last four need "model").'),
 ]
 ENGINE_KEYS = ("model", "backend", "dtype", "max_model_len", "max_num_seqs",
                "max_num_batched_tokens", "block_size", "enable_prefix_caching",
                "kv_cache_memory", "gpu_memory_utilization", "tensor_parallel_size",
                "scheduling_policy", "attention_backend", "enforce_eager", "seed",
-               "kv_transfer_config")
+               "kv_transfer_config", "speculative_config")
 
 
 def engine_options(command: Callable[..., Any]) -> Callable[..., Any]:

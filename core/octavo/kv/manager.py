@@ -120,6 +120,20 @@ class KVCacheManager:
         self._num_cached_blocks.pop(request.request_id, None)
         self.pool.free_blocks(reversed(blocks))
 
+    def free_trailing_blocks(self, request: Request, num_tokens: int) -> int | None:
+        """Release the request's blocks past the first ``num_tokens`` tokens - the slots of
+        rejected speculative drafts (and unused lookahead). Returns how many blocks it
+        keeps, or ``None`` when nothing was released. Those blocks never entered the prefix
+        cache: only blocks full of known tokens do, and these hold none."""
+        blocks = self._req_blocks.get(request.request_id)
+        keep = -(-num_tokens // self.block_size)
+        if blocks is None or len(blocks) <= keep:
+            return None
+        surplus = blocks[keep:]
+        del blocks[keep:]
+        self.pool.free_blocks(reversed(surplus))
+        return keep
+
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table (empty for a request holding no blocks)."""
         return [block.block_id for block in self._req_blocks.get(request_id, [])]

@@ -125,6 +125,10 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # Speculative decoding (EAGLE) sets this to keep the last forward's features before
+        # the final norm in ``prenorm_hidden``; off, the no-spec path keeps nothing.
+        self.keep_prenorm_hidden = False
+        self.prenorm_hidden: torch.Tensor | None = None
 
     def forward(
         self,
@@ -137,7 +141,9 @@ class LlamaModel(nn.Module):
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
-        hidden, _ = self.norm(hidden, residual)
+        hidden, prenorm = self.norm(hidden, residual)
+        if self.keep_prenorm_hidden:
+            self.prenorm_hidden = prenorm
         return hidden
 
 

@@ -61,6 +61,8 @@ def octavo_register_kv_connectors(registry: Registry[Any]) -> None:
 def octavo_register_proposers(registry: Registry[Any]) -> None:
     """Register speculative-decoding proposers (``--speculative-config '{"method": NAME}'``).
 
+    The object is a subclass of :class:`octavo.spec.proposer.Proposer`, registered under its
+    method name (``registry.register("ngram", NgramProposer)``).
     Called in workers, where proposers run next to the target model.
     """
 
@@ -90,4 +92,14 @@ def octavo_register_models(registry: Registry[Any]) -> None:
 
     ``registry.register("LlamaForCausalLM", LlamaForCausalLM)``. Called in workers, where
     models are built, and in the engine process when it validates a model config.
+    """
+
+
+@hookspec
+def octavo_register_cli_commands(registry: Registry[Any]) -> None:
+    """Register click commands or groups under ``octavo``:
+    ``registry.register("spec", spec_group)`` makes ``octavo spec ...``.
+
+    Called in the CLI process when ``octavo`` starts; import heavy libraries inside the
+    command's function, not where the command is defined.
     """

@@ -38,6 +38,7 @@ REGISTRY_HOOKS: dict[str, str] = {
     "scheduling_policies": "octavo_register_scheduling_policies",
     "kv_managers": "octavo_register_kv_managers",
     "models": "octavo_register_models",
+    "cli_commands": "octavo_register_cli_commands",
 }
 
 
@@ -70,6 +71,7 @@ class Registries:
     )
     kv_managers: Registry[Any] = field(default_factory=lambda: Registry("KV manager"))
     models: Registry[Any] = field(default_factory=lambda: Registry("model architecture"))
+    cli_commands: Registry[Any] = field(default_factory=lambda: Registry("CLI command"))
 
 
 def core_version_problem(dist: Distribution | None, core_version: str = __version__) -> str:

@@ -51,17 +51,22 @@ class Sampler(torch.nn.Module):
         if metadata.all_greedy:
             return logits.argmax(dim=-1)
         is_greedy = metadata.temperature == 0
-        # Greedy rows in a mixed batch go through the random path unscaled and are
-        # replaced by their argmax at the end.
-        temperature = torch.where(is_greedy, 1.0, metadata.temperature)
-        scaled = logits / temperature.unsqueeze(1)
-        if metadata.min_p is not None:
-            scaled = apply_min_p(scaled, metadata.min_p)
-        scaled = apply_top_k_top_p(scaled, metadata.top_k, metadata.top_p)
-        drawn = exponential_race(scaled.softmax(dim=-1), metadata.generators)
+        drawn = exponential_race(truncated_probs(logits, metadata), metadata.generators)
         if metadata.all_random:
             return drawn
         return torch.where(is_greedy, logits.argmax(dim=-1), drawn)
+
+
+def truncated_probs(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """What random rows draw from: temperature, min-p, top-k, top-p, softmax ([B, V]).
+    Greedy rows in a mixed batch go through unscaled; callers replace them by the argmax.
+    The rejection sampler verifies drafts against these same distributions."""
+    temperature = torch.where(metadata.temperature == 0, 1.0, metadata.temperature)
+    scaled = logits / temperature.unsqueeze(1)
+    if metadata.min_p is not None:
+        scaled = apply_min_p(scaled, metadata.min_p)
+    scaled = apply_top_k_top_p(scaled, metadata.top_k, metadata.top_p)
+    return scaled.softmax(dim=-1)
 
 
 def exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:

@@ -24,6 +24,7 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     kv_manager: str = "default"  # a name in the kv_managers registry
     kv_transfer: KVTransferConfig | None = None  # a KV connector to load/save prompt KV
+    num_speculative_tokens: int = 0  # k of speculative decoding; 0 = off
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "max_model_len", "block_size", "max_num_seqs",

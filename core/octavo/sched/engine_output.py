@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from octavo.kv.stats import PrefixCacheStats
 from octavo.kv_transfer.stats import KVTransferStats
 from octavo.sched.output import LogprobsLists
+from octavo.spec.stats import SpecDecodingStats
 
 
 class EngineCoreEventType(enum.IntEnum):
@@ -50,6 +51,8 @@ class EngineCoreOutput:
     new_prompt_logprobs: LogprobsLists | None = None  # the prompt positions computed this step
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     events: list[EngineCoreEvent] = field(default_factory=list)
+    # The request's speculative-decoding acceptance, sent with its final output.
+    spec_decoding: SpecDecodingStats | None = None
 
     @property
     def finished(self) -> bool:
@@ -65,3 +68,4 @@ class SchedulerStats:
     kv_cache_usage: float  # share of KV blocks held by requests
     prefix_cache: PrefixCacheStats
     kv_transfer: KVTransferStats = field(default_factory=KVTransferStats)
+    spec_decoding: SpecDecodingStats | None = None  # totals since start; None: spec off

@@ -53,6 +53,9 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     # The KV connector's plain-data instructions for this step (loads, saves); None without one.
     kv_connector_metadata: Any = None
+    # req_id -> blocks the request keeps after its rejected drafts' trailing blocks were
+    # released since the last step: workers cut its block table to that many first.
+    trimmed_block_tables: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,3 +90,6 @@ class KVConnectorOutput:
     finished_sending: set[str] = field(default_factory=set)  # KV saved: blocks may be freed
     finished_recving: set[str] = field(default_factory=set)  # load done (or failed)
     failed_recving: set[str] = field(default_factory=set)  # load failed: recompute the prompt
+    # For each request in ``req_ids`` order: drafts proposed for the next step (speculative
+    # decoding; empty when off).
+    spec_token_ids: list[list[int]] = field(default_factory=list)

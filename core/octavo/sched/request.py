@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from octavo.kv.hashing import BlockHash
 from octavo.sample.params import SamplingParams
 from octavo.sched.engine_output import EngineCoreEvent
+from octavo.spec.stats import SpecDecodingStats
 
 
 class RequestStatus(enum.Enum):
@@ -49,6 +50,10 @@ class Request:
     # Timestamped events not yet reported in an EngineCoreOutput.
     events: list[EngineCoreEvent] = field(default_factory=list, repr=False)
     lora_name: str | None = None  # the LoRA adapter computing this request; None: base model
+    # Speculative decoding: drafts proposed for the next step (not tokens until verified),
+    # and this request's acceptance figures.
+    spec_token_ids: list[int] = field(default_factory=list)
+    spec_stats: SpecDecodingStats = field(default_factory=SpecDecodingStats, repr=False)
 
     @property
     def num_prompt_tokens(self) -> int:

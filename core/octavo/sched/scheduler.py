@@ -6,7 +6,8 @@ requests new tokens within a token budget (``max_num_batched_tokens``) and a cap
 running requests (``max_num_seqs``). A prompt gets chunks of what the budget leaves
 (chunked prefill, always on); a decode gets 1.
 
-Order: running requests first, in policy order; when the KV pool cannot hold a running
+Order: running requests first, in policy order; with speculative decoding a decode gets
+1 + its drafts (see ``octavo.spec.scheduling``); when the KV pool cannot hold a running
 request's new tokens, the policy's least valued running request that has not been
 scheduled this step is preempted (its blocks are freed and it goes back to waiting, to
 be recomputed later - cheaply, since its full blocks stay in the prefix cache until
@@ -48,6 +49,7 @@ from octavo.sched.output import (
 )
 from octavo.sched.request import Request, RequestStatus
 from octavo.sched.stop import check_stop
+from octavo.spec.scheduling import SpecScheduling
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +63,7 @@ class _Step:
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
     preempted: bool = False
+    spec_tokens: dict[str, list[int]] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -85,6 +88,8 @@ class Scheduler:
         self.loading: dict[str, tuple[Request, int]] = {}
         self.sending: dict[str, Request] = {}
         self.kv_transfer_stats = KVTransferStats()
+        self.spec = SpecScheduling(config, self.kv_manager) if config.num_speculative_tokens \
+            else None
 
     def add_request(self, request: Request) -> None:
         request_id = request.request_id
@@ -110,6 +115,8 @@ class Scheduler:
             num_scheduled_tokens=step.num_scheduled_tokens,
             total_num_scheduled_tokens=sum(step.num_scheduled_tokens.values()),
             finished_req_ids=self.finished_req_ids,
+            scheduled_spec_decode_tokens=step.spec_tokens,
+            trimmed_block_tables=self.spec.take_trimmed() if self.spec else {},
         )
         if self.connector is not None:
             output.kv_connector_metadata = self.connector.build_connector_meta(output)
@@ -123,6 +130,8 @@ class Scheduler:
         if model_runner_output.kv_connector_output is not None:
             self._update_kv_transfers(model_runner_output.kv_connector_output)
         sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
+        index = ({req_id: i for i, req_id in enumerate(model_runner_output.req_ids)}
+                 if self.spec else {})
         outputs: list[EngineCoreOutput] = []
         for request_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(request_id)
@@ -130,8 +139,12 @@ class Scheduler:
                 continue  # aborted while the step ran
             # A request mid-prefill has nothing to sample yet; ignore whatever came back.
             prefill_done = request.num_computed_tokens >= request.num_tokens
-            new_token_ids = self._append_tokens(
-                request, sampled.get(request_id, []) if prefill_done else [])
+            token_ids = sampled.get(request_id, []) if prefill_done else []
+            if self.spec:
+                self.spec.roll_back(request, scheduler_output, token_ids)
+            new_token_ids = self._append_tokens(request, token_ids)
+            if self.spec and not request.is_finished:
+                self.spec.after_update(request, model_runner_output, index.get(request_id))
             logprobs = model_runner_output.logprobs.get(request_id)
             prompt_logprobs = model_runner_output.prompt_logprobs.get(request_id)
             if new_token_ids or request.is_finished or prompt_logprobs is not None:
@@ -144,6 +157,8 @@ class Scheduler:
                     new_prompt_logprobs=prompt_logprobs,
                     num_cached_tokens=request.num_cached_tokens,
                     events=request.events,
+                    spec_decoding=(request.spec_stats if self.spec and request.is_finished
+                                   else None),
                 ))
                 request.events = []
         return outputs
@@ -180,6 +195,7 @@ class Scheduler:
             kv_cache_usage=self.kv_manager.usage,
             prefix_cache=dataclasses.replace(self.kv_manager.prefix_stats),
             kv_transfer=dataclasses.replace(self.kv_transfer_stats),
+            spec_decoding=self.spec.snapshot() if self.spec else None,
         )
 
     def _schedule_running(self, step: _Step) -> None:
@@ -190,9 +206,14 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens,
                                  step.token_budget)
+            drafts = (self.spec.drafts_to_schedule(request, step.token_budget - num_new_tokens)
+                      if self.spec else [])
+            num_new_tokens += len(drafts)
             new_blocks = self._allocate_or_preempt(request, num_new_tokens, step)
             if new_blocks is None:
                 break  # it preempted itself: no request after it in policy order fits either
+            if drafts:
+                step.spec_tokens[request.request_id] = drafts
             cached = step.cached_reqs
             cached.req_ids.append(request.request_id)
             cached.new_block_ids.append([block.block_id for block in new_blocks])
@@ -205,8 +226,10 @@ class Scheduler:
         """Allocate, preempting the policy's victim until it fits; ``None`` once the victim
         is ``request`` itself. Only requests not yet scheduled this step can be victims:
         their blocks are not about to be written by this step's forward pass."""
+        lookahead = self.spec.lookahead(request, num_new_tokens) if self.spec else 0
         while True:
-            new_blocks = self.kv_manager.allocate_slots(request, num_new_tokens)
+            new_blocks = self.kv_manager.allocate_slots(request, num_new_tokens,
+                                                        num_lookahead_tokens=lookahead)
             if new_blocks is not None:
                 return new_blocks
             candidates = [r for r in self.running
@@ -232,7 +255,10 @@ class Scheduler:
                     if started:
                         continue
             num_new_tokens = min(request.num_tokens - num_hit_tokens, step.token_budget)
-            if self.kv_manager.allocate_slots(request, num_new_tokens, hit_blocks) is None:
+            lookahead = (self.spec.lookahead(request, num_new_tokens, num_hit_tokens)
+                         if self.spec else 0)
+            if self.kv_manager.allocate_slots(request, num_new_tokens, hit_blocks,
+                                              num_lookahead_tokens=lookahead) is None:
                 break  # keep policy order: nothing behind it jumps the queue
             self.waiting.pop(0)
             if request.status is RequestStatus.WAITING:  # not a preempted one coming back
@@ -310,6 +336,7 @@ class Scheduler:
         self.running.remove(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         request.events.append(EngineCoreEvent.now(EngineCoreEventType.PREEMPTED))
         bisect.insort(self.waiting, request, key=self.policy.sort_key)

@@ -27,6 +27,8 @@ from octavo.sched.output import (
     NewRequestData,
     SchedulerOutput,
 )
+from octavo.spec.config import SpeculativeConfig
+from octavo.spec.decoder import SpecDecoder
 from octavo.worker.input_batch import CachedRequestState, InputBatch, new_generator
 from octavo.worker.step_inputs import StepInputs, prepare_step
 
@@ -43,6 +45,7 @@ class ModelRunner:
         vocab_size: int,
         eos_token_ids: frozenset[int],
         device: torch.device,
+        speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         self.model = model
         self.attn_backend = attn_backend
@@ -54,13 +57,15 @@ class ModelRunner:
         self.sampler = Sampler()
         self.kv_caches: list[torch.Tensor] = []
         self.kv_transfer: WorkerKVTransfer | None = None  # set by the worker with a KV connector
+        self.spec = SpecDecoder(speculative_config, self) if speculative_config else None
 
     # -- KV cache ---------------------------------------------------------------------
     def kv_cache_bytes_per_block(self) -> int:
         shape = self.attn_backend.kv_cache_shape(1, self.block_size, self.model.num_kv_heads,
                                                  self.model.head_dim)
         per_layer = int(np.prod(shape)) * torch.finfo(self.model.dtype).bits // 8
-        return per_layer * self.model.num_layers
+        proposer = self.spec.proposer.kv_cache_bytes_per_block() if self.spec else 0
+        return per_layer * self.model.num_layers + proposer
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = self.attn_backend.kv_cache_shape(num_blocks, self.block_size,
@@ -69,6 +74,8 @@ class ModelRunner:
         # is first written, and attention never reads a slot before it is written.
         self.kv_caches = [torch.empty(shape, dtype=self.model.dtype, device=self.device)
                           for _ in range(self.model.num_layers)]
+        if self.spec:
+            self.spec.proposer.initialize_kv_cache(num_blocks)
 
     # -- one step -----------------------------------------------------------------------
     @torch.inference_mode()
@@ -81,22 +88,36 @@ class ModelRunner:
     def _execute_step(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         if not scheduler_output.total_num_scheduled_tokens:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        drafts = scheduler_output.scheduled_spec_decode_tokens
+        if drafts:
+            SpecDecoder.place_drafts(self.batch, drafts)
         step = prepare_step(self.batch, scheduler_output.num_scheduled_tokens, self.block_size,
                             self.device)
         hidden = self.run_model(step)
         prompt_logprobs = self._prompt_logprobs(step, hidden)
-        sample_rows = step.rows[step.sample_mask]
+        sample_mask, logits_indices = step.sample_mask, step.logits_indices
+        if drafts:  # drafting requests are sampled by the rejection sampler instead
+            verify_mask = SpecDecoder.draft_mask(step, self.batch, drafts)
+            keep = torch.from_numpy(~verify_mask[sample_mask]).to(self.device)
+            logits_indices = logits_indices[keep]
+            sample_mask = sample_mask & ~verify_mask
+        sample_rows = step.rows[sample_mask]
         sampled: list[list[int]] = [[] for _ in step.rows]
         logprobs: dict[str, LogprobsLists] = {}
         if len(sample_rows):
-            logits = self.model.compute_logits(hidden[step.logits_indices])
+            logits = self.model.compute_logits(hidden[logits_indices])
             out = self.sampler(logits, self._sampling_metadata(sample_rows))
-            self._record_samples(step, sample_rows, out, sampled, logprobs)
+            self._record_samples(sample_mask, sample_rows, out, sampled, logprobs)
+        if drafts:
+            assert self.spec is not None, "drafts were scheduled without a proposer"
+            self.spec.verify(step, hidden, verify_mask, drafts, sampled)
         return ModelRunnerOutput(
             req_ids=[self.batch.req_ids[r] for r in step.rows],
             sampled_token_ids=sampled,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            spec_token_ids=(self.spec.propose(step, hidden, sampled, drafts)
+                            if self.spec else []),
         )
 
     def _prompt_logprobs(self, step: StepInputs, hidden: torch.Tensor,
@@ -128,10 +149,11 @@ class ModelRunner:
         override it to replay a captured CUDA graph when the step fits one."""
         return self.model(step.input_ids, step.positions, self.kv_caches, step.metadata)
 
-    def _record_samples(self, step: StepInputs, sample_rows: np.ndarray, out: SamplerOutput,
-                        sampled: list[list[int]], logprobs: dict[str, LogprobsLists]) -> None:
+    def _record_samples(self, sample_mask: np.ndarray, sample_rows: np.ndarray,
+                        out: SamplerOutput, sampled: list[list[int]],
+                        logprobs: dict[str, LogprobsLists]) -> None:
         tokens = out.sampled_token_ids.tolist()
-        positions = np.flatnonzero(step.sample_mask)
+        positions = np.flatnonzero(sample_mask)
         lists = out.logprobs.tolists() if out.logprobs is not None else None
         for i, (row, pos) in enumerate(zip(sample_rows.tolist(), positions.tolist())):
             self.batch.append_token(row, tokens[i])
@@ -150,6 +172,9 @@ class ModelRunner:
                 self.batch.remove(req_id)
         for new in so.scheduled_new_reqs:
             self._add_request(new)
+        for req_id, num_blocks in so.trimmed_block_tables.items():
+            if req_id in self.batch.req_index:  # its rejected drafts' blocks were released
+                self.batch.num_blocks[self.batch.req_index[req_id]] = num_blocks
         cached = so.scheduled_cached_reqs
         for req_id, block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
                                                    cached.num_computed_tokens):
@@ -171,7 +196,9 @@ class ModelRunner:
         self.batch.add(state, new.num_computed_tokens)
 
     # -- sampling -----------------------------------------------------------------------
-    def _sampling_metadata(self, rows: np.ndarray) -> SamplingMetadata:
+    def _sampling_metadata(self, rows: np.ndarray,
+                           output_token_ids: list[list[int]] | None = None) -> SamplingMetadata:
+        """``output_token_ids`` overrides the rows' outputs (drafts being verified)."""
         states = [self.batch.states[self.batch.req_ids[r]] for r in rows.tolist()]
         params = [s.sampling_params for s in states]
         arrays = SamplingArrays(**{f.name: getattr(self.batch.sampling, f.name)[rows]
@@ -182,7 +209,8 @@ class ModelRunner:
             arrays,
             len(rows),
             self.vocab_size,
-            output_token_ids=[s.output_token_ids for s in states],
+            output_token_ids=(output_token_ids if output_token_ids is not None
+                              else [s.output_token_ids for s in states]),
             generators={i: s.generator for i, s in enumerate(states) if s.generator},
             prompt_token_ids=(padded_token_ids([s.prompt_token_ids for s in states],
                                                self.vocab_size, self.device)

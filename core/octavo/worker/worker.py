@@ -49,6 +49,7 @@ class Worker:
             vocab_size=int(files.hf_config["vocab_size"]),
             eos_token_ids=eos_ids,
             device=self.device,
+            speculative_config=config.speculative_config,
         )
 
     def determine_num_blocks(self) -> int:

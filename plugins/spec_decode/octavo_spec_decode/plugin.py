@@ -1,2 +1,27 @@
-"""Entry point of octavo-spec-decode. The proposers register through
-``octavo_register_proposers`` as they land; until then this plugin provides no hooks."""
+"""Entry point of octavo-spec-decode: registers its proposers by the method names of
+``--speculative-config``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from octavo.plugins import hookimpl
+from octavo.plugins.registry import Registry
+
+
+@hookimpl
+def octavo_register_proposers(registry: Registry[Any]) -> None:
+    from octavo_spec_decode.draft_model import DraftModelProposer
+    from octavo_spec_decode.eagle import EagleProposer
+    from octavo_spec_decode.medusa import MedusaProposer
+    from octavo_spec_decode.ngram import NgramProposer
+
+    for proposer in (NgramProposer, DraftModelProposer, MedusaProposer, EagleProposer):
+        registry.register(proposer.name, proposer)
+
+
+@hookimpl
+def octavo_register_cli_commands(registry: Registry[Any]) -> None:
+    from octavo_spec_decode.spec_cmd import spec
+
+    registry.register("spec", spec)

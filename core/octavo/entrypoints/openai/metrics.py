@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from octavo.engine.async_llm import IterationStats
 from octavo.kv_transfer.stats import KVTransferStats
 from octavo.sched.engine_output import SchedulerStats
+from octavo.spec.stats import SpecDecodingStats
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0]
@@ -65,6 +66,19 @@ class PrometheusMetrics:
                 ("failed_loads", "KV loads that failed (those prompts were computed)."),
                 ("saves", "Requests whose prompt KV a KV connector saved."))}
         self._seen_kv_transfer = KVTransferStats()
+        # Speculative decoding, vLLM's spec_decode_* counters (present, at 0, when off).
+        self.spec_drafts = counter("octavo:spec_decode_num_drafts",
+                                   "Verification steps of requests that had drafts.")
+        self.spec_draft_tokens = counter("octavo:spec_decode_num_draft_tokens",
+                                         "Draft tokens proposed and verified.")
+        self.spec_accepted = counter("octavo:spec_decode_num_accepted_tokens",
+                                     "Draft tokens accepted.")
+        self.spec_accepted_per_pos = Counter(
+            "octavo:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by position in the draft (0 = first).",
+            [*labels, "position"], registry=self.registry)
+        self._model_name = model_name
+        self._seen_spec = SpecDecodingStats()
 
     def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats) -> None:
         if scheduler_stats is not None:
@@ -93,3 +107,12 @@ class PrometheusMetrics:
         for name, counter in self.kv_transfer.items():  # totals since the engine started
             counter.inc(getattr(stats.kv_transfer, name) - getattr(self._seen_kv_transfer, name))
         self._seen_kv_transfer = stats.kv_transfer
+        if stats.spec_decoding is not None:  # totals since the engine started
+            new = stats.spec_decoding.since(self._seen_spec)
+            self.spec_drafts.inc(new.num_drafts)
+            self.spec_draft_tokens.inc(new.num_draft_tokens)
+            self.spec_accepted.inc(new.num_accepted_tokens)
+            for position, count in enumerate(new.accepted_per_position):
+                self.spec_accepted_per_pos.labels(model_name=self._model_name,
+                                                  position=str(position)).inc(count)
+            self._seen_spec = stats.spec_decoding

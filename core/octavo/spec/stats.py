@@ -1,0 +1,66 @@
+"""Acceptance statistics of speculative decoding, per request and for the whole engine.
+
+Counted by the scheduler when a step's verification comes back: ``num_drafts`` steps
+verified drafts, proposing ``num_draft_tokens`` of them in all, of which
+``num_accepted_tokens`` were accepted; ``accepted_per_position[j]`` counts how often the
+draft at position ``j`` (0-based) was accepted. Names follow vLLM's
+``vllm:spec_decode_*`` metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecDecodingStats:
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        missing = num_draft_tokens - len(self.accepted_per_position)
+        if missing > 0:
+            self.accepted_per_position.extend([0] * missing)
+        for position in range(num_accepted):
+            self.accepted_per_position[position] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of the proposed drafts that were accepted."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens gained per verification step: accepted drafts plus the bonus token."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    def since(self, earlier: SpecDecodingStats) -> SpecDecodingStats:
+        """The counts added after the snapshot ``earlier`` (e.g. a benchmark's timed part)."""
+        positions = [n - (earlier.accepted_per_position[i]
+                          if i < len(earlier.accepted_per_position) else 0)
+                     for i, n in enumerate(self.accepted_per_position)]
+        return SpecDecodingStats(self.num_drafts - earlier.num_drafts,
+                                 self.num_draft_tokens - earlier.num_draft_tokens,
+                                 self.num_accepted_tokens - earlier.num_accepted_tokens,
+                                 positions)
+
+    def position_rates(self) -> list[float]:
+        """Per draft position, the share of verification steps that accepted it."""
+        return [n / self.num_drafts for n in self.accepted_per_position] if self.num_drafts \
+            else []
+
+
+def spec_summary(stats: SpecDecodingStats | None) -> dict[str, object] | None:
+    """The figures to report (logs, benchmark JSON), or None when speculation is off."""
+    if stats is None:
+        return None
+    return {"num_drafts": stats.num_drafts, "num_draft_tokens": stats.num_draft_tokens,
+            "num_accepted_tokens": stats.num_accepted_tokens,
+            "acceptance_rate": stats.acceptance_rate,
+            "mean_acceptance_length": stats.mean_acceptance_length,
+            "per_position_acceptance_rate": stats.position_rates()}

@@ -1,0 +1,156 @@
+"""Medusa heads (Medusa-1, FasterDecoding/Medusa) and their proposer.
+
+Head ``i`` reads the target's last hidden state at position ``t`` (after the final norm)
+and guesses the token at ``t + 2 + i``: the target's own LM head already gives ``t + 1``.
+Each head is ``num_layers`` residual blocks ``x + SiLU(W x + b)`` then a projection to the
+vocabulary, exactly the published ``nn.Sequential`` so checkpoints load by name::
+
+    {i}.{j}.linear.weight / .bias   ResBlock j of head i       [hidden, hidden] / [hidden]
+    {i}.{num_layers}.weight         vocabulary projection      [vocab, hidden]
+
+in ``medusa_lm_head.safetensors`` (or ``.pt``) next to a ``config.json`` with
+``medusa_num_heads`` and ``medusa_num_layers``. Heads trained by ``octavo spec train`` keep
+their projection equal to the target's LM head (Medusa-1 initialises it so); when every
+projection equals it, the proposer drops the copies and runs all heads through the target's
+LM head in one matmul, so k heads cost one extra LM-head read, not k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from octavo.spec.proposer import ProposeInputs, Proposer, ProposerContext
+from octavo_spec_decode.heads_io import (
+    HeadCheckpointError,
+    check_layout,
+    config_int,
+    find_weights,
+    read_config,
+    read_tensors,
+    write_head,
+)
+
+WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "medusa_lm_head.bin")
+
+
+@dataclass(frozen=True)
+class MedusaConfig:
+    num_heads: int
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"medusa_num_heads": self.num_heads, "medusa_num_layers": self.num_layers,
+                "hidden_size": self.hidden_size, "vocab_size": self.vocab_size}
+
+
+class ResBlock(nn.Module):
+    """``x + SiLU(linear(x))``; a zero weight makes it the identity, Medusa's initial state."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.ModuleList):
+    """``num_heads`` x ``Sequential(ResBlock * num_layers, Linear(hidden, vocab))``."""
+
+    def __init__(self, config: MedusaConfig) -> None:
+        super().__init__(
+            nn.Sequential(*[ResBlock(config.hidden_size) for _ in range(config.num_layers)],
+                          nn.Linear(config.hidden_size, config.vocab_size, bias=False))
+            for _ in range(config.num_heads))
+        self.config = config
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Each head's input to its vocabulary projection: ``[num_heads, N, hidden]``."""
+        return torch.stack([head[:-1](hidden) for head in self])
+
+    def projections(self) -> list[torch.Tensor]:
+        return [head[-1].weight for head in self]
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(t.shape) for name, t in self.state_dict().items()}
+
+
+def load_medusa(folder: str | Path, hidden_size: int, vocab_size: int) -> MedusaHeads:
+    """Heads from a published-layout folder, checked against the target's sizes."""
+    folder = Path(folder)
+    config = read_config(folder)
+    medusa_config = MedusaConfig(
+        num_heads=config_int(config, "medusa_num_heads", folder),
+        num_layers=config_int(config, "medusa_num_layers", folder, default=1),
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
+    )
+    heads = MedusaHeads(medusa_config)
+    path = find_weights(folder, WEIGHT_FILES)
+    tensors = read_tensors(path)
+    check_layout(path, tensors, heads.expected_shapes())
+    heads.load_state_dict(tensors)
+    return heads
+
+
+def save_medusa(heads: MedusaHeads, folder: str | Path, base_model: str = "",
+                weights_name: str = WEIGHT_FILES[0]) -> None:
+    config = {**heads.config.to_json(), "base_model_name_or_path": base_model}
+    write_head(Path(folder), weights_name, heads.state_dict(), config)
+
+
+class MedusaProposer(Proposer):
+    """Drafts ``k`` tokens per request from the last accepted position's hidden state:
+    draft ``i`` is head ``i``'s argmax (Medusa's top-1 chain, a one-hot proposal)."""
+
+    name = "medusa"
+    needs_hidden_states = True
+
+    def __init__(self, context: ProposerContext) -> None:
+        super().__init__(context)
+        assert context.config.model is not None  # SpeculativeConfig requires it
+        lm_head = context.target.lm_head.weight
+        heads = load_medusa(context.config.model, hidden_size=lm_head.shape[1],
+                            vocab_size=context.vocab_size)
+        if heads.config.num_heads < self.num_speculative_tokens:
+            raise HeadCheckpointError(
+                f"{context.config.model}: has {heads.config.num_heads} Medusa heads, fewer "
+                f"than num_speculative_tokens={self.num_speculative_tokens}")
+        self.shares_lm_head = all(torch.equal(w.to(lm_head.dtype), lm_head)
+                                  for w in heads.projections())
+        if self.shares_lm_head:  # keep only the ResBlocks; the target's LM head projects
+            for head in heads:
+                head[-1].weight = nn.Parameter(lm_head, requires_grad=False)
+        self.heads = heads.to(device=context.device, dtype=context.dtype).eval()
+
+    @torch.inference_mode()
+    def propose(self, inputs: ProposeInputs) -> list[list[int]]:
+        assert inputs.hidden_states is not None  # needs_hidden_states
+        wanted = torch.from_numpy(inputs.wants_drafts).to(inputs.last_token_indices.device)
+        rows = inputs.last_token_indices[wanted]
+        drafts: list[list[int]] = [[] for _ in inputs.req_ids]
+        if not len(rows):
+            return drafts
+        k = self.num_speculative_tokens
+        room = self.context.max_model_len - inputs.num_tokens - 1
+        tokens = self.draft(inputs.hidden_states[rows], k).tolist()
+        for i, row_tokens in zip(inputs.wants_drafts.nonzero()[0].tolist(), tokens):
+            drafts[i] = row_tokens[:max(0, min(k, int(room[i])))]
+        return drafts
+
+    def draft(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        """Top-1 tokens ``[N, k]`` of the first ``k`` heads for hidden states ``[N, h]``."""
+        features = self.heads.features(hidden)[:k]
+        if self.shares_lm_head:
+            logits = self.context.target.compute_logits(features.flatten(0, 1))
+            return logits.view(k, len(hidden), -1).argmax(-1).T
+        return torch.stack([head[-1](f).argmax(-1) for head, f in zip(self.heads, features)],
+                           dim=1)

@@ -1,0 +1,51 @@
+"""``octavo spec``: speculative-decoding tools; ``octavo spec train`` trains heads.
+
+The module is imported when ``octavo`` starts, so it defines the commands only; torch and
+the training code load when a command runs.
+"""
+
+from __future__ import annotations
+
+import click
+
+METHODS = ("medusa", "eagle")
+
+
+@click.group("spec")
+def spec() -> None:
+    """Speculative decoding: train Medusa / EAGLE heads for a model."""
+
+
+@spec.command("train")
+@click.option("--method", type=click.Choice(METHODS), required=True,
+              help="Kind of head to train.")
+@click.option("--model", default=None,
+              help="Target model (HF folder or .gguf); default: SmolLM2-135M-Instruct.")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
+              help="Folder to write the heads to (published layout + config.json).")
+@click.option("--num-heads", "--k", "num_heads", type=click.IntRange(1, 8), default=3,
+              show_default=True, help="Medusa heads = most drafts per step (k).")
+@click.option("--steps", type=click.IntRange(1), default=None,
+              help="Optimizer steps [default: 400 for medusa, 300 for eagle].")
+@click.option("--prompts", "num_prompts", type=click.IntRange(1), default=128,
+              show_default=True, help="How many built-in training prompts the target answers.")
+@click.option("--max-tokens", type=click.IntRange(1), default=80, show_default=True,
+              help="Length of each generated reply.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--data", type=click.Path(dir_okay=False), default=None,
+              help="File for the generated text and features: reused when it exists, "
+                   "written otherwise (train Medusa and EAGLE from one generation).")
+@click.option("--eval/--no-eval", "evaluate", default=True, show_default=True,
+              help="Measure tokens per verification step on held-out prompts at the end.")
+def train(method: str, model: str | None, out: str, num_heads: int, steps: int | None,
+          num_prompts: int, max_tokens: int, seed: int, data: str | None,
+          evaluate: bool) -> None:
+    """Self-distil heads from the target: it answers built-in instructions, its features
+    on its own replies are recorded, and the heads learn to predict what it says next."""
+    from octavo_spec_decode.train.run import TrainOptions, train_heads
+
+    options = TrainOptions(method=method, model=model, out=out, num_heads=num_heads,
+                           steps=steps, num_prompts=num_prompts, max_tokens=max_tokens,
+                           seed=seed, evaluate=evaluate, data=data)
+    report = train_heads(options)
+    click.echo(report)

@@ -1,0 +1,77 @@
+"""The training text and the target's features on it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from octavo import LLM, SamplingParams
+from octavo.models.base import CausalLM
+from octavo.models.build import build_model
+from octavo.models.loader import load_model_files
+from octavo_spec_decode.train.dense_attention import DenseCausalBackend, full_sequence_metadata
+
+
+@dataclass
+class Sequence:
+    """One conversation: the chat-formatted prompt and the target's greedy reply."""
+
+    token_ids: torch.Tensor  # int64 [L]: prompt + reply
+    num_prompt_tokens: int
+    features: torch.Tensor | None = None  # [L, hidden]: the target's last hidden states
+
+
+def generate_text(model: str | None, prompts: list[str], max_tokens: int, seed: int,
+                  ) -> list[Sequence]:
+    """The target's greedy replies, through Octavo's own engine."""
+    llm = LLM(model=model, dtype="float32", seed=seed)
+    outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts],
+                       SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    return [Sequence(torch.tensor(list(o.prompt_token_ids) + list(o.outputs[0].token_ids)),
+                     len(o.prompt_token_ids)) for o in outputs]
+
+
+def load_target(model: str | None) -> tuple[CausalLM, dict]:
+    """The target in fp32 with cache-free attention, for full-sequence forwards, and its
+    HF config."""
+    files = load_model_files(model)
+    return build_model(files, torch.float32, DenseCausalBackend, "cpu"), files.hf_config
+
+
+@torch.inference_mode()
+def add_features(target: CausalLM, sequences: list[Sequence], batch_tokens: int = 2048,
+                 ) -> None:
+    """Fill ``features`` with the target's final hidden states, a few sequences a forward."""
+    batches: list[list[Sequence]] = [[]]
+    for seq in sequences:
+        if batches[-1] and sum(len(s.token_ids) for s in batches[-1]) + len(seq.token_ids) \
+                > batch_tokens:
+            batches.append([])
+        batches[-1].append(seq)
+    for batch in tqdm(batches, desc="Target features", unit="batch", dynamic_ncols=True):
+        lengths = [len(s.token_ids) for s in batch]
+        ids = torch.cat([s.token_ids for s in batch])
+        positions = torch.cat([torch.arange(n) for n in lengths])
+        kv_caches = [torch.empty(0)] * target.num_layers
+        hidden = target(ids, positions, kv_caches, full_sequence_metadata(lengths, ids.device))
+        for seq, features in zip(batch, hidden.split(lengths)):
+            seq.features = features.clone()
+
+
+def save_data(path: Path, model: str | None, sequences: list[Sequence]) -> None:
+    """Keep text and features, so heads of another kind can train without regenerating."""
+    torch.save({"model": model or "", "sequences": [
+        {"token_ids": s.token_ids, "num_prompt_tokens": s.num_prompt_tokens,
+         "features": s.features} for s in sequences]}, path)
+
+
+def load_data(path: Path, model: str | None) -> list[Sequence]:
+    data = torch.load(path, weights_only=True)
+    if data.get("model") != (model or ""):
+        raise ValueError(f"{path}: holds data of model {data.get('model') or 'default'!r}, "
+                         f"not {model or 'default'!r}")
+    return [Sequence(s["token_ids"], s["num_prompt_tokens"], s["features"])
+            for s in data["sequences"]]

@@ -1,0 +1,64 @@
+"""``octavo spec train`` end to end on a tiny random model: it runs in seconds, writes the
+published layout, the heads load, and the same seed gives the same heads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from octavo.attention.torch_backend import TorchAttentionBackend
+from octavo_spec_decode.eagle import load_eagle
+from octavo_spec_decode.medusa import load_medusa
+from octavo_spec_decode.train.data import load_target
+from octavo_spec_decode.train.run import TrainOptions, train_heads
+from tests.core.tiny_models import VOCAB_SIZE, save_tiny_model
+from tests.helpers import run_octavo
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("target")
+    save_tiny_model("llama", folder, seed=int(np.random.default_rng().integers(1 << 30)))
+    return folder
+
+
+def train(method: str, target: Path, out: Path) -> str:
+    result = run_octavo("spec", "train", "--method", method, "--model", str(target),
+                        "--out", str(out), "--steps", "4", "--prompts", "6",
+                        "--max-tokens", "12", "--seed", "3", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_spec_train_cli_writes_an_eagle_head_that_loads(target: Path, tmp_path: Path) -> None:
+    report = train("eagle", target, tmp_path)
+    assert "written to" in report and "tokens per verification step" in report, report
+    model = load_target(str(target))[0]
+    load_eagle(tmp_path, TorchAttentionBackend, model.model.embed_tokens,
+               model.config.hidden_size)
+
+
+def test_medusa_training_is_deterministic_and_loads(target: Path, tmp_path: Path) -> None:
+    def options(out: Path, evaluate: bool) -> TrainOptions:
+        return TrainOptions(method="medusa", model=str(target), out=str(out), steps=4,
+                            num_prompts=6, max_tokens=12, seed=3, evaluate=evaluate,
+                            data=str(tmp_path / "data.pt"))
+
+    report = train_heads(options(tmp_path / "a", evaluate=True))
+    assert "tokens per verification step" in report, report
+    assert (tmp_path / "data.pt").is_file()
+    train_heads(options(tmp_path / "b", evaluate=False))  # reuses the text and features
+    model = load_target(str(target))[0]
+    heads = load_medusa(tmp_path / "a", model.config.hidden_size, VOCAB_SIZE)
+    assert len(heads) == 3
+    # The vocabulary projections stay the target's LM head (frozen in training).
+    assert all(torch.equal(w, model.lm_head.weight) for w in heads.projections())
+    first = load_file(tmp_path / "a" / "medusa_lm_head.safetensors")
+    second = load_file(tmp_path / "b" / "medusa_lm_head.safetensors")
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
