@@ -50,6 +50,10 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     # req_id -> draft tokens to verify this step (speculative decoding).
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # Guided decoding: the constrained requests that sample this step, and one row of
+    # allowed tokens each (int32 [len(ids), ceil(V / 32)]; see octavo.sample.bitmask).
+    structured_output_request_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: np.ndarray | None = None
 
 
 @dataclass

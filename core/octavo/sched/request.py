@@ -13,6 +13,7 @@ from octavo.sched.engine_output import EngineCoreEvent
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"  # its grammar is compiling; others go first
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "stop"

@@ -24,6 +24,7 @@ import bisect
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from octavo.kv.block import KVBlock
 from octavo.plugins import get_registries
@@ -44,6 +45,11 @@ from octavo.sched.output import (
 from octavo.sched.request import Request, RequestStatus
 from octavo.sched.stop import check_stop
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from octavo.structured.manager import StructuredOutputManager
+
 
 @dataclass
 class _Step:
@@ -57,8 +63,11 @@ class _Step:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig,
+                 structured_output: StructuredOutputManager | None = None) -> None:
         self.config = config
+        # Grammars of guided decoding; None: the engine takes no constrained requests.
+        self.structured_output = structured_output
         registries = get_registries()
         self.policy = registries.scheduling_policies.get(config.policy)()
         kv_manager_cls = registries.kv_managers.get(config.kv_manager)
@@ -80,6 +89,8 @@ class Scheduler:
                 f"request {request_id!r}: the prompt has {request.num_prompt_tokens} tokens; "
                 f"it must have between 1 and max_model_len ({self.config.max_model_len})"
             )
+        if request.sampling_params.structured_outputs is not None:
+            self._add_structured(request)
         request.events.append(EngineCoreEvent.now(EngineCoreEventType.QUEUED))
         self.requests[request_id] = request
         bisect.insort(self.waiting, request, key=self.policy.sort_key)
@@ -89,12 +100,15 @@ class Scheduler:
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_waiting(step)
+        grammar_ids, grammar_bitmask = self._grammar_bitmask(step)
         output = SchedulerOutput(
             scheduled_new_reqs=step.new_reqs,
             scheduled_cached_reqs=step.cached_reqs,
             num_scheduled_tokens=step.num_scheduled_tokens,
             total_num_scheduled_tokens=sum(step.num_scheduled_tokens.values()),
             finished_req_ids=self.finished_req_ids,
+            structured_output_request_ids=grammar_ids,
+            grammar_bitmask=grammar_bitmask,
         )
         self.finished_req_ids = set()
         return output
@@ -113,6 +127,7 @@ class Scheduler:
             prefill_done = request.num_computed_tokens >= request.num_tokens
             new_token_ids = self._append_tokens(
                 request, sampled.get(request_id, []) if prefill_done else [])
+            self._advance_grammar(request, new_token_ids)
             logprobs = model_runner_output.logprobs.get(request_id)
             prompt_logprobs = model_runner_output.prompt_logprobs.get(request_id)
             if new_token_ids or request.is_finished or prompt_logprobs is not None:
@@ -200,12 +215,14 @@ class Scheduler:
     def _schedule_waiting(self, step: _Step) -> None:
         while (self.waiting and step.token_budget > 0
                and len(self.running) < self.config.max_num_seqs):
-            request = self.waiting[0]
+            request = self._next_waiting()
+            if request is None:
+                break  # every waiting request waits for its grammar
             hit_blocks, num_hit_tokens = self.kv_manager.get_computed_blocks(request)
             num_new_tokens = min(request.num_tokens - num_hit_tokens, step.token_budget)
             if self.kv_manager.allocate_slots(request, num_new_tokens, hit_blocks) is None:
                 break  # keep policy order: nothing behind it jumps the queue
-            self.waiting.pop(0)
+            self.waiting.remove(request)
             if request.status is RequestStatus.WAITING:  # not a preempted one coming back
                 request.num_cached_tokens = num_hit_tokens
             request.num_computed_tokens = num_hit_tokens
@@ -261,6 +278,50 @@ class Scheduler:
         self.kv_manager.free(request)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
+        if self.structured_output is not None:
+            self.structured_output.remove_request(request.request_id)
+
+    # -- guided decoding ----------------------------------------------------------------
+    def _add_structured(self, request: Request) -> None:
+        """Start compiling the request's grammar; it waits until the grammar is ready."""
+        if self.structured_output is None:
+            raise ValueError(f"request {request.request_id!r} asks for structured outputs, "
+                             "which this scheduler was built without")
+        params = request.sampling_params.structured_outputs
+        assert params is not None
+        self.structured_output.add_request(request.request_id, params)
+        request.status = RequestStatus.WAITING_FOR_GRAMMAR
+
+    def _next_waiting(self) -> Request | None:
+        """The first waiting request in policy order that can start: those whose grammar
+        is still compiling are passed over, so they hold up nobody."""
+        for request in self.waiting:
+            if request.status is not RequestStatus.WAITING_FOR_GRAMMAR:
+                return request
+            assert self.structured_output is not None
+            if self.structured_output.grammar_ready(request.request_id):
+                request.status = RequestStatus.WAITING
+                return request
+        return None
+
+    def _grammar_bitmask(self, step: _Step) -> tuple[list[str], np.ndarray | None]:
+        if self.structured_output is None:
+            return [], None
+        return self.structured_output.grammar_bitmask(
+            self.requests[request_id] for request_id in step.num_scheduled_tokens)
+
+    def _advance_grammar(self, request: Request, new_token_ids: list[int]) -> None:
+        """Feed the new tokens to the request's grammar. A complete grammar finishes the
+        request; a token it rejects (only possible if its grammar failed to compile) aborts
+        it."""
+        if self.structured_output is None or not new_token_ids:
+            return
+        request_id = request.request_id
+        if not self.structured_output.accept_tokens(request_id, new_token_ids):
+            if not request.is_finished:
+                self._finish(request, RequestStatus.FINISHED_ABORTED)
+        elif self.structured_output.is_terminated(request_id) and not request.is_finished:
+            self._finish(request, RequestStatus.FINISHED_STOPPED)
 
 
 def _first_rows(logprobs: LogprobsLists | None, num_rows: int) -> LogprobsLists | None:
