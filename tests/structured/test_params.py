@@ -3,6 +3,8 @@ xgrammar check names what is wrong; the params survive the trip to the engine co
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from octavo.engine.serial import Decoder, Encoder, RequestKind
@@ -45,11 +47,14 @@ def test_sampling_params_take_a_dict_and_expose_structured() -> None:
 
 
 @pytest.mark.parametrize("params, message", [
-    (StructuredOutputsParams(json={"type": "nonsense"}), 'structured json: Unsupported type "nonsense"'),
+    (StructuredOutputsParams(json={"type": "nonsense"}),
+     'structured json: Unsupported type "nonsense"'),
     (StructuredOutputsParams(json={"type": "integer", "minimum": 5, "maximum": 1}),
      "structured json: Invalid range: minimum greater than maximum"),
-    (StructuredOutputsParams(regex="[a-z"), "structured regex: Regex parsing error at position 5: Unclosed '\\['"),
-    (StructuredOutputsParams(grammar="root ::= item"), 'structured grammar: .*Rule "item" is not defined'),
+    (StructuredOutputsParams(regex="[a-z"),
+     "structured regex: Regex parsing error at position 5: Unclosed '\\['"),
+    (StructuredOutputsParams(grammar="root ::= item"),
+     'structured grammar: .*Rule "item" is not defined'),
 ])
 def test_validation_names_the_problem(params: StructuredOutputsParams, message: str) -> None:
     with pytest.raises(ValueError, match=f"^{message}"):
@@ -71,3 +76,19 @@ def test_params_cross_the_engine_core_wire() -> None:
     assert kind is RequestKind.ADD
     assert decoded.sampling_params.structured_outputs == params.structured_outputs
     assert decoded.sampling_params.structured_outputs.spec == params.structured_outputs.spec
+
+
+def test_length_bounded_json_strings_exclude_control_characters() -> None:
+    """xgrammar 0.2.8 lets minLength/maxLength strings hold raw control characters, which
+    JSON forbids; the grammar built here does not."""
+    import xgrammar as xgr
+
+    from octavo.structured.grammar import build_grammar
+    from tests.core.tiny_models import VOCAB_SIZE, tiny_tokenizer
+
+    info = xgr.TokenizerInfo.from_huggingface(tiny_tokenizer(), vocab_size=VOCAB_SIZE)
+    compiler = xgr.GrammarCompiler(info, max_threads=1)
+    for schema in ({"type": "string", "maxLength": 4}, {"type": "string", "minLength": 1}):
+        grammar = compiler.compile_grammar(build_grammar("json", json.dumps(schema)))
+        assert xgr.GrammarMatcher(grammar).accept_string('"ab"')
+        assert not xgr.GrammarMatcher(grammar).accept_string('"a\x1a')

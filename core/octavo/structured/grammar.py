@@ -22,6 +22,10 @@ from octavo.structured.params import StructuredOutputsParams
 # xgrammar prefixes its C++ errors with a timestamp and a source location.
 _XGRAMMAR_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")
 _ANY_OBJECT = '{"type": "object"}'
+# The character class xgrammar (0.2.8) gives strings with minLength/maxLength admits raw
+# control characters, which JSON forbids (its unbounded strings exclude them).
+_LAX_STRING_CHAR = r'[^\"\\\r\n]'
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
 
 
 def choice_ebnf(choices: list[str]) -> str:
@@ -35,10 +39,8 @@ def build_grammar(kind: str, spec: str) -> xgr.Grammar:
     malformed schema, regex or grammar. Raises ``ValueError`` naming the kind and the
     problem."""
     try:
-        if kind == "json":
-            return xgr.Grammar.from_json_schema(spec, any_whitespace=False)
-        if kind == "json_object":
-            return xgr.Grammar.from_json_schema(_ANY_OBJECT, any_whitespace=False)
+        if kind in ("json", "json_object"):
+            return _json_schema_grammar(spec if kind == "json" else _ANY_OBJECT)
         if kind == "regex":
             return xgr.Grammar.from_regex(spec)
         if kind == "choice":
@@ -48,6 +50,14 @@ def build_grammar(kind: str, spec: str) -> xgr.Grammar:
     except RuntimeError as exc:
         raise ValueError(f"structured {kind}: {_clean(exc)}") from None
     raise ValueError(f"unknown kind of structured output {kind!r}")
+
+
+def _json_schema_grammar(schema: str) -> xgr.Grammar:
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False)
+    ebnf = str(grammar)
+    if _LAX_STRING_CHAR not in ebnf:
+        return grammar
+    return xgr.Grammar.from_ebnf(ebnf.replace(_LAX_STRING_CHAR, _JSON_STRING_CHAR))
 
 
 @functools.lru_cache(maxsize=256)
