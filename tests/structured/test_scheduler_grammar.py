@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
-import torch
 
-from octavo.sample.bitmask import unpack_bitmask
 from octavo.sched.config import SchedulerConfig
 from octavo.sched.output import ModelRunnerOutput, SchedulerOutput
 from octavo.sched.request import RequestStatus
@@ -20,6 +17,8 @@ from octavo.structured import StructuredOutputsParams
 from octavo.structured.manager import StructuredOutputManager
 from tests.core.scheduler_fakes import make_request
 from tests.core.tiny_models import EOS_ID, VOCAB_SIZE, tiny_tokenizer
+
+from .bits import allowed_ids
 
 DIGITS = StructuredOutputsParams(regex="[0-9]{3}")
 
@@ -44,8 +43,7 @@ def _scheduler(tokenizer) -> tuple[Scheduler, StructuredOutputManager]:  # type:
 def _allowed(output: SchedulerOutput, request_id: str) -> set[int]:
     assert output.grammar_bitmask is not None
     row = output.structured_output_request_ids.index(request_id)
-    mask = unpack_bitmask(torch.from_numpy(output.grammar_bitmask[row : row + 1]), VOCAB_SIZE)
-    return set(np.flatnonzero(mask[0].numpy()).tolist())
+    return allowed_ids(output.grammar_bitmask[row], VOCAB_SIZE)
 
 
 def _step(scheduler: Scheduler, tokens: dict[str, int]) -> SchedulerOutput:

@@ -1,35 +1,31 @@
 """Applying a grammar bitmask to logits: every token a grammar forbids gets -inf.
 
 The bitmask is what the scheduler's ``StructuredOutputManager`` sends: int32 words, bit
-``t % 32`` of word ``t // 32`` set when token ``t`` is allowed. Unpacked here with tensor
-ops on the logits' device (no loop over the vocabulary, no xgrammar in the worker), so any
-platform's runner can use it.
+``t % 32`` of word ``t // 32`` set when token ``t`` is allowed. xgrammar's kernel applies
+it (native code on the CPU, a Triton or CUDA kernel on GPUs): several times faster than
+unpacking the bits with tensor ops, and no loop over the vocabulary.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-
-
-def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """bool ``[rows, vocab_size]``: which tokens each row allows. Ids past the bitmask's end
-    (logits wider than the grammar's vocabulary) are not allowed."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().flatten(1)
-    if allowed.shape[1] < vocab_size:
-        allowed = torch.nn.functional.pad(allowed, (0, vocab_size - allowed.shape[1]))
-    return allowed[:, :vocab_size]
+import xgrammar as xgr
 
 
 def apply_grammar_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int]) -> None:
-    """Mask, in place, logits row ``rows[i]`` with bitmask row ``i``."""
+    """Mask, in place, logits row ``rows[i]`` with bitmask row ``i``. Ids past the bitmask's
+    end (logits wider than the grammar's vocabulary) are masked too."""
     if not rows:
         return
-    index = torch.tensor(rows, device=logits.device)
-    words = torch.from_numpy(np.ascontiguousarray(bitmask, dtype=np.int32)).to(logits.device)
-    allowed = unpack_bitmask(words, logits.shape[1])
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
+    # xgrammar indexes the bitmask and the logits by the same row numbers.
+    full = np.full((logits.shape[0], bitmask.shape[1]), -1, dtype=np.int32)
+    full[rows] = bitmask
+    covered = bitmask.shape[1] * 32
+    xgr.apply_token_bitmask_inplace(logits, torch.from_numpy(full).to(logits.device),
+                                    vocab_size=min(covered, logits.shape[1]), indices=rows)
+    if logits.shape[1] > covered:
+        logits[torch.tensor(rows, device=logits.device), covered:] = float("-inf")
 
 
 def grammar_rows(logits_req_ids: list[str], bitmask_req_ids: list[str],
