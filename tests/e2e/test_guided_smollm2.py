@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 PER_CONSTRAINT = 50
 GREEDY_PER_CONSTRAINT = 10  # with distinct prompts; the rest at temperature 1
-MAX_TOKENS = 160
+MAX_TOKENS = 128
 SUBJECTS = ["a customer", "a city", "a library book", "a football team", "a mountain",
             "a recipe", "a laptop", "a concert", "a hospital", "a train"]
 
@@ -59,9 +59,8 @@ SCHEMAS = {
 REGEX = r"[A-Z]{2}-\d{3}-[a-z]{1,4}"
 CHOICES = ["positive", "negative", "neutral"]
 GRAMMAR = """root ::= item ("," item){0,3}
-item ::= word "=" digit+
-word ::= [a-z]{1,6}
-digit ::= [0-9]"""
+item ::= word "=" [0-9]{1,3}
+word ::= [a-z]{1,6}"""
 
 
 def _json_check(schema: dict) -> Callable[[str], None]:
@@ -78,7 +77,7 @@ CASES: dict[str, tuple[S, Callable[[str], None]]] = {
     **{name: (S(json=schema), _json_check(schema)) for name, schema in SCHEMAS.items()},
     "regex": (S(regex=REGEX), _match(REGEX)),
     "choice": (S(choice=CHOICES), _match("|".join(CHOICES))),
-    "grammar": (S(grammar=GRAMMAR), _match(r"[a-z]{1,6}=\d+(,[a-z]{1,6}=\d+){0,3}")),
+    "grammar": (S(grammar=GRAMMAR), _match(r"[a-z]{1,6}=\d{1,3}(,[a-z]{1,6}=\d{1,3}){0,3}")),
 }
 
 
@@ -87,12 +86,9 @@ def llm() -> LLM:
     return LLM(dtype="float32", max_model_len=1024, kv_cache_memory=512 * 2**20)
 
 
-def _prompt(llm: LLM, name: str, index: int) -> dict:
-    request = f"Describe {SUBJECTS[index % len(SUBJECTS)]} ({name} format, example {index})."
-    ids = llm.get_tokenizer().apply_chat_template([{"role": "user", "content": request}],
-                                                  add_generation_prompt=True, tokenize=True,
-                                                  return_dict=False)
-    return {"prompt_token_ids": list(ids)}
+def _prompt(name: str, index: int) -> str:
+    """Short plain prompts: prefill is most of this test's cost otherwise."""
+    return f"{SUBJECTS[index % len(SUBJECTS)]} as {name} #{index}:"
 
 
 def test_every_output_satisfies_its_constraint(llm: LLM) -> None:
@@ -101,7 +97,7 @@ def test_every_output_satisfies_its_constraint(llm: LLM) -> None:
     for name, (constraint, _) in CASES.items():
         for i in range(PER_CONSTRAINT):
             greedy = i < GREEDY_PER_CONSTRAINT
-            prompts.append(_prompt(llm, name, i))
+            prompts.append(_prompt(name, i))
             params.append(SamplingParams(temperature=0.0 if greedy else 1.0,
                                          seed=None if greedy else seed + i,
                                          max_tokens=MAX_TOKENS, structured_outputs=constraint))
