@@ -312,8 +312,8 @@ class Scheduler:
 
     def _advance_grammar(self, request: Request, new_token_ids: list[int]) -> None:
         """Feed the new tokens to the request's grammar. A complete grammar finishes the
-        request; a token it rejects (only possible if its grammar failed to compile) aborts
-        it."""
+        request; a token it rejects aborts it (possible only when the grammar failed to
+        compile, or other settings, e.g. min_tokens, left the bitmask no token to allow)."""
         if self.structured_output is None or not new_token_ids:
             return
         request_id = request.request_id
