@@ -205,6 +205,7 @@ class ChatCompletionRequest(SamplingRequest):
     # "auto" (OpenAI's default with tools) would need a parser of free-form tool calls;
     # "required" and a named function constrain the output to the tools' schemas instead.
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True  # False: "required" makes exactly one call
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:

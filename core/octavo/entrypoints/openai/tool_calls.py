@@ -29,15 +29,21 @@ def tool_call_constraint(request: ChatCompletionRequest) -> StructuredOutputsPar
         return None
     if isinstance(request.tool_choice, NamedToolChoice):
         return StructuredOutputsParams(json=tools[0].parameters)
-    return StructuredOutputsParams(json=required_calls_schema(tools))
+    return StructuredOutputsParams(
+        json=required_calls_schema(tools, parallel=request.parallel_tool_calls))
 
 
-def required_calls_schema(tools: list[FunctionDefinition]) -> dict[str, object]:
+def required_calls_schema(tools: list[FunctionDefinition], parallel: bool,
+                          ) -> dict[str, object]:
+    """An array of one call (several when ``parallel``), each of one of ``tools``."""
     calls = [{"type": "object",
               "properties": {"name": {"type": "string", "enum": [tool.name]},
                              "parameters": tool.parameters},
               "required": ["name", "parameters"]} for tool in tools]
-    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    schema: dict[str, object] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
 
 
 def new_call_id() -> str:
