@@ -54,8 +54,11 @@ CASES: list[tuple[str, str, Any, int, str | None, str]] = [
      "messages.0.role", "user"),
     ("chat-top-logprobs-alone", CHAT, {"messages": USER, "top_logprobs": 2}, 400, None,
      "logprobs"),
-    ("chat-tools", CHAT, {"messages": USER, "tools": [{"type": "function"}]}, 400, None,
-     "tools"),
+    ("chat-tool-without-function", CHAT, {"messages": USER, "tools": [{"type": "function"}]},
+     400, "tools.0.function", "required"),
+    ("chat-tools-auto", CHAT, {"messages": USER, "tools": [
+        {"type": "function", "function": {"name": "f"}}]}, 400, None,
+     'tool_choice "auto" is not supported'),
     ("chat-unknown-model", CHAT, {"messages": USER, "model": "nope"}, 404, "model",
      "does not exist"),
     ("chat-beyond-context", CHAT, {"messages": USER, "max_completion_tokens": 5000}, 400,

@@ -11,6 +11,7 @@ from typing import Any
 from octavo.bench.datasets import BenchRequest
 from octavo.bench.offline import generate, warm_up
 from octavo.engine.llm import LLM
+from octavo.structured.params import StructuredOutputsParams
 
 
 @dataclass
@@ -47,10 +48,12 @@ class ThroughputResult:
                 "prefix_cache_hit_rate": self.prefix_cache_hit_rate}
 
 
-def run_throughput(llm: LLM, requests: list[BenchRequest]) -> ThroughputResult:
-    warm_up(llm)
+def run_throughput(llm: LLM, requests: list[BenchRequest],
+                   structured: StructuredOutputsParams | None = None) -> ThroughputResult:
+    """With ``structured``, every request is guided by it (to measure that overhead)."""
+    warm_up(llm, structured)
     start = time.perf_counter()
-    outputs = generate(llm, requests)
+    outputs = generate(llm, requests, structured=structured)
     elapsed = time.perf_counter() - start
     return ThroughputResult(
         num_requests=len(requests),

@@ -8,6 +8,7 @@ offline ``LLM`` drives it in-process; the server drives it in its own process.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from octavo.config import ConfigError, EngineConfig
 from octavo.models.loader import ModelFiles
@@ -15,6 +16,7 @@ from octavo.platforms import Platform
 from octavo.plugins import get_registries
 from octavo.sched.engine_output import EngineCoreOutput
 from octavo.sched.request import Request, RequestStatus
+from octavo.structured.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +33,9 @@ class EngineCore:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         scheduler_cls = get_registries().schedulers.get("default")
-        self.scheduler = scheduler_cls(sched_config)
+        self.structured_output = StructuredOutputManager(
+            files.tokenizer, int(files.hf_config["vocab_size"]), eos_token_ids(files.hf_config))
+        self.scheduler = scheduler_cls(sched_config, structured_output=self.structured_output)
         block_tokens = num_blocks * config.cache.block_size
         logger.info("KV cache: %d blocks of %d tokens (%d tokens); max concurrency at "
                     "max_model_len=%d: %.2fx", num_blocks, config.cache.block_size,
@@ -55,3 +59,9 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         runner_output = self.worker.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+
+def eos_token_ids(hf_config: dict[str, Any]) -> list[int]:
+    """The model's EOS ids (``eos_token_id`` is one id or a list in HF configs)."""
+    eos = hf_config.get("eos_token_id")
+    return [] if eos is None else list(eos) if isinstance(eos, list) else [eos]

@@ -12,6 +12,7 @@ from typing import Any
 
 from octavo.sample.params import SamplingParams
 from octavo.sched.request import Request
+from octavo.structured.params import StructuredOutputsParams
 
 # A prompt: text, token ids, or vLLM's dict forms {"prompt": str} / {"prompt_token_ids": [...]}.
 PromptType = str | list[int] | dict[str, Any]
@@ -80,6 +81,8 @@ class Processor:
         params.update_from_tokenizer(self.tokenizer)
         from octavo.sample.metadata import check_token_ids  # torch: not before spawning
 
+        if params.structured_outputs is not None:
+            check_structured(params.structured_outputs)
         try:
             check_token_ids(0, params, self.vocab_size)
         except ValueError as exc:
@@ -100,3 +103,13 @@ class Processor:
         return Request(request_id=request_id, prompt_token_ids=list(prompt.prompt_token_ids),
                        sampling_params=params, arrival_time=arrival, priority=priority,
                        eos_token_id=self.eos_token_id)
+
+
+def check_structured(params: StructuredOutputsParams) -> None:
+    """Reject a malformed schema, regex or grammar here, before it reaches the engine core."""
+    from octavo.structured.grammar import validate  # imports xgrammar: only when needed
+
+    try:
+        validate(params)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None

@@ -150,9 +150,12 @@ def latency(input_len: int, output_len: int, batch_size: int, num_iters_warmup: 
 
 @bench.command()
 @dataset_options
+@click.option("--json-schema", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Guide every request with this JSON schema (a .json file), to measure the "
+                   "overhead of guided decoding. A request also ends when its JSON is complete.")
 @click.option("--output-json", default=None, help="Write the results here as JSON.")
 @engine_options
-def throughput(output_json: str | None, **kwargs: Any) -> None:
+def throughput(json_schema: str | None, output_json: str | None, **kwargs: Any) -> None:
     """Submit every request at once and measure requests and tokens per second."""
     from octavo.bench.report import throughput_table
     from octavo.bench.throughput import run_throughput
@@ -160,11 +163,27 @@ def throughput(output_json: str | None, **kwargs: Any) -> None:
     options = pop_dataset_options(kwargs, kwargs["seed"])
     with usage_errors():
         options.check()
+        structured = load_json_schema(json_schema) if json_schema else None
         llm = make_llm(kwargs)
         requests = build_requests(options, llm.get_tokenizer())
-        result = run_throughput(llm, requests)
+        result = run_throughput(llm, requests, structured)
     report(throughput_table(result), output_json,
-           {"workload": options.workload, "dataset": options.dataset_name, **result.to_json()})
+           {"workload": options.workload, "dataset": options.dataset_name,
+            "json_schema": json_schema, **result.to_json()})
+
+
+def load_json_schema(path: str) -> Any:
+    """``--json-schema``'s file as the constraint of every request, checked before the model
+    loads."""
+    from octavo.structured.grammar import validate
+    from octavo.structured.params import StructuredOutputsParams
+
+    try:
+        structured = StructuredOutputsParams(json=Path(path).read_text())
+        validate(structured)
+        return structured
+    except ValueError as exc:
+        raise ValueError(f"--json-schema {path}: {exc}") from None
 
 
 @bench.command("serve", context_settings={"allow_extra_args": True})

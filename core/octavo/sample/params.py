@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol
 
+from octavo.structured.params import StructuredOutputsParams
+
 
 class SamplingType(IntEnum):
     GREEDY = 0
@@ -48,6 +50,8 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    # Guided decoding: the output must match this JSON schema, regex, choice or grammar.
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled from ``bad_words`` by ``update_from_tokenizer`` (the engine's Processor does it);
     # the sampler bans these token sequences. Private as in vLLM: users set ``bad_words``.
     _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False)
@@ -59,6 +63,8 @@ class SamplingParams:
             self.top_k = 0
         if self.logit_bias is not None:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self._validate()
 
     def _validate(self) -> None:
@@ -95,6 +101,11 @@ class SamplingParams:
         if self.temperature < _GREEDY_EPS:
             return SamplingType.GREEDY
         return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def structured(self) -> StructuredOutputsParams | None:
+        """The output constraint, if any (``structured_outputs``, vLLM's field name)."""
+        return self.structured_outputs
 
     @property
     def all_stop_token_ids(self) -> set[int]:

@@ -15,6 +15,7 @@ from octavo.spec.stats import SpecDecodingStats
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"  # a KV connector is loading its prompt
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"  # its grammar is compiling; others go first
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED_STOPPED = "stop"

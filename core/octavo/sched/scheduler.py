@@ -26,6 +26,7 @@ import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from octavo.kv.block import KVBlock
 from octavo.kv_transfer.base import KVConnectorRole
@@ -53,6 +54,11 @@ from octavo.spec.scheduling import SpecScheduling
 
 logger = logging.getLogger(__name__)
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from octavo.structured.manager import StructuredOutputManager
+
 
 @dataclass
 class _Step:
@@ -67,8 +73,11 @@ class _Step:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig,
+                 structured_output: StructuredOutputManager | None = None) -> None:
         self.config = config
+        # Grammars of guided decoding; None: the engine takes no constrained requests.
+        self.structured_output = structured_output
         registries = get_registries()
         self.policy = registries.scheduling_policies.get(config.policy)()
         kv_manager_cls = registries.kv_managers.get(config.kv_manager)
@@ -100,6 +109,8 @@ class Scheduler:
                 f"request {request_id!r}: the prompt has {request.num_prompt_tokens} tokens; "
                 f"it must have between 1 and max_model_len ({self.config.max_model_len})"
             )
+        if request.sampling_params.structured_outputs is not None:
+            self._add_structured(request)
         request.events.append(EngineCoreEvent.now(EngineCoreEventType.QUEUED))
         self.requests[request_id] = request
         bisect.insort(self.waiting, request, key=self.policy.sort_key)
@@ -109,6 +120,7 @@ class Scheduler:
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_waiting(step)
+        grammar_ids, grammar_bitmask = self._grammar_bitmask(step)
         output = SchedulerOutput(
             scheduled_new_reqs=step.new_reqs,
             scheduled_cached_reqs=step.cached_reqs,
@@ -117,6 +129,8 @@ class Scheduler:
             finished_req_ids=self.finished_req_ids,
             scheduled_spec_decode_tokens=step.spec_tokens,
             trimmed_block_tables=self.spec.take_trimmed() if self.spec else {},
+            structured_output_request_ids=grammar_ids,
+            grammar_bitmask=grammar_bitmask,
         )
         if self.connector is not None:
             output.kv_connector_metadata = self.connector.build_connector_meta(output)
@@ -143,6 +157,7 @@ class Scheduler:
             if self.spec:
                 self.spec.roll_back(request, scheduler_output, token_ids)
             new_token_ids = self._append_tokens(request, token_ids)
+            self._advance_grammar(request, new_token_ids)
             if self.spec and not request.is_finished:
                 self.spec.after_update(request, model_runner_output, index.get(request_id))
             logprobs = model_runner_output.logprobs.get(request_id)
@@ -243,7 +258,9 @@ class Scheduler:
     def _schedule_waiting(self, step: _Step) -> None:
         while (self.waiting and step.token_budget > 0
                and len(self.running) < self.config.max_num_seqs):
-            request = self.waiting[0]
+            request = self._next_waiting()
+            if request is None:
+                break  # every waiting request waits for its grammar
             if self.connector is not None and self.kv_manager.get_block_ids(request.request_id):
                 hit_blocks, num_hit_tokens = [], request.num_computed_tokens  # back from a load
             else:
@@ -260,7 +277,7 @@ class Scheduler:
             if self.kv_manager.allocate_slots(request, num_new_tokens, hit_blocks,
                                               num_lookahead_tokens=lookahead) is None:
                 break  # keep policy order: nothing behind it jumps the queue
-            self.waiting.pop(0)
+            self.waiting.remove(request)
             if request.status is RequestStatus.WAITING:  # not a preempted one coming back
                 request.num_cached_tokens = num_hit_tokens
             request.num_computed_tokens = num_hit_tokens
@@ -289,7 +306,7 @@ class Scheduler:
         if self.kv_manager.allocate_slots(request, num_external, hit_blocks,
                                           delay_cache_blocks=True) is None:
             return None
-        self.waiting.pop(0)
+        self.waiting.remove(request)
         request.num_computed_tokens = num_hit_tokens
         request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         self.loading[request.request_id] = (request, num_hit_tokens + num_external)
@@ -367,6 +384,50 @@ class Scheduler:
         self._free_finished(request)
         del self.requests[request.request_id]
         self.finished_req_ids.add(request.request_id)
+        if self.structured_output is not None:
+            self.structured_output.remove_request(request.request_id)
+
+    # -- guided decoding ----------------------------------------------------------------
+    def _add_structured(self, request: Request) -> None:
+        """Start compiling the request's grammar; it waits until the grammar is ready."""
+        if self.structured_output is None:
+            raise ValueError(f"request {request.request_id!r} asks for structured outputs, "
+                             "which this scheduler was built without")
+        params = request.sampling_params.structured_outputs
+        assert params is not None
+        self.structured_output.add_request(request.request_id, params)
+        request.status = RequestStatus.WAITING_FOR_GRAMMAR
+
+    def _next_waiting(self) -> Request | None:
+        """The first waiting request in policy order that can start: those whose grammar
+        is still compiling are passed over, so they hold up nobody."""
+        for request in self.waiting:
+            if request.status is not RequestStatus.WAITING_FOR_GRAMMAR:
+                return request
+            assert self.structured_output is not None
+            if self.structured_output.grammar_ready(request.request_id):
+                request.status = RequestStatus.WAITING
+                return request
+        return None
+
+    def _grammar_bitmask(self, step: _Step) -> tuple[list[str], np.ndarray | None]:
+        if self.structured_output is None:
+            return [], None
+        return self.structured_output.grammar_bitmask(
+            self.requests[request_id] for request_id in step.num_scheduled_tokens)
+
+    def _advance_grammar(self, request: Request, new_token_ids: list[int]) -> None:
+        """Feed the new tokens to the request's grammar. A complete grammar finishes the
+        request; a token it rejects aborts it (possible only when the grammar failed to
+        compile, or other settings, e.g. min_tokens, left the bitmask no token to allow)."""
+        if self.structured_output is None or not new_token_ids:
+            return
+        request_id = request.request_id
+        if not self.structured_output.accept_tokens(request_id, new_token_ids):
+            if not request.is_finished:
+                self._finish(request, RequestStatus.FINISHED_ABORTED)
+        elif self.structured_output.is_terminated(request_id) and not request.is_finished:
+            self._finish(request, RequestStatus.FINISHED_STOPPED)
 
     def _free_finished(self, request: Request) -> None:
         """Free a finished request's blocks - unless the connector is still saving its KV

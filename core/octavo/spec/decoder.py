@@ -10,7 +10,8 @@ Exactness with the request's sampling settings: position ``j`` of a request is p
 as if ``d_1..d_j`` were already its output (``output_token_ids`` extended per position),
 so penalties, bad words and min_tokens see exactly what the plain sampler would have seen.
 Requests that ask for ``logprobs`` do not speculate: their per-token logprobs would have to
-be gathered for every accepted position, which the plain sampler path already does.
+be gathered for every accepted position, which the plain sampler path already does. Nor do
+guided (structured-output) requests: their grammar bitmask covers one position per step.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 def can_speculate(params: SamplingParams) -> bool:
     """Whether a request may get drafts (see the module docstring)."""
-    return params.logprobs is None
+    return params.logprobs is None and params.structured_outputs is None
 
 
 class SpecDecoder:

@@ -12,6 +12,7 @@ import torch
 from octavo.attention import AttentionBackend
 from octavo.kv_transfer.worker_side import WorkerKVTransfer
 from octavo.models.base import CausalLM
+from octavo.sample.bitmask import apply_grammar_bitmask, grammar_rows
 from octavo.sample.logprobs import compute_prompt_logprobs
 from octavo.sample.metadata import (
     SamplingArrays,
@@ -106,6 +107,7 @@ class ModelRunner:
         logprobs: dict[str, LogprobsLists] = {}
         if len(sample_rows):
             logits = self.model.compute_logits(hidden[logits_indices])
+            self._apply_grammar(logits, sample_rows, scheduler_output)
             out = self.sampler(logits, self._sampling_metadata(sample_rows))
             self._record_samples(sample_mask, sample_rows, out, sampled, logprobs)
         if drafts:
@@ -164,6 +166,15 @@ class ModelRunner:
                 logprobs[req_id] = LogprobsLists(lists.token_ids[i : i + 1, : n + 1],
                                                  lists.logprobs[i : i + 1, : n + 1],
                                                  lists.ranks[i : i + 1])
+
+    def _apply_grammar(self, logits: torch.Tensor, sample_rows: np.ndarray,
+                       so: SchedulerOutput) -> None:
+        """Forbid, in each constrained request's row, the tokens its grammar rejects."""
+        if so.grammar_bitmask is None:
+            return
+        logits_req_ids = [self.batch.req_ids[r] for r in sample_rows.tolist()]
+        mask_rows, logits_rows = grammar_rows(logits_req_ids, so.structured_output_request_ids)
+        apply_grammar_bitmask(logits, so.grammar_bitmask[mask_rows], logits_rows)
 
     # -- persistent batch ---------------------------------------------------------------
     def _update_states(self, so: SchedulerOutput) -> None:

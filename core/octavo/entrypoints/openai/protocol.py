@@ -1,10 +1,11 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic), in OpenAI's shapes.
 
 Requests take OpenAI's fields plus vLLM's common sampling extensions (``top_k``, ``min_p``,
-``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``priority``). Ranges are checked
-here, so an out-of-range value is a 400 that names the field. A field this server does not
-implement (``best_of``, ``tools``, ...) is rejected rather than silently ignored, unless it
-is null: some clients send every field, null when unused.
+``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``priority``) and guided decoding
+extensions (``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``).
+Ranges are checked here, so an out-of-range value is a 400 that names the field. A field
+this server does not implement (``best_of``, ``audio``, ...) is rejected rather than
+silently ignored, unless it is null: some clients send every field, null when unused.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from octavo.structured.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20  # as OpenAI and vLLM's default max_logprobs
 
@@ -31,6 +34,26 @@ class OpenAIRequest(BaseModel):
 
 class StreamOptions(OpenAIRequest):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(OpenAIRequest):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")  # "schema" would shadow BaseModel's
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIRequest):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with (and only with) type json_schema")
+        return self
 
 
 class SamplingRequest(OpenAIRequest):
@@ -55,6 +78,38 @@ class SamplingRequest(OpenAIRequest):
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     priority: int = 0  # lower is served first (with --scheduling-policy priority)
+    # Guided decoding: OpenAI's response_format, or one of vLLM's guided_* extensions.
+    response_format: ResponseFormat | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    def structured_outputs(self) -> StructuredOutputsParams | None:
+        """The output constraint the request asks for, if any; ``ValueError`` when it asks
+        for several or one is malformed (its schema, regex or grammar is checked later)."""
+        given = {name: value for name, value in (
+            ("guided_json", self.guided_json), ("guided_regex", self.guided_regex),
+            ("guided_choice", self.guided_choice), ("guided_grammar", self.guided_grammar),
+            ("response_format", self.response_format)) if value is not None}
+        if self.response_format is not None and self.response_format.type == "text":
+            del given["response_format"]
+        if len(given) > 1:
+            raise ValueError(f"give at most one output constraint, got {', '.join(given)}")
+        if self.guided_json is not None:
+            return StructuredOutputsParams(json=self.guided_json)
+        if self.guided_regex is not None:
+            return StructuredOutputsParams(regex=self.guided_regex)
+        if self.guided_choice is not None:
+            return StructuredOutputsParams(choice=self.guided_choice)
+        if self.guided_grammar is not None:
+            return StructuredOutputsParams(grammar=self.guided_grammar)
+        if "response_format" not in given:
+            return None
+        assert self.response_format is not None
+        if self.response_format.json_schema is not None:
+            return StructuredOutputsParams(json=self.response_format.json_schema.json_schema)
+        return StructuredOutputsParams(json_object=True)
 
     @model_validator(mode="after")
     def _check_sampling(self) -> SamplingRequest:
@@ -85,20 +140,59 @@ class TextPart(OpenAIRequest):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIRequest):
     # "developer" is OpenAI's newer name for "system".
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's reply: to which call
 
-    def template_dict(self) -> dict[str, str]:
+    def template_dict(self) -> dict[str, Any]:
         """The message as a chat template expects it."""
         if isinstance(self.content, list):
             content = "\n".join(part.text for part in self.content)
         else:
             content = self.content or ""
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content}
+        message: dict[str, Any] = {"role": role, "content": content}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class FunctionDefinition(OpenAIRequest):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    strict: bool | None = None
+
+
+class ChatTool(OpenAIRequest):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(OpenAIRequest):
+    name: str
+
+
+class NamedToolChoice(OpenAIRequest):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -107,12 +201,43 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[ChatTool] | None = None
+    # "auto" (OpenAI's default with tools) would need a parser of free-form tool calls;
+    # "required" and a named function constrain the output to the tools' schemas instead.
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True  # False: "required" makes exactly one call
 
     @model_validator(mode="after")
     def _check_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs set to true")
         return self
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> ChatCompletionRequest:
+        choice = self.tool_choice
+        if not self.tools:
+            if choice is not None and choice != "none":
+                raise ValueError("tool_choice needs tools")
+            return self
+        if choice is None or choice == "auto":
+            raise ValueError('tool_choice "auto" is not supported: use "required", "none" '
+                             "or a named function")
+        names = [tool.function.name for tool in self.tools]
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names the function {choice.function.name!r}, "
+                             f"which is not among the tools ({', '.join(names)})")
+        return self
+
+    @property
+    def forced_tools(self) -> list[FunctionDefinition]:
+        """The functions the reply must call one or more of (empty: a normal reply)."""
+        if not self.tools or self.tool_choice == "none":
+            return []
+        if isinstance(self.tool_choice, NamedToolChoice):
+            name = self.tool_choice.function.name
+            return [t.function for t in self.tools if t.function.name == name]
+        return [t.function for t in self.tools]
 
 
 class TokenizeRequest(OpenAIRequest):
@@ -189,7 +314,8 @@ class ChatLogprobs(BaseModel):
 
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -209,9 +335,22 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(BaseModel):

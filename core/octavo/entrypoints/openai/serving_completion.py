@@ -38,7 +38,8 @@ class OpenAIServingCompletion(OpenAIServing):
         self.check_model(request.model)
         prompts = prompt_list(request.prompt)
         self.check_capacity()
-        params = self.sampling_params(request, request.max_tokens, request.logprobs)
+        params = self.sampling_params(request, request.max_tokens, request.logprobs,
+                                      self.output_constraint(request))
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = self.start(request_id, prompts, params, request.priority)
         if request.stream:

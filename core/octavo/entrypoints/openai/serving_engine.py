@@ -20,6 +20,7 @@ from octavo.entrypoints.openai.errors import OpenAIError
 from octavo.entrypoints.openai.protocol import SamplingRequest, UsageInfo
 from octavo.entrypoints.openai.settings import ServerSettings
 from octavo.sample.params import SamplingParams
+from octavo.structured.params import StructuredOutputsParams
 
 T = TypeVar("T")
 SSE_DONE = "data: [DONE]\n\n"
@@ -53,7 +54,9 @@ class OpenAIServing:
                               headers={"Retry-After": str(self.settings.retry_after_s)})
 
     def sampling_params(self, request: SamplingRequest, max_tokens: int | None,
-                        logprobs: int | None) -> SamplingParams:
+                        logprobs: int | None,
+                        structured_outputs: StructuredOutputsParams | None = None,
+                        ) -> SamplingParams:
         try:
             return SamplingParams(
                 n=request.n, temperature=request.temperature, top_p=request.top_p,
@@ -63,7 +66,17 @@ class OpenAIServing:
                 frequency_penalty=request.frequency_penalty,
                 repetition_penalty=request.repetition_penalty, max_tokens=max_tokens,
                 min_tokens=request.min_tokens, ignore_eos=request.ignore_eos,
-                logprobs=logprobs, logit_bias=self._logit_bias(request.logit_bias))
+                logprobs=logprobs, logit_bias=self._logit_bias(request.logit_bias),
+                structured_outputs=structured_outputs)
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc)) from None
+
+    @staticmethod
+    def output_constraint(request: SamplingRequest) -> StructuredOutputsParams | None:
+        """The request's response_format or guided_* constraint (400 when malformed; the
+        engine's Processor then checks the schema, regex or grammar itself)."""
+        try:
+            return request.structured_outputs()
         except ValueError as exc:
             raise OpenAIError(400, str(exc)) from None
 
