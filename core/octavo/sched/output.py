@@ -85,6 +85,9 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, LogprobsLists] = field(default_factory=dict)
     # The KV connector's report of this step; None without a connector.
     kv_connector_output: KVConnectorOutput | None = None
+    # For each request in ``req_ids`` order: drafts proposed for the next step (speculative
+    # decoding; empty when off).
+    spec_token_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
@@ -94,6 +97,3 @@ class KVConnectorOutput:
     finished_sending: set[str] = field(default_factory=set)  # KV saved: blocks may be freed
     finished_recving: set[str] = field(default_factory=set)  # load done (or failed)
     failed_recving: set[str] = field(default_factory=set)  # load failed: recompute the prompt
-    # For each request in ``req_ids`` order: drafts proposed for the next step (speculative
-    # decoding; empty when off).
-    spec_token_ids: list[list[int]] = field(default_factory=list)
