@@ -9,6 +9,7 @@ from transformers import AutoTokenizer
 
 from octavo.models.loader import ModelFiles, ModelLoadError, default_model_path, load_model_files
 from octavo.models.loader import default_model as default_model_module
+from octavo.models.loader.gguf_metadata import GgufFile
 
 TEXTS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",
@@ -75,7 +76,7 @@ def test_tokenizer_matches_transformers_and_gguf_vocabulary(
     files: ModelFiles, reference_tokenizer
 ) -> None:
     tokenizer, ref = files.tokenizer, reference_tokenizer
-    vocabulary = files.weights.gguf.get("tokenizer.ggml.tokens")
+    vocabulary = GgufFile(files.source).get("tokenizer.ggml.tokens")
     assert tokenizer.is_fast
     for text in TEXTS:
         ids = tokenizer.encode(text, add_special_tokens=False)
@@ -87,7 +88,7 @@ def test_tokenizer_matches_transformers_and_gguf_vocabulary(
 
 
 def test_chat_template_is_the_gguf_one(files: ModelFiles) -> None:
-    template = files.weights.gguf.get("tokenizer.chat_template")
+    template = GgufFile(files.source).get("tokenizer.chat_template")
     assert files.tokenizer.chat_template == template
     prompt = files.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hi there"}], tokenize=False, add_generation_prompt=True
