@@ -30,6 +30,12 @@ def test_served_completions_speculate_and_report(tmp_path: Path) -> None:
             "model": str(tmp_path / "model"), "prompt": prompt, "max_tokens": 32,
             "temperature": 0.0, "ignore_eos": True})
         assert status == 200, body
+        # Whether the random model's own continuation repeats is chance; a request whose
+        # logit_bias makes it repeat one token gets drafts (and acceptances) for certain.
+        status, _, repeating = server.request("POST", "/v1/completions", {
+            "model": str(tmp_path / "model"), "prompt": prompt, "max_tokens": 16,
+            "temperature": 0.0, "ignore_eos": True, "logit_bias": {str(passage[0]): 100}})
+        assert status == 200, repeating
         metrics = server.metrics()
     finally:
         server.stop()
