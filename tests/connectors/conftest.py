@@ -19,25 +19,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ..core.tiny_models import save_tiny_model
+from ..core.tiny_models import TinyModel, fresh_tiny_llama
 
 BLOCK_SIZE = 16
 HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@dataclass
-class TinyModel:
-    folder: Path
-    seed: int  # of its random weights; in assert messages, to reproduce a failure
-
-
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
-    seed = int(np.random.default_rng().integers(1 << 30))
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    save_tiny_model("llama", folder, seed=seed)
-    return TinyModel(folder, seed)
+    return fresh_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @dataclass

@@ -13,8 +13,10 @@ which would hide a norm or bias loaded into the wrong place).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
@@ -111,3 +113,17 @@ def save_tiny_model(arch: str, folder: Path, seed: int) -> PreTrainedModel:
     model.save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
     return model
+
+
+@dataclass
+class TinyModel:
+    folder: Path
+    seed: int  # of its random weights; in assert messages, to reproduce a failure
+
+
+def fresh_tiny_llama(folder: Path) -> TinyModel:
+    """A tiny Llama with freshly drawn random weights, saved to ``folder`` (served or loaded
+    by engines in other processes, hence a folder rather than a model object)."""
+    seed = int(np.random.default_rng().integers(1 << 30))
+    save_tiny_model("llama", folder, seed=seed)
+    return TinyModel(folder, seed)

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from openai import OpenAI
 
-from ..core.tiny_models import save_tiny_model
+from ..core.tiny_models import TinyModel, fresh_tiny_llama
 from .server import API_KEY, Server
 
 TINY_SERVER_ARGS = ["--dtype", "float32", "--kv-cache-memory", "32MiB",
@@ -28,18 +26,9 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@dataclass
-class TinyModel:
-    folder: Path
-    seed: int  # of its random weights; in assert messages, to reproduce a failure
-
-
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
-    seed = int(np.random.default_rng().integers(1 << 30))
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    save_tiny_model("llama", folder, seed=seed)
-    return TinyModel(folder, seed)
+    return fresh_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 
 
 def start_tiny_server(model: TinyModel, log_dir: Path, *args: str) -> Server:

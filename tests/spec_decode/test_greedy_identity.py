@@ -21,18 +21,6 @@ SMALL_KV = dict(max_model_len=160, kv_cache_memory=12 * 16 * 2 * 2 * 2 * 16 * 4,
 
 
 @pytest.fixture(scope="module")
-def seed() -> int:
-    return int(np.random.default_rng().integers(1 << 30))
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory, seed: int) -> Path:
-    folder = tmp_path_factory.mktemp("target")
-    save_tiny_model("llama", folder, seed=seed)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def other_draft(tmp_path_factory: pytest.TempPathFactory, seed: int) -> Path:
     folder = tmp_path_factory.mktemp("draft")
     save_tiny_model("qwen2", folder, seed=seed + 1)  # another architecture, the same vocab

@@ -19,21 +19,9 @@ from octavo_spec_decode.heads_io import HeadCheckpointError
 from octavo_spec_decode.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
 from octavo_spec_decode.train.data import load_target
 from octavo_spec_decode.train.eagle_train import new_eagle_head
-from tests.core.tiny_models import VOCAB_SIZE, save_tiny_model
+from tests.core.tiny_models import VOCAB_SIZE
 
 HIDDEN = 64  # the tiny models' hidden size
-
-
-@pytest.fixture(scope="module")
-def seed() -> int:
-    return int(np.random.default_rng().integers(1 << 30))
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory, seed: int) -> Path:
-    folder = tmp_path_factory.mktemp("target")
-    save_tiny_model("llama", folder, seed=seed)
-    return folder
 
 
 def random_medusa(seed: int, num_heads: int = 3, num_layers: int = 1) -> MedusaHeads:

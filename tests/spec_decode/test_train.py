@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -15,15 +13,8 @@ from octavo_spec_decode.eagle import load_eagle
 from octavo_spec_decode.medusa import load_medusa
 from octavo_spec_decode.train.data import load_target
 from octavo_spec_decode.train.run import TrainOptions, train_heads
-from tests.core.tiny_models import VOCAB_SIZE, save_tiny_model
+from tests.core.tiny_models import VOCAB_SIZE
 from tests.helpers import run_octavo
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("target")
-    save_tiny_model("llama", folder, seed=int(np.random.default_rng().integers(1 << 30)))
-    return folder
 
 
 def train(method: str, target: Path, out: Path) -> str:

@@ -1,0 +1,23 @@
+"""Fixtures the speculative-decoding tests share: a fresh seed per module and a tiny random
+Llama target built from it (print the seed in assert messages to reproduce a failure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.core.tiny_models import save_tiny_model
+
+
+@pytest.fixture(scope="module")
+def seed() -> int:
+    return int(np.random.default_rng().integers(1 << 30))
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory, seed: int) -> Path:
+    folder = tmp_path_factory.mktemp("target")
+    save_tiny_model("llama", folder, seed=seed)
+    return folder
