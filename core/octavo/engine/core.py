@@ -8,9 +8,9 @@ offline ``LLM`` drives it in-process; the server drives it in its own process.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from octavo.config import ConfigError, EngineConfig
+from octavo.models.config import eos_token_ids
 from octavo.models.loader import ModelFiles
 from octavo.platforms import Platform
 from octavo.plugins import get_registries
@@ -59,9 +59,3 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         runner_output = self.worker.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
-
-
-def eos_token_ids(hf_config: dict[str, Any]) -> list[int]:
-    """The model's EOS ids (``eos_token_id`` is one id or a list in HF configs)."""
-    eos = hf_config.get("eos_token_id")
-    return [] if eos is None else list(eos) if isinstance(eos, list) else [eos]

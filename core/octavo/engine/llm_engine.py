@@ -13,6 +13,7 @@ from octavo.engine.core import EngineCore
 from octavo.engine.output_processor import OutputProcessor
 from octavo.engine.outputs import RequestOutput
 from octavo.engine.processor import Processor, PromptType
+from octavo.models.config import eos_token_ids
 from octavo.models.loader import ModelFiles, load_model_files
 from octavo.platforms import resolve_platform
 from octavo.sample.params import SamplingParams
@@ -34,9 +35,9 @@ def resolve_max_model_len(config: EngineConfig, files: ModelFiles) -> int:
 
 def build_processor(tokenizer: Any, hf_config: dict[str, Any], max_model_len: int) -> Processor:
     """The ``Processor`` of a model, from its tokenizer and HF config (vocabulary, EOS)."""
-    eos = hf_config.get("eos_token_id")
+    eos = eos_token_ids(hf_config)
     return Processor(tokenizer, max_model_len, int(hf_config["vocab_size"]),
-                     eos[0] if isinstance(eos, list) else eos)
+                     eos[0] if eos else None)
 
 
 class LLMEngine:

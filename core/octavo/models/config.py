@@ -148,3 +148,9 @@ def _sliding_windows(reader: _Reader, num_layers: int) -> tuple[int | None, ...]
         first = reader.optional("max_window_layers", 0)
         return tuple(window if layer >= first else None for layer in range(num_layers))
     return (window,) * num_layers
+
+
+def eos_token_ids(hf_config: dict[str, Any]) -> list[int]:
+    """The model's EOS ids (``eos_token_id`` is one id or a list in HF configs)."""
+    eos = hf_config.get("eos_token_id")
+    return [] if eos is None else list(eos) if isinstance(eos, list) else [eos]

@@ -10,6 +10,7 @@ from octavo.kv_transfer.base import KVConnectorRole
 from octavo.kv_transfer.factory import make_connector
 from octavo.kv_transfer.worker_side import WorkerKVTransfer
 from octavo.models.build import build_model
+from octavo.models.config import eos_token_ids
 from octavo.models.loader import ModelFiles
 from octavo.platforms import Platform
 from octavo.plugins import get_registries
@@ -39,15 +40,13 @@ class Worker:
         backend_name = config.attention_backend or platform.attention_backend
         attn_backend = get_registries().attention_backends.get(backend_name)
         model = build_model(files, dtype, attn_backend, device=self.device)
-        eos = files.hf_config.get("eos_token_id")
-        eos_ids = frozenset(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self.runner = self.runner_class(
             model, attn_backend,
             block_size=config.cache.block_size,
             max_num_reqs=config.max_num_seqs,
             max_model_len=max_model_len,
             vocab_size=int(files.hf_config["vocab_size"]),
-            eos_token_ids=eos_ids,
+            eos_token_ids=frozenset(eos_token_ids(files.hf_config)),
             device=self.device,
             speculative_config=config.speculative_config,
         )
