@@ -90,7 +90,7 @@ class SpecDecoder:
 
         outputs = [batch.states[req_id].output_token_ids + d[:j]
                    for req_id, d in zip(req_ids, draft_lists) for j in range(len(d) + 1)]
-        metadata = runner._sampling_metadata(np.repeat(rows, counts), output_token_ids=outputs)
+        metadata = runner.sampling_metadata(np.repeat(rows, counts), output_token_ids=outputs)
         logits = logits.to(torch.float32, copy=True)
         logits = apply_penalties(apply_logits_processors(logits, metadata), metadata)
         flat_argmax = logits.argmax(dim=-1)

@@ -108,7 +108,7 @@ class ModelRunner:
         if len(sample_rows):
             logits = self.model.compute_logits(hidden[logits_indices])
             self._apply_grammar(logits, sample_rows, scheduler_output)
-            out = self.sampler(logits, self._sampling_metadata(sample_rows))
+            out = self.sampler(logits, self.sampling_metadata(sample_rows))
             self._record_samples(sample_mask, sample_rows, out, sampled, logprobs)
         if drafts:
             assert self.spec is not None, "drafts were scheduled without a proposer"
@@ -207,9 +207,10 @@ class ModelRunner:
         self.batch.add(state, new.num_computed_tokens)
 
     # -- sampling -----------------------------------------------------------------------
-    def _sampling_metadata(self, rows: np.ndarray,
-                           output_token_ids: list[list[int]] | None = None) -> SamplingMetadata:
-        """``output_token_ids`` overrides the rows' outputs (drafts being verified)."""
+    def sampling_metadata(self, rows: np.ndarray,
+                          output_token_ids: list[list[int]] | None = None) -> SamplingMetadata:
+        """The sampling settings of batch ``rows``; public for the speculative verifier,
+        whose ``output_token_ids`` override the rows' outputs (drafts being verified)."""
         states = [self.batch.states[self.batch.req_ids[r]] for r in rows.tolist()]
         params = [s.sampling_params for s in states]
         arrays = SamplingArrays(**{f.name: getattr(self.batch.sampling, f.name)[rows]
