@@ -11,8 +11,10 @@ from safetensors.torch import load_file
 from octavo.attention.torch_backend import TorchAttentionBackend
 from octavo_spec_decode.eagle import load_eagle
 from octavo_spec_decode.medusa import load_medusa
-from octavo_spec_decode.train.data import load_target
+from octavo_spec_decode.train.data import add_features, generate_text, load_target
+from octavo_spec_decode.train.prompts import training_prompts
 from octavo_spec_decode.train.run import TrainOptions, train_heads
+from octavo_spec_decode.train.targets import label_tokens
 from tests.core.tiny_models import VOCAB_SIZE
 from tests.helpers import run_octavo
 
@@ -53,3 +55,20 @@ def test_medusa_training_is_deterministic_and_loads(target: Path, tmp_path: Path
     assert first.keys() == second.keys()
     for name in first:
         assert torch.equal(first[name], second[name]), name
+
+
+def test_labels_are_the_targets_greedy_picks(target: Path) -> None:
+    """On a greedy reply the recorded picks are the reply itself (the dense feature pass
+    agrees with the engine); a sampled reply keeps the greedy picks as its labels."""
+    model = load_target(str(target))[0]
+    prompts = training_prompts()[:4]
+    sequences = generate_text(str(target), prompts, max_tokens=10, seed=5,
+                              samples_per_prompt=1)
+    assert len(sequences) == 2 * len(prompts)  # greedy replies first, then sampled ones
+    add_features(model, sequences)
+    for seq in sequences[:len(prompts)]:
+        start = seq.num_prompt_tokens
+        assert torch.equal(seq.next_tokens[start - 1:-1], seq.token_ids[start:])
+    for seq in sequences:
+        labels = label_tokens(seq, 2)
+        assert torch.equal(labels[:-1], seq.next_tokens[1:])

@@ -27,9 +27,11 @@ def spec() -> None:
               show_default=True, help="Medusa heads = most drafts per step (k).")
 @click.option("--steps", type=click.IntRange(1), default=None,
               help="Optimizer steps [default: 400 for medusa, 300 for eagle].")
-@click.option("--prompts", "num_prompts", type=click.IntRange(1), default=128,
-              show_default=True, help="How many built-in training prompts the target answers.")
-@click.option("--max-tokens", type=click.IntRange(1), default=80, show_default=True,
+@click.option("--prompts", "num_prompts", type=click.IntRange(1), default=None,
+              help="How many built-in training prompts the target answers [default: all].")
+@click.option("--samples-per-prompt", type=click.IntRange(0), default=1, show_default=True,
+              help="Sampled replies per prompt (temperature 0.7) besides the greedy one.")
+@click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True,
               help="Length of each generated reply.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--data", type=click.Path(dir_okay=False), default=None,
@@ -38,14 +40,15 @@ def spec() -> None:
 @click.option("--eval/--no-eval", "evaluate", default=True, show_default=True,
               help="Measure tokens per verification step on held-out prompts at the end.")
 def train(method: str, model: str | None, out: str, num_heads: int, steps: int | None,
-          num_prompts: int, max_tokens: int, seed: int, data: str | None,
-          evaluate: bool) -> None:
+          num_prompts: int | None, samples_per_prompt: int, max_tokens: int, seed: int,
+          data: str | None, evaluate: bool) -> None:
     """Self-distil heads from the target: it answers built-in instructions, its features
     on its own replies are recorded, and the heads learn to predict what it says next."""
     from octavo_spec_decode.train.run import TrainOptions, train_heads
 
     options = TrainOptions(method=method, model=model, out=out, num_heads=num_heads,
-                           steps=steps, num_prompts=num_prompts, max_tokens=max_tokens,
+                           steps=steps, num_prompts=num_prompts,
+                           samples_per_prompt=samples_per_prompt, max_tokens=max_tokens,
                            seed=seed, evaluate=evaluate, data=data)
     report = train_heads(options)
     click.echo(report)

@@ -17,21 +17,35 @@ from octavo_spec_decode.train.dense_attention import DenseCausalBackend, full_se
 
 @dataclass
 class Sequence:
-    """One conversation: the chat-formatted prompt and the target's greedy reply."""
+    """One conversation: the chat-formatted prompt and one of the target's replies."""
 
     token_ids: torch.Tensor  # int64 [L]: prompt + reply
     num_prompt_tokens: int
     features: torch.Tensor | None = None  # [L, hidden]: the target's last hidden states
+    # int64 [L]: the target's greedy token after each position - what the heads learn
+    # (on a greedy reply it is the reply itself; on a sampled one it is what greedy
+    # decoding would have said there).
+    next_tokens: torch.Tensor | None = None
+
+
+SAMPLING_TEMPERATURE = 0.7
 
 
 def generate_text(model: str | None, prompts: list[str], max_tokens: int, seed: int,
-                  ) -> list[Sequence]:
-    """The target's greedy replies, through Octavo's own engine."""
+                  samples_per_prompt: int = 1) -> list[Sequence]:
+    """The target's greedy reply to each prompt and ``samples_per_prompt`` sampled ones,
+    through Octavo's own engine. Sampled replies multiply the text the heads see (a few
+    hundred prompts give only tens of thousands of greedy tokens) while staying the
+    target's own kind of text; their labels are still its greedy choices."""
     llm = LLM(model=model, dtype="float32", seed=seed)
-    outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts],
-                       SamplingParams(temperature=0.0, max_tokens=max_tokens))
-    return [Sequence(torch.tensor(list(o.prompt_token_ids) + list(o.outputs[0].token_ids)),
-                     len(o.prompt_token_ids)) for o in outputs]
+    conversations = [[{"role": "user", "content": p}] for p in prompts]
+    runs = [SamplingParams(temperature=0.0, max_tokens=max_tokens)]
+    if samples_per_prompt:
+        runs.append(SamplingParams(temperature=SAMPLING_TEMPERATURE, max_tokens=max_tokens,
+                                   n=samples_per_prompt))
+    return [Sequence(torch.tensor(list(o.prompt_token_ids) + list(c.token_ids)),
+                     len(o.prompt_token_ids))
+            for params in runs for o in llm.chat(conversations, params) for c in o.outputs]
 
 
 def load_target(model: str | None) -> tuple[CausalLM, dict]:
@@ -44,7 +58,8 @@ def load_target(model: str | None) -> tuple[CausalLM, dict]:
 @torch.inference_mode()
 def add_features(target: CausalLM, sequences: list[Sequence], batch_tokens: int = 2048,
                  ) -> None:
-    """Fill ``features`` with the target's final hidden states, a few sequences a forward."""
+    """Fill ``features`` (the target's final hidden states) and ``next_tokens`` (its greedy
+    picks), a few sequences a forward."""
     batches: list[list[Sequence]] = [[]]
     for seq in sequences:
         if batches[-1] and sum(len(s.token_ids) for s in batches[-1]) + len(seq.token_ids) \
@@ -57,15 +72,18 @@ def add_features(target: CausalLM, sequences: list[Sequence], batch_tokens: int 
         positions = torch.cat([torch.arange(n) for n in lengths])
         kv_caches = [torch.empty(0)] * target.num_layers
         hidden = target(ids, positions, kv_caches, full_sequence_metadata(lengths, ids.device))
-        for seq, features in zip(batch, hidden.split(lengths)):
+        next_tokens = target.compute_logits(hidden).argmax(-1)
+        for seq, features, picks in zip(batch, hidden.split(lengths),
+                                        next_tokens.split(lengths)):
             seq.features = features.clone()
+            seq.next_tokens = picks.clone()
 
 
 def save_data(path: Path, model: str | None, sequences: list[Sequence]) -> None:
     """Keep text and features, so heads of another kind can train without regenerating."""
     torch.save({"model": model or "", "sequences": [
         {"token_ids": s.token_ids, "num_prompt_tokens": s.num_prompt_tokens,
-         "features": s.features} for s in sequences]}, path)
+         "features": s.features, "next_tokens": s.next_tokens} for s in sequences]}, path)
 
 
 def load_data(path: Path, model: str | None) -> list[Sequence]:
@@ -73,5 +91,8 @@ def load_data(path: Path, model: str | None) -> list[Sequence]:
     if data.get("model") != (model or ""):
         raise ValueError(f"{path}: holds data of model {data.get('model') or 'default'!r}, "
                          f"not {model or 'default'!r}")
-    return [Sequence(s["token_ids"], s["num_prompt_tokens"], s["features"])
+    if any(s.get("next_tokens") is None for s in data["sequences"]):
+        raise ValueError(f"{path}: written by an older `octavo spec train` (no greedy "
+                         f"labels); delete it to regenerate")
+    return [Sequence(s["token_ids"], s["num_prompt_tokens"], s["features"], s["next_tokens"])
             for s in data["sequences"]]

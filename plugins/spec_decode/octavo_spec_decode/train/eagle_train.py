@@ -20,7 +20,7 @@ from octavo.models.base import CausalLM
 from octavo_spec_decode.eagle import EagleHead, head_config
 from octavo_spec_decode.train.data import Sequence
 from octavo_spec_decode.train.dense_attention import DenseCausalBackend, full_sequence_metadata
-from octavo_spec_decode.train.targets import TokenSubset, reply_mask, shifted_tokens
+from octavo_spec_decode.train.targets import TokenSubset, label_tokens, reply_mask
 
 CLS_WEIGHT = 0.1  # the paper's weight of the token loss against the feature loss
 
@@ -52,7 +52,7 @@ class EagleBatch:
             pos.append(torch.arange(n))
             target.append(seq.features[1:])
             label_ok = reply_mask(seq, 2)[:n]
-            labels.append(torch.where(label_ok, subset.index_of[shifted_tokens(seq, 2)[:n]],
+            labels.append(torch.where(label_ok, subset.index_of[label_tokens(seq, 2)[:n]],
                                       -100))
             reg.append(reply_mask(seq, 1)[:n])
             replace.append(reply_mask(seq, 0)[:n])

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from octavo_spec_decode.medusa import MedusaConfig, MedusaHeads
 from octavo_spec_decode.train.data import Sequence
-from octavo_spec_decode.train.targets import TokenSubset, reply_mask, shifted_tokens
+from octavo_spec_decode.train.targets import TokenSubset, label_tokens, reply_mask
 
 
 def medusa_examples(sequences: list[Sequence], num_heads: int, subset: TokenSubset,
@@ -25,7 +25,7 @@ def medusa_examples(sequences: list[Sequence], num_heads: int, subset: TokenSubs
         assert seq.features is not None
         keep = reply_mask(seq, 2)
         features.append(seq.features[keep])
-        heads = [torch.where(reply_mask(seq, 2 + i), subset.index_of[shifted_tokens(seq, 2 + i)],
+        heads = [torch.where(reply_mask(seq, 2 + i), subset.index_of[label_tokens(seq, 2 + i)],
                              -100)[keep] for i in range(num_heads)]
         labels.append(torch.stack(heads, dim=1))
     return torch.cat(features), torch.cat(labels)
@@ -84,6 +84,6 @@ def medusa_accuracy(heads: MedusaHeads, sequences: list[Sequence], lm_head: torc
         drafts = (heads.features(seq.features) @ lm_head.T).argmax(-1)  # [heads, L]
         for i in range(num_heads):
             mask = reply_mask(seq, 2 + i)
-            correct[i] += (drafts[i][mask] == shifted_tokens(seq, 2 + i)[mask]).sum()
+            correct[i] += (drafts[i][mask] == label_tokens(seq, 2 + i)[mask]).sum()
             total[i] += mask.sum()
     return (correct / total.clamp(min=1)).tolist()

@@ -35,8 +35,9 @@ class TrainOptions:
     out: str
     num_heads: int = 3  # Medusa heads; for EAGLE, the k of the final measurement
     steps: int | None = None
-    num_prompts: int = 128
-    max_tokens: int = 80
+    num_prompts: int | None = None  # None: every built-in training prompt
+    samples_per_prompt: int = 1  # sampled replies besides the greedy one
+    max_tokens: int = 160
     seed: int = 0
     evaluate: bool = True
     data: str | None = None  # file of generated text + features: reused if it exists
@@ -78,11 +79,12 @@ def training_data(options: TrainOptions, target: CausalLM) -> list[Sequence]:
     if options.data and Path(options.data).is_file():
         return load_data(Path(options.data), options.model)
     prompts = training_prompts()
-    if options.num_prompts > len(prompts):
-        raise ValueError(f"--prompts {options.num_prompts}: only {len(prompts)} built-in "
+    num_prompts = options.num_prompts or len(prompts)
+    if num_prompts > len(prompts):
+        raise ValueError(f"--prompts {num_prompts}: only {len(prompts)} built-in "
                          f"training prompts exist")
-    sequences = generate_text(options.model, prompts[:options.num_prompts],
-                              options.max_tokens, options.seed)
+    sequences = generate_text(options.model, prompts[:num_prompts], options.max_tokens,
+                              options.seed, options.samples_per_prompt)
     add_features(target, sequences)
     if options.data:
         save_data(Path(options.data), options.model, sequences)

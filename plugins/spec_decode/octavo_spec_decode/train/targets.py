@@ -1,7 +1,9 @@
-"""What the heads learn from: the target's features and the tokens it said next.
+"""What the heads learn from: the target's features and the tokens it would say next.
 
-The loss only scores positions inside the target's replies (its own greedy text); the
-prompt still gives context. Logits are computed over the tokens that occur in the text
+Labels are the target's greedy picks (``Sequence.next_tokens``), not the text: on a
+sampled reply the next token is often not what greedy decoding - the only case whose
+acceptance counts at temperature 0 - would say. The loss only scores positions inside the
+replies; the prompt still gives context. Logits are computed over the tokens that occur in the text
 (``TokenSubset``) rather than the whole vocabulary: a token the target never said is never
 a label, and the LM-head matmul over ~49k rows would otherwise dominate training on a CPU.
 """
@@ -24,7 +26,9 @@ class TokenSubset:
 
     @classmethod
     def of(cls, sequences: list[Sequence], vocab_size: int) -> TokenSubset:
-        token_ids = torch.unique(torch.cat([s.token_ids for s in sequences]))
+        token_ids = torch.unique(torch.cat([s.token_ids for s in sequences] +
+                                           [s.next_tokens for s in sequences
+                                            if s.next_tokens is not None]))
         index_of = torch.full((vocab_size,), -100, dtype=torch.int64)
         index_of[token_ids] = torch.arange(len(token_ids))
         return cls(token_ids, index_of)
@@ -47,10 +51,12 @@ def reply_mask(seq: Sequence, offset: int) -> torch.Tensor:
     return (positions >= seq.num_prompt_tokens) & (positions < len(seq.token_ids))
 
 
-def shifted_tokens(seq: Sequence, offset: int) -> torch.Tensor:
-    """``[L]``: token ``t + offset`` at position ``t`` (0 past the end, masked anyway)."""
-    ids = seq.token_ids
-    out = torch.zeros_like(ids)
-    if offset < len(ids):
-        out[: len(ids) - offset] = ids[offset:]
+def label_tokens(seq: Sequence, offset: int) -> torch.Tensor:
+    """``[L]``: at position ``t``, the target's greedy pick for position ``t + offset``
+    given the text before it (0 past the end, masked anyway)."""
+    assert seq.next_tokens is not None and offset >= 1
+    picks = seq.next_tokens
+    out = torch.zeros_like(picks)
+    if offset <= len(picks):
+        out[: len(picks) - offset + 1] = picks[offset - 1:]
     return out
