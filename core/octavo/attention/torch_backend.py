@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from octavo.attention.base import AttentionBackend, AttentionImpl, AttentionMetadata
+from octavo.kernels import cpu as cpu_kernels
 
 
 @dataclass
@@ -128,13 +129,18 @@ class TorchAttentionImpl(AttentionImpl):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = metadata.num_actual_tokens
-        write_kv(kv_cache[0], kv_cache[1], key[:num_tokens], value[:num_tokens],
-                 metadata.slot_mapping[:num_tokens])
+        # [2, slots, kv_heads * head_dim]: a context read is one row gather for K and V.
+        cache_rows = kv_cache.view(2, -1, self.num_kv_heads * self.head_dim)
+        if self._native(query, kv_cache):
+            cpu_kernels.write_kv(cache_rows, key[:num_tokens].flatten(1),
+                                 value[:num_tokens].flatten(1),
+                                 metadata.slot_mapping[:num_tokens])
+        else:
+            write_kv(kv_cache[0], kv_cache[1], key[:num_tokens], value[:num_tokens],
+                     metadata.slot_mapping[:num_tokens])
         plan = metadata.backend_state.get("torch")
         if plan is None:
             plan = metadata.backend_state["torch"] = build_plan(metadata, kv_cache.shape[2])
-        # [2, slots, kv_heads * head_dim]: a context read is one row gather for K and V.
-        cache_rows = kv_cache.view(2, -1, self.num_kv_heads * self.head_dim)
 
         decode = plan.decode
         if decode is not None and decode.tokens is None and query.shape[0] == num_tokens:
@@ -197,7 +203,19 @@ class TorchAttentionImpl(AttentionImpl):
             plan.masks[cache_key] = allowed
         return plan.masks[cache_key]
 
-    def _decode(
+    def _native(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+        """Whether the fused CPU kernels serve this layer (bf16 on the CPU, no window)."""
+        return self.sliding_window is None and cpu_kernels.usable(query, kv_cache)
+
+    def _decode(self, query: torch.Tensor, cache_rows: torch.Tensor, decode: DecodeBatch,
+                plan: StepPlan) -> torch.Tensor:
+        if self._native(query, cache_rows):  # the same attention, straight from the cache
+            return cpu_kernels.decode_attention(query, cache_rows, decode.slots,
+                                                decode.seq_lens.view(-1), decode.max_len,
+                                                self.num_kv_heads, self.scale)
+        return self._decode_sdpa(query, cache_rows, decode, plan)
+
+    def _decode_sdpa(
         self,
         query: torch.Tensor,  # [B, heads, head_dim]: one token per request
         cache_rows: torch.Tensor,  # [2, slots, kv_heads * head_dim]

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from octavo.attention.base import AttentionBackend
+from octavo.kernels.cpu_layers import use_cpu_layers
 from octavo.models.base import CausalLM, WeightLoadError
 from octavo.models.config import ArchConfig
 from octavo.models.layers.cpu_gemm import attach_cpu_gemms, cpu_gemm_supported
@@ -29,7 +30,8 @@ def build_model(
 ) -> CausalLM:
     """Instantiate the architecture of ``files.hf_config`` in ``dtype`` on ``device`` and load
     its weights; the model is returned in eval mode with frozen parameters. A bf16 model on
-    the CPU gets its weights prepacked for the CPU's GEMMs (see ``cpu_gemm``)."""
+    the CPU gets its weights prepacked for the CPU's GEMMs (see ``cpu_gemm``) and its
+    element-wise layers fused (see ``octavo.kernels.cpu_layers``)."""
     config_file = _config_file(files.source)
     model_class = model_class_for(files.hf_config, config_file)
     config = ArchConfig.from_hf(files.hf_config, config_file)
@@ -43,6 +45,7 @@ def build_model(
         from octavo.platforms.cpu import cpu_has_amx
 
         attach_cpu_gemms(model, fp32_for_large=not cpu_has_amx())
+        use_cpu_layers(model)
     return model.eval()
 
 

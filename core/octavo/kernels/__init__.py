@@ -1,0 +1,1 @@
+"""Native kernels of the portable CPU backend."""

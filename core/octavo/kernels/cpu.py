@@ -1,0 +1,184 @@
+"""Fused bf16 CPU kernels (cpu_ops.c), compiled on first use and called through ctypes.
+
+Why: decoding one token of SmolLM2-135M runs ~80 PyTorch ops per layer. On the CPU each op
+costs microseconds of dispatch whatever its size, so a single-stream decode step spent about
+as long in RMSNorm, RoPE, SiLU and attention bookkeeping as in its matmuls; and batched
+decode copied every request's whole context out of the paged cache in every layer before
+attending it. These kernels do each of those chains in one call and attend straight from
+the cache.
+
+How: the C source ships with the package; the first process that needs it compiles it with
+the system C compiler (``cc -O3 -march=native -fopenmp``, about a second) into the user
+cache folder, keyed by the source, the compiler and the CPU, and later processes load the
+cached library. The library links the OpenMP runtime torch already loaded (same soname), so
+both share one thread pool and ``torch.set_num_threads`` governs the kernels too. Without a
+compiler, or with ``OCTAVO_CPU_KERNELS=0``, the layers keep their PyTorch code, which
+computes the same thing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from octavo.models.loader.gguf_cache import cache_root
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_ops.c")
+ENABLE_ENV = "OCTAVO_CPU_KERNELS"
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared"]
+LIBS = ["-lmvec", "-lm"]  # -ffast-math vectorises expf through glibc's libmvec
+
+_i64 = ctypes.c_int64
+_ptr = ctypes.c_void_p
+_SIGNATURES = {
+    "octavo_rms_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, ctypes.c_float],
+    "octavo_silu_and_mul": [_ptr, _ptr, _i64, _i64, _i64],
+    "octavo_rope": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64],
+    "octavo_write_kv": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
+    "octavo_decode_attention": [_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64,
+                                _i64, _i64, ctypes.c_float],
+}
+
+
+def _cpu_identity() -> str:
+    """What -march=native compiles for: the CPU model and its feature flags."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
+    return "\n".join(sorted(set(lines)))
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def _library_path(compiler: str) -> Path:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = "\0".join([SOURCE.read_text(), version, " ".join(FLAGS + LIBS), _cpu_identity()])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_root() / "kernels" / f"cpu_ops-{digest}.so"
+
+
+def _build(compiler: str, target: Path) -> None:
+    """Compile into a temporary file and rename it into place, so concurrent first uses
+    never load a half-written library."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), *LIBS],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{compiler} failed on {SOURCE.name}:\n{result.stderr[-2000:]}")
+        built.replace(target)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (disabled, not Linux/x86, or no working compiler)."""
+    if os.environ.get(ENABLE_ENV, "1") == "0":
+        return None
+    compiler = _compiler()
+    if compiler is None or platform.system() != "Linux":
+        logger.warning("no C compiler found: the CPU backend runs without its fused kernels "
+                       "(slower); install gcc to enable them")
+        return None
+    try:
+        path = _library_path(compiler)
+        if not path.is_file():
+            _build(compiler, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+        logger.warning("CPU kernels unavailable, using PyTorch ops instead: %s", error)
+        return None
+    for name, argtypes in _SIGNATURES.items():
+        getattr(lib, name).argtypes = argtypes
+        getattr(lib, name).restype = None
+    return lib
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels can take these tensors: bf16 on the CPU, library loaded."""
+    return (all(t.dtype == torch.bfloat16 and t.device.type == "cpu" for t in tensors)
+            and library() is not None)
+
+
+def _rows(x: torch.Tensor) -> tuple[int, int]:
+    """Rows and row stride of a 2-D view whose rows are contiguous."""
+    assert x.dim() == 2 and x.stride(1) == 1, (x.shape, x.stride())
+    return x.shape[0], x.stride(0)
+
+
+def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+             eps: float) -> torch.Tensor:
+    """``weight * rmsnorm(x)``; with ``residual``, ``x`` first becomes ``x + residual`` in
+    place (the next residual stream). ``x``, ``residual``: [rows, dim]."""
+    rows, x_stride = _rows(x)
+    res_stride = _rows(residual)[1] if residual is not None else 0
+    out = torch.empty(x.shape, dtype=x.dtype)
+    library().octavo_rms_norm(out.data_ptr(), x.data_ptr(),
+                              None if residual is None else residual.data_ptr(),
+                              weight.data_ptr(), rows, x.shape[1], x_stride, res_stride, eps)
+    return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``x`` = [rows, 2 * d] (gate and up side by side)."""
+    rows, stride = _rows(x)
+    d = x.shape[1] // 2
+    out = torch.empty((rows, d), dtype=x.dtype)
+    library().octavo_silu_and_mul(out.data_ptr(), x.data_ptr(), rows, d, stride)
+    return out
+
+
+def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Rotary embedding in place: ``q`` [T, heads, D], ``k`` [T, kv_heads, D] (heads
+    contiguous within a token), ``cos``/``sin`` [T, 1, D] contiguous, ``sin`` signed."""
+    tokens, num_heads, head_dim = q.shape
+    assert q.stride()[1:] == (head_dim, 1) and k.stride()[1:] == (head_dim, 1)
+    assert cos.is_contiguous() and sin.is_contiguous()
+    library().octavo_rope(q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens,
+                          num_heads, k.shape[1], head_dim, q.stride(0), k.stride(0))
+
+
+def write_kv(cache_rows: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store ``key``/``value`` rows [T, width] at their slots of ``cache_rows``
+    [2, slots, width]."""
+    tokens, key_stride = _rows(key)
+    value_stride = _rows(value)[1]
+    assert cache_rows.is_contiguous()
+    assert slot_mapping.dtype == torch.int64 and slot_mapping.is_contiguous()
+    library().octavo_write_kv(cache_rows.data_ptr(), cache_rows.shape[1], key.data_ptr(),
+                              value.data_ptr(), slot_mapping.data_ptr(), tokens, key.shape[1],
+                              key_stride, value_stride)
+
+
+def decode_attention(q: torch.Tensor, cache_rows: torch.Tensor, slots: torch.Tensor,
+                     seq_lens: torch.Tensor, max_len: int, num_kv_heads: int,
+                     scale: float) -> torch.Tensor:
+    """One query token per request (``q`` [B, heads, D]) over its context in the paged
+    cache (``cache_rows`` [2, slots, kv_heads * D]); ``slots`` [B * max_len] int64,
+    ``seq_lens`` [B] int64."""
+    batch, num_heads, head_dim = q.shape
+    assert q.stride()[1:] == (head_dim, 1) and cache_rows.is_contiguous()
+    assert slots.is_contiguous() and seq_lens.is_contiguous()
+    out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype)
+    library().octavo_decode_attention(out.data_ptr(), q.data_ptr(), cache_rows.data_ptr(),
+                                      cache_rows.shape[1], slots.data_ptr(),
+                                      seq_lens.data_ptr(), batch, max_len, num_heads,
+                                      num_kv_heads, head_dim, q.stride(0), scale)
+    return out

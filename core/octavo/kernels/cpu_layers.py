@@ -1,0 +1,75 @@
+"""The model layers that have a fused CPU kernel (``octavo.kernels.cpu``), switched onto it.
+
+As with the Triton plugin's layers, :func:`use_cpu_layers` turns each portable ``RMSNorm``,
+``RotaryEmbedding`` and ``SiluAndMul`` of a built bf16 model into the subclass below: the
+parameters and weight loading stay the portable layer's, and ``forward`` calls the kernel
+for the 2-D bf16 CPU tensors a decoder layer passes, falling back to the portable code for
+anything else (Qwen3's per-head q/k norms, fp32 training passes).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from octavo.kernels import cpu
+from octavo.models.layers.activation import SiluAndMul
+from octavo.models.layers.norm import RMSNorm
+from octavo.models.layers.rotary import RotaryEmbedding
+
+
+class CpuRMSNorm(RMSNorm):
+    """With a residual, the sum is written into ``x`` (a fresh layer output) and returned
+    as the next residual, so the add costs no allocation."""
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if x.dim() != 2 or not cpu.usable(x):
+            return super().forward(x, residual)
+        out = cpu.rms_norm(x, residual, self.weight, self.eps)
+        return out if residual is None else (out, x)
+
+
+class CpuRotaryEmbedding(RotaryEmbedding):
+    """Rotates ``q`` and ``k`` in place (they are views of the fresh q/k/v projection)."""
+
+    inv_freq: torch.Tensor
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not cpu.usable(q, k) or q.stride(-1) != 1 or k.stride(-1) != 1:
+            return super().forward(positions, q, k)
+        cos, sin = self.cos_sin(positions, q.dtype)
+        cpu.rope_(q, k, cos, sin)
+        return q, k
+
+
+class CpuSiluAndMul(SiluAndMul):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.stride(-1) != 1 or not cpu.usable(x):
+            return super().forward(x)
+        return cpu.silu_and_mul(x)
+
+
+CPU_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
+    RMSNorm: CpuRMSNorm,
+    RotaryEmbedding: CpuRotaryEmbedding,
+    SiluAndMul: CpuSiluAndMul,
+}
+
+
+def use_cpu_layers(model: nn.Module) -> int:
+    """Switch every portable layer of ``model`` that has a CPU kernel onto it (exact
+    instances only: a subclass may compute something else); returns how many. Nothing
+    is switched when the kernels cannot be built here."""
+    if cpu.library() is None:
+        return 0
+    switched = 0
+    for module in model.modules():
+        cpu_class = CPU_LAYERS.get(type(module))
+        if cpu_class is not None:
+            module.__class__ = cpu_class
+            switched += 1
+    return switched

@@ -1,0 +1,198 @@
+"""The fused bf16 CPU kernels (octavo/kernels) against the portable PyTorch layers they
+replace, on fresh random inputs laid out as a decoder layer passes them (views of wider
+projections), and their wiring: a bf16 model built on the CPU uses them, and without a
+compiler (or with OCTAVO_CPU_KERNELS=0) everything falls back to the portable code."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from octavo.attention.base import AttentionMetadata
+from octavo.attention.torch_backend import TorchAttentionBackend
+from octavo.kernels import cpu
+from octavo.kernels.cpu_layers import CpuRMSNorm, use_cpu_layers
+from octavo.models.base import CausalLM
+from octavo.models.build import build_model
+from octavo.models.config import RopeConfig
+from octavo.models.layers.activation import SiluAndMul
+from octavo.models.layers.norm import RMSNorm
+from octavo.models.layers.rotary import RotaryEmbedding
+from octavo.models.loader import load_model_files
+
+from .tiny_models import save_tiny_model
+
+pytestmark = [pytest.mark.usefixtures("single_thread"),
+              pytest.mark.skipif(cpu.library() is None, reason="no C compiler here")]
+
+BF16 = torch.bfloat16
+
+
+def generator() -> tuple[int, torch.Generator]:
+    seed = random.SystemRandom().randrange(2**32)
+    return seed, torch.Generator().manual_seed(seed)
+
+
+def assert_same_rounding(out: torch.Tensor, expected: torch.Tensor, seed: int) -> None:
+    """The portable chain's result, but for rare last-bit flips: the kernel sums and
+    takes exponentials in another order, which can move a value across a bf16 rounding
+    boundary."""
+    close = torch.isclose(out.float(), expected.float(), rtol=2**-6, atol=1e-3)
+    assert close.all(), f"seed={seed}: {(~close).sum()} values differ beyond bf16 rounding"
+    exact = (out == expected).float().mean().item()
+    assert exact > 0.99, f"seed={seed}: only {exact:.2%} bit-identical"
+
+
+def randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
+    return (torch.randn(*shape, generator=gen) * 3).to(BF16)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_is_the_portable_norm(rows: int, with_residual: bool) -> None:
+    seed, gen = generator()
+    norm = RMSNorm(576, 1e-5).to(BF16)
+    norm.weight.data = randn(gen, 576)
+    wide = randn(gen, rows, 700)  # x is a view with a row stride of 700
+    x, residual = wide[:, :576], randn(gen, rows, 576)
+    if with_residual:
+        expected, expected_sum = norm(x.clone(), residual)
+        out = cpu.rms_norm(x, residual, norm.weight, norm.eps)
+        assert torch.equal(x, expected_sum), f"seed={seed}: the sum written into x"
+    else:
+        expected = norm(x)
+        out = cpu.rms_norm(x, None, norm.weight, norm.eps)
+    assert_same_rounding(out, expected, seed)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 200])
+def test_silu_and_mul_is_the_portable_activation(rows: int) -> None:
+    seed, gen = generator()
+    x = randn(gen, rows, 2 * 1536 + 64)[:, :2 * 1536]
+    assert_same_rounding(cpu.silu_and_mul(x), SiluAndMul()(x), seed)
+
+
+@pytest.mark.parametrize("tokens", [1, 9, 130])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_rope_is_the_portable_rotary_embedding(tokens: int, head_dim: int) -> None:
+    seed, gen = generator()
+    heads, kv_heads = 6, 2
+    rotary = RotaryEmbedding(head_dim, RopeConfig(theta=100000.0))
+    qkv = randn(gen, tokens, (heads + 2 * kv_heads) * head_dim)
+    q = qkv[:, :heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    positions = torch.randint(0, 20000, (tokens,), generator=gen)
+    expected_q, expected_k = rotary(positions, q, k)
+    cos, sin = rotary.cos_sin(positions, BF16)
+    cpu.rope_(q, k, cos, sin)
+    assert_same_rounding(q, expected_q, seed)
+    assert_same_rounding(k, expected_k, seed)
+
+
+def test_write_kv_stores_each_row_at_its_slot() -> None:
+    seed, gen = generator()
+    cache = randn(gen, 2, 64, 128)
+    before = cache.clone()
+    kv = randn(gen, 5, 3 * 128)  # [k | v | unused]: strided keys, contiguous values
+    slots = torch.randperm(64, generator=gen)[:5]
+    cpu.write_kv(cache, kv[:, :128], kv[:, 128:256].contiguous(), slots)
+    expected = before.clone()
+    expected[0, slots], expected[1, slots] = kv[:, :128], kv[:, 128:256]
+    assert torch.equal(cache, expected), f"seed={seed}"
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_decode_attention_matches_a_dense_reference(group: int) -> None:
+    """Long, unequal contexts in random blocks; padding slots past each length hold noise."""
+    seed, gen = generator()
+    batch, kv_heads, head_dim, block = 5, 2, 64, 16
+    heads = kv_heads * group
+    lens = torch.randint(1, 400, (batch,), generator=gen)
+    max_len = int(lens.max())
+    num_blocks = batch * (-(-max_len // block)) + 3
+    cache = torch.randn(2, num_blocks * block, kv_heads * head_dim, generator=gen).to(BF16)
+    order = torch.randperm(num_blocks, generator=gen)
+    slots = torch.empty(batch, max_len, dtype=torch.int64)
+    for b in range(batch):
+        blocks = order[b * (-(-max_len // block)):][: -(-max_len // block)]
+        positions = torch.arange(max_len)
+        slots[b] = blocks[positions // block] * block + positions % block
+    # A strided view, as in a layer.
+    q = torch.randn(batch, heads + 1, head_dim, generator=gen).to(BF16)[:, :heads]
+    out = cpu.decode_attention(q, cache, slots.flatten(), lens, max_len, kv_heads, 0.125)
+    for b in range(batch):
+        rows = slots[b, :int(lens[b])]
+        keys = cache[0, rows].double().view(-1, kv_heads, head_dim)
+        values = cache[1, rows].double().view(-1, kv_heads, head_dim)
+        keys, values = (t.repeat_interleave(group, dim=1) for t in (keys, values))
+        scores = torch.einsum("hd,khd->hk", q[b].double(), keys) * 0.125
+        expected = torch.einsum("hk,khd->hd", scores.softmax(-1), values)
+        # fp32 arithmetic, one bf16 rounding at the end: within one bf16 ulp.
+        torch.testing.assert_close(out[b].double(), expected, rtol=2**-8, atol=1e-3,
+                                   msg=lambda m, b=b: f"seed={seed} request {b}: {m}")
+
+
+def test_a_bf16_cpu_model_runs_its_layers_on_the_kernels(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switched layers, and a prefill then a decode step (through the paged cache) within
+    bf16 rounding of the same model on the portable code: SDPA rounds the attention weights
+    to bf16, the kernel keeps them in fp32."""
+    seed, gen = generator()
+    save_tiny_model("llama", tmp_path, seed=seed % 1000)
+    model = build_model(load_model_files(str(tmp_path)), BF16, TorchAttentionBackend)
+    assert sum(isinstance(m, CpuRMSNorm) for m in model.modules()) == 2 * model.num_layers + 1
+    ids = torch.randint(0, model.config.vocab_size, (12,), generator=gen)
+    fused = prefill_then_decode(model, ids)
+    try:
+        monkeypatch.setenv(cpu.ENABLE_ENV, "0")
+        cpu.library.cache_clear()
+        portable = prefill_then_decode(model, ids)
+    finally:
+        monkeypatch.undo()
+        cpu.library.cache_clear()
+    for step, (a, b) in enumerate(zip(fused, portable)):
+        diff = (a - b).abs().max().item()
+        assert diff < 0.1, f"seed={seed}, step {step}: max logit diff {diff}"
+
+
+def prefill_then_decode(model: CausalLM, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Logits of the last token after a prefill of ``ids[:-1]``, then after decoding
+    ``ids[-1]``; one block holds the whole sequence."""
+    n = len(ids)
+    kv_caches = [torch.zeros(2, 1, n, model.num_kv_heads, model.head_dim, dtype=BF16)
+                 for _ in range(model.num_layers)]
+    logits = []
+    for start, end in ((0, n - 1), (n - 1, n)):
+        metadata = AttentionMetadata(
+            num_actual_tokens=end - start, num_reqs=1,
+            query_start_loc=torch.tensor([0, end - start], dtype=torch.int32),
+            seq_lens=torch.tensor([end], dtype=torch.int32),
+            block_tables=torch.zeros(1, 1, dtype=torch.int32),
+            slot_mapping=torch.arange(start, end), max_query_len=end - start, max_seq_len=end)
+        with torch.inference_mode():
+            hidden = model(ids[start:end], torch.arange(start, end), kv_caches, metadata)
+        logits.append(model.compute_logits(hidden[-1:]).float())
+    return logits
+
+
+def test_without_the_kernels_nothing_is_switched(monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """OCTAVO_CPU_KERNELS=0, or a compiler that fails: the portable layers stay."""
+    model = torch.nn.Sequential(RMSNorm(8), SiluAndMul())
+    try:
+        monkeypatch.setenv(cpu.ENABLE_ENV, "0")
+        cpu.library.cache_clear()
+        assert use_cpu_layers(model) == 0
+        monkeypatch.setenv(cpu.ENABLE_ENV, "1")
+        monkeypatch.setenv("CC", "/bin/false")
+        monkeypatch.setattr(cpu, "SOURCE", Path(__file__))  # a new cache key: a fresh build
+        cpu.library.cache_clear()
+        assert use_cpu_layers(model) == 0
+        assert "CPU kernels unavailable" in caplog.text
+        assert type(model[0]) is RMSNorm and not cpu.usable(torch.ones(1, dtype=BF16))
+    finally:
+        monkeypatch.undo()
+        cpu.library.cache_clear()
