@@ -12,16 +12,26 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 pip() { "$VENV/bin/python" -m pip "$@"; }
 
+# System packages, installed only when missing (as root, or through sudo when there is one).
+apt_install() {
+    if [ "$(id -u)" = 0 ]; then
+        apt-get install -y -q "$@" || { apt-get update -q && apt-get install -y -q "$@"; }
+    elif command -v sudo >/dev/null; then
+        sudo apt-get install -y -q "$@" || { sudo apt-get update -q && sudo apt-get install -y -q "$@"; }
+    else
+        echo "warning: cannot install $* (not root, no sudo)" >&2
+        return 1
+    fi
+}
 # The Mooncake KV connector's library links libibverbs (even for TCP transfers).
 if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
-    if [ "$(id -u)" = 0 ]; then
-        apt-get install -y -q libibverbs1 || { apt-get update -q && apt-get install -y -q libibverbs1; }
-    elif command -v sudo >/dev/null; then
-        sudo apt-get install -y -q libibverbs1 || { sudo apt-get update -q && sudo apt-get install -y -q libibverbs1; }
-    else
-        echo "warning: libibverbs1 is missing and cannot be installed (not root, no sudo);" \
-             "the Mooncake connector will not load" >&2
-    fi
+    apt_install libibverbs1 || echo "warning: the Mooncake connector will not load" >&2
+fi
+# The CPU backend compiles its fused kernels with the C compiler on first use
+# (octavo/kernels/cpu.py); libc6-dev brings libmvec, which vectorises expf.
+if [ "$(uname -m)" = x86_64 ] && { ! command -v cc >/dev/null \
+        || [ ! -e /usr/lib/x86_64-linux-gnu/libmvec.so ]; }; then
+    apt_install gcc libc6-dev || echo "warning: the CPU backend runs without its fused kernels" >&2
 fi
 pip install -q --upgrade pip setuptools wheel
 
