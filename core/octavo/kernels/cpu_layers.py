@@ -16,6 +16,7 @@ from octavo.kernels import cpu
 from octavo.models.layers.activation import SiluAndMul
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.rotary import RotaryEmbedding
+from octavo.models.layers.switch import switch_layers
 
 
 class CpuRMSNorm(RMSNorm):
@@ -61,15 +62,8 @@ CPU_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
 
 
 def use_cpu_layers(model: nn.Module) -> int:
-    """Switch every portable layer of ``model`` that has a CPU kernel onto it (exact
-    instances only: a subclass may compute something else); returns how many. Nothing
+    """Switch ``model``'s portable layers onto their CPU kernels; returns how many. Nothing
     is switched when the kernels cannot be built here."""
     if cpu.library() is None:
         return 0
-    switched = 0
-    for module in model.modules():
-        cpu_class = CPU_LAYERS.get(type(module))
-        if cpu_class is not None:
-            module.__class__ = cpu_class
-            switched += 1
-    return switched
+    return switch_layers(model, CPU_LAYERS)

@@ -16,6 +16,7 @@ from torch import nn
 from octavo.models.layers.activation import SiluAndMul
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.rotary import RotaryEmbedding
+from octavo.models.layers.switch import switch_layers
 from octavo_triton.kernels.activation import silu_and_mul
 from octavo_triton.kernels.rms_norm import rms_norm
 from octavo_triton.kernels.rotary import rotary_embedding
@@ -51,12 +52,5 @@ TRITON_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
 
 def use_triton_layers(model: nn.Module) -> int:
     """Switch every portable layer of ``model`` that has a kernel onto it; returns how many
-    modules were switched. Only exact instances are switched: a subclass of a portable
-    layer may compute something else."""
-    switched = 0
-    for module in model.modules():
-        triton_class = TRITON_LAYERS.get(type(module))
-        if triton_class is not None:
-            module.__class__ = triton_class
-            switched += 1
-    return switched
+    modules were switched."""
+    return switch_layers(model, TRITON_LAYERS)
