@@ -112,8 +112,10 @@ def library() -> ctypes.CDLL | None:
 
 def usable(*tensors: torch.Tensor) -> bool:
     """Whether the kernels can take these tensors: bf16 on the CPU, library loaded."""
-    return (all(t.dtype == torch.bfloat16 and t.device.type == "cpu" for t in tensors)
-            and library() is not None)
+    for tensor in tensors:  # a loop, not all(...): this runs several times per layer
+        if tensor.dtype is not torch.bfloat16 or not tensor.is_cpu:
+            return False
+    return library() is not None
 
 
 def _rows(x: torch.Tensor) -> tuple[int, int]:
