@@ -131,9 +131,11 @@ void octavo_write_kv(bf16 *cache, int64_t num_slots, const bf16 *key, const bf16
 /* Attention of one query token per request over its paged context, read straight from the
  * cache (no gathered copy). Request b attends positions 0..seq_lens[b]-1, whose slots are
  * slots[b * max_len + j]; query head h reads key/value head h / (heads / kv_heads). Each
- * cache row (all kv heads of one position) is read once, for all query heads. Scores and
- * softmax in fp32 (max, then exp and sum), the weighted sum of values in fp32, rounded to
- * bf16 once at the end. q: [B, heads, head_dim], rows q_stride apart; out contiguous. */
+ * cache row (all kv heads of one position) is read once, for all query heads. Rounded as
+ * PyTorch's CPU flash attention rounds bf16: scores and exp(score - max) in fp32, the
+ * exponentials rounded to bf16 for the weighted sum of values (accumulated in fp32), which
+ * is divided by the fp32 sum of the exponentials and rounded to bf16 at the end.
+ * q: [B, heads, head_dim], rows q_stride apart; out contiguous. */
 void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_t num_slots,
                              const int64_t *slots, const int64_t *seq_lens, int64_t batch,
                              int64_t max_len, int64_t num_heads, int64_t num_kv_heads,
@@ -149,6 +151,7 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
         float *scores = malloc(sizeof(float) * num_heads * max_len);
         float *qf = malloc(sizeof(float) * qwidth);
         float *acc = malloc(sizeof(float) * qwidth);
+        float *sums = malloc(sizeof(float) * num_heads);
         float *row = malloc(sizeof(float) * width);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < batch; b++) {
@@ -174,12 +177,11 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
                 for (int64_t j = 1; j < len; j++) m = s[j] > m ? s[j] : m;
 #pragma omp simd reduction(+ : sum)
                 for (int64_t j = 0; j < len; j++) {
-                    s[j] = expf(s[j] - m);
-                    sum += s[j];
+                    float e = expf(s[j] - m);
+                    sum += e;
+                    s[j] = bf2f(f2bf(e));
                 }
-                float inv = 1.0f / sum;
-#pragma omp simd
-                for (int64_t j = 0; j < len; j++) s[j] *= inv;
+                sums[h] = sum;
             }
             memset(acc, 0, sizeof(float) * qwidth);
             for (int64_t j = 0; j < len; j++) {
@@ -194,12 +196,17 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
                 }
             }
             bf16 *o = out + b * qwidth;
+            for (int64_t h = 0; h < num_heads; h++) {
+                float inv = 1.0f / sums[h];
 #pragma omp simd
-            for (int64_t i = 0; i < qwidth; i++) o[i] = f2bf(acc[i]);
+                for (int64_t d = 0; d < head_dim; d++)
+                    o[h * head_dim + d] = f2bf(acc[h * head_dim + d] * inv);
+            }
         }
         free(scores);
         free(qf);
         free(acc);
+        free(sums);
         free(row);
     }
 }
