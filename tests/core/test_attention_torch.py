@@ -16,6 +16,7 @@ import torch
 
 from octavo.attention.base import AttentionMetadata
 from octavo.attention.torch_backend import TorchAttentionBackend
+from octavo.kernels import cpu as cpu_kernels
 from octavo.plugins import get_registries
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -161,9 +162,18 @@ def test_sliding_window_matches_dense_reference(sliding_window, block_size):
           sliding_window=sliding_window)
 
 
-def test_bf16_matches_dense_reference():
-    check(MIXED_BATCH + DECODE_BATCH, NUM_KV_HEADS * 4, 64, 16, dtype=torch.bfloat16,
-          atol=3e-2)
+@pytest.mark.parametrize("fused_kernels", ["1", "0"])
+def test_bf16_matches_dense_reference(fused_kernels: str, monkeypatch: pytest.MonkeyPatch):
+    """bf16 on the CPU: KV writes and decodes by the fused kernels (octavo.kernels.cpu),
+    or with them off, all in PyTorch."""
+    monkeypatch.setenv(cpu_kernels.ENABLE_ENV, fused_kernels)
+    cpu_kernels.library.cache_clear()
+    try:
+        check(MIXED_BATCH + DECODE_BATCH, NUM_KV_HEADS * 4, 64, 16, dtype=torch.bfloat16,
+              atol=3e-2)
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.library.cache_clear()
 
 
 def test_padding_tokens_past_num_actual_tokens_are_ignored():
