@@ -47,8 +47,8 @@ def train_medusa(sequences: list[Sequence], lm_head: torch.Tensor, num_heads: in
                  num_layers: int, steps: int, seed: int, batch_size: int = 256,
                  lr: float = 3e-3) -> MedusaHeads:
     """Heads trained on random batches of ``batch_size`` positions. A step costs ~0.1 s on
-    one core, so many steps are cheap; 3e-3 (with one-cycle decay) reached a lower held-out
-    loss than 1e-3 in the same steps."""
+    one core, so many steps are cheap; at lr 3e-3 with one-cycle decay (stable for the
+    ResBlocks, unlike EAGLE's decoder layer) 1000-2000 steps reach the held-out plateau."""
     torch.manual_seed(seed)
     vocab_size, hidden_size = lm_head.shape
     heads = MedusaHeads(MedusaConfig(num_heads, num_layers, hidden_size, vocab_size))
