@@ -1,5 +1,6 @@
-"""The copy workload and ``octavo bench latency --speculative-config``: prompts that ask to
-repeat a passage, and the acceptance figures in the benchmark's report."""
+"""The copy and chat workloads and ``octavo bench latency --speculative-config``: prompts that
+ask to repeat a passage or give an everyday instruction, and the acceptance figures in the
+benchmark's report."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
+from octavo.bench.chat_task import INSTRUCTIONS, chat_prompts
 from octavo.bench.copy_task import INSTRUCTION, PASSAGES, copy_prompts
+from octavo.bench.datasets import DatasetError, chat_requests
 from octavo.models.loader import load_model_files
 from tests.core.tiny_models import save_tiny_model
 from tests.helpers import run_octavo
@@ -25,6 +29,20 @@ def test_copy_prompts_hold_the_passage_in_the_chat_template(tmp_path: Path) -> N
         assert INSTRUCTION.strip() in text
         assert length == len(tokenizer.encode(passage, add_special_tokens=False))
         assert len(ids) > length
+
+
+def test_chat_prompts_hold_each_instruction_in_the_chat_template(tmp_path: Path) -> None:
+    save_tiny_model("llama", tmp_path, seed=0)
+    tokenizer = load_model_files(tmp_path).tokenizer
+    requests = chat_requests(len(INSTRUCTIONS) + 2, 40, tokenizer, seed=4)
+    texts = [tokenizer.decode(r.prompt) for r in requests]
+    found = [next(i for i in INSTRUCTIONS if i in text) for text in texts]
+    assert sorted(found[:len(INSTRUCTIONS)]) == sorted(INSTRUCTIONS)  # each once, then cycling
+    assert found[len(INSTRUCTIONS):] == found[:2]
+    assert all(r.output_len == 40 and r.prompt_len == len(r.prompt) for r in requests)
+    assert [r.prompt for r in requests[:3]] == chat_prompts(3, tokenizer, seed=4)
+    with pytest.raises(DatasetError, match="--output-len"):
+        chat_requests(2, 0, tokenizer)
 
 
 def test_bench_latency_reports_acceptance(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """Greedy identity on the default model, SmolLM2-135M-Instruct (fp32): n-gram and draft-
 model speculation give the tokens plain decoding gives, on copy prompts (where n-gram
 drafts are accepted often), in a batch with a request that does not speculate (logprobs),
-with chunked prefill and with preemption in a small KV pool. Kept short: 3 requests of 16
-tokens each."""
+with chunked prefill and with preemption in a small KV pool. Medusa and EAGLE heads that
+`octavo spec train` made in a few steps give them too on chat prompts: identity must hold
+for any head, good or bad. Kept short: 3 requests of 16 tokens each."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import json
 import pytest
 
 from octavo import LLM, SamplingParams
+from octavo.bench.chat_task import chat_prompts
 from octavo.bench.copy_task import copy_prompts
 from octavo.models.loader import load_model_files
 from octavo.models.loader.default_model import default_model_path
+from octavo_spec_decode.train.run import TrainOptions, train_heads
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -55,3 +58,32 @@ def test_greedy_identical_with_preemption(spec: dict, batch, reference) -> None:
     assert stats.num_accepted_tokens > 0, stats
     assert outputs[2].metrics.spec_decoding.num_drafts == 0  # logprobs: no speculation
     assert len(outputs[2].outputs[0].logprobs) == MAX_TOKENS
+
+
+@pytest.fixture(scope="module")
+def trained_heads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A Medusa and an EAGLE head from 4 short replies and 5 steps each (one generation)."""
+    folder = tmp_path_factory.mktemp("heads")
+    heads = {}
+    for method in ("medusa", "eagle"):
+        heads[method] = str(folder / method)
+        train_heads(TrainOptions(method=method, model=None, out=heads[method], steps=5,
+                                 num_prompts=4, samples_per_prompt=0, max_tokens=16,
+                                 evaluate=False, data=str(folder / "data.pt")))
+    return heads
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_trained_heads_keep_greedy_outputs_identical(method: str,
+                                                     trained_heads: dict[str, str]) -> None:
+    tokenizer = load_model_files(None).tokenizer
+    prompts = [{"prompt_token_ids": ids} for ids in chat_prompts(3, tokenizer, seed=2)]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    plain = LLM(**ENGINE).generate(prompts, params, use_tqdm=False)
+    spec = {"method": method, "model": trained_heads[method], "num_speculative_tokens": 3}
+    llm = LLM(speculative_config=spec, **ENGINE)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == \
+        [o.outputs[0].token_ids for o in plain]
+    stats = llm.llm_engine.core.scheduler.make_stats().spec_decoding
+    assert stats.num_draft_tokens > 0, stats

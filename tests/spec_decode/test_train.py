@@ -11,10 +11,10 @@ from safetensors.torch import load_file
 from octavo.attention.torch_backend import TorchAttentionBackend
 from octavo_spec_decode.eagle import load_eagle
 from octavo_spec_decode.medusa import load_medusa
-from octavo_spec_decode.train.data import add_features, generate_text, load_target
-from octavo_spec_decode.train.prompts import training_prompts
+from octavo_spec_decode.train.data import Sequence, add_features, generate_text, load_target
+from octavo_spec_decode.train.prompts import HELD_OUT_PROMPTS, training_prompts
 from octavo_spec_decode.train.run import TrainOptions, train_heads
-from octavo_spec_decode.train.targets import label_tokens
+from octavo_spec_decode.train.targets import label_tokens, on_greedy_path
 from tests.core.tiny_models import VOCAB_SIZE
 from tests.helpers import run_octavo
 
@@ -72,3 +72,24 @@ def test_labels_are_the_targets_greedy_picks(target: Path) -> None:
     for seq in sequences:
         labels = label_tokens(seq, 2)
         assert torch.equal(labels[:-1], seq.next_tokens[1:])
+
+
+def test_on_greedy_path_matches_a_direct_count(seed: int) -> None:
+    """Positions whose next ``span`` tokens all equal the target's greedy picks, against a
+    plain loop, on text that leaves the greedy path at random places."""
+    gen = torch.Generator().manual_seed(seed)
+    token_ids = torch.randint(0, 5, (40,), generator=gen)
+    next_tokens = torch.cat([token_ids[1:], torch.tensor([0])])  # greedy text ...
+    off = torch.rand(40, generator=gen) < 0.3  # ... except where sampling drew another token
+    next_tokens[off] = (next_tokens[off] + 1) % 5
+    seq = Sequence(token_ids, 3, next_tokens=next_tokens)
+    for span in (1, 2, 3):
+        expected = [t + span < 40 and all(int(token_ids[t + i]) == int(next_tokens[t + i - 1])
+                                          for i in range(1, span + 1)) for t in range(40)]
+        assert on_greedy_path(seq, span).tolist() == expected, f"seed={seed} span={span}"
+
+
+def test_training_prompts_are_distinct_and_hold_out_the_benchmark_instructions() -> None:
+    prompts = training_prompts()
+    assert len(set(prompts)) == len(prompts) >= 576  # the default --prompts
+    assert not set(prompts) & set(HELD_OUT_PROMPTS)

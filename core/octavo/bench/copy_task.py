@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from octavo.bench.chat_task import chat_prompt_ids
+
 PASSAGES = (
     "The lighthouse keeper climbed the spiral stairs every evening at dusk. He trimmed the "
     "wick, polished the great lens until it gleamed, and wrote the weather in a leather "
@@ -39,10 +41,7 @@ INSTRUCTION = "Repeat the following text exactly, without any comment:\n\n"
 
 
 def copy_prompt_ids(tokenizer: Any, passage: str) -> list[int]:
-    messages = [{"role": "user", "content": INSTRUCTION + passage}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                        return_dict=False)
-    return list(ids)
+    return chat_prompt_ids(tokenizer, INSTRUCTION + passage)
 
 
 def copy_prompts(num: int, tokenizer: Any, seed: int = 0) -> list[tuple[list[int], int]]:

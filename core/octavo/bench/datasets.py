@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from octavo.bench.chat_task import chat_prompts
 from octavo.bench.copy_task import copy_prompts
 from octavo.bench.workloads import TOKEN_HIGH, TOKEN_LOW, build_workload
 
@@ -132,6 +133,15 @@ def copy_requests(num: int, tokenizer: Any, seed: int = 0) -> list[BenchRequest]
     _check_positive(num_prompts=num)
     return [BenchRequest(ids, len(ids), passage_len)
             for ids, passage_len in copy_prompts(num, tokenizer, seed)]
+
+
+def chat_requests(num: int, output_len: int, tokenizer: Any, seed: int = 0,
+                  ) -> list[BenchRequest]:
+    """The ``chat`` dataset (``octavo.bench.chat_task``): everyday instructions, each
+    generating ``output_len`` tokens."""
+    _check_positive(num_prompts=num, output_len=output_len)
+    return [BenchRequest(ids, len(ids), output_len)
+            for ids in chat_prompts(num, tokenizer, seed)]
 
 
 def workload_requests(name: str) -> list[BenchRequest]:

@@ -18,6 +18,7 @@ from octavo.bench.datasets import (
     BenchRequest,
     DatasetOptions,
     build_requests,
+    chat_requests,
     copy_requests,
     random_requests,
     workload_requests,
@@ -119,10 +120,12 @@ def bench() -> None:
 @click.option("--num-iters-warmup", type=click.IntRange(min=0), default=1, show_default=True)
 @click.option("--num-iters", type=click.IntRange(min=1), default=5, show_default=True,
               help="Measured iterations (a workload's 'repeats' overrides it).")
-@click.option("--dataset-name", type=click.Choice(["random", "copy"]), default="random",
+@click.option("--dataset-name", type=click.Choice(["random", "copy", "chat"]), default="random",
               show_default=True,
               help="random: --input-len random tokens; copy: chat prompts asking to repeat a "
-                   "passage, generating its length (--input/--output-len unused).")
+                   "passage, generating its length (--input/--output-len unused); chat: "
+                   "everyday instructions, generating --output-len tokens (--input-len "
+                   "unused).")
 @WORKLOAD_OPTION
 @click.option("--output-json", default=None, help="Write the results here as JSON.")
 @engine_options
@@ -141,6 +144,8 @@ def latency(input_len: int, output_len: int, batch_size: int, num_iters_warmup: 
             num_iters = load_specs()[workload].get("repeats", num_iters)
         elif dataset_name == "copy":
             requests = copy_requests(batch_size, llm.get_tokenizer(), seed)
+        elif dataset_name == "chat":
+            requests = chat_requests(batch_size, output_len, llm.get_tokenizer(), seed)
         else:
             requests = random_requests(batch_size, input_len, output_len, seed=seed,
                                        vocab_size=len(llm.get_tokenizer()))

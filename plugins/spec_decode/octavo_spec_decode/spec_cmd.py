@@ -26,10 +26,10 @@ def spec() -> None:
 @click.option("--num-heads", "--k", "num_heads", type=click.IntRange(1, 8), default=3,
               show_default=True, help="Medusa heads = most drafts per step (k).")
 @click.option("--steps", type=click.IntRange(1), default=None,
-              help="Optimizer steps [default: 400 for medusa, 300 for eagle].")
-@click.option("--prompts", "num_prompts", type=click.IntRange(1), default=None,
-              help="How many built-in training prompts the target answers [default: all].")
-@click.option("--samples-per-prompt", type=click.IntRange(0), default=1, show_default=True,
+              help="Optimizer steps [default: 1500 for medusa, 400 for eagle].")
+@click.option("--prompts", "num_prompts", type=click.IntRange(1), default=576,
+              show_default=True, help="How many built-in training prompts the target answers.")
+@click.option("--samples-per-prompt", type=click.IntRange(0), default=0, show_default=True,
               help="Sampled replies per prompt (temperature 0.7) besides the greedy one.")
 @click.option("--max-tokens", type=click.IntRange(1), default=160, show_default=True,
               help="Length of each generated reply.")
@@ -40,7 +40,7 @@ def spec() -> None:
 @click.option("--eval/--no-eval", "evaluate", default=True, show_default=True,
               help="Measure tokens per verification step on held-out prompts at the end.")
 def train(method: str, model: str | None, out: str, num_heads: int, steps: int | None,
-          num_prompts: int | None, samples_per_prompt: int, max_tokens: int, seed: int,
+          num_prompts: int, samples_per_prompt: int, max_tokens: int, seed: int,
           data: str | None, evaluate: bool) -> None:
     """Self-distil heads from the target: it answers built-in instructions, its features
     on its own replies are recorded, and the heads learn to predict what it says next."""

@@ -22,7 +22,10 @@ from octavo_spec_decode.train.data import Sequence
 from octavo_spec_decode.train.dense_attention import DenseCausalBackend, full_sequence_metadata
 from octavo_spec_decode.train.targets import TokenSubset, label_tokens, reply_mask
 
-CLS_WEIGHT = 0.1  # the paper's weight of the token loss against the feature loss
+# Weight of the token loss against the feature loss. The paper's 0.1 suits a 7B target
+# trained on ShareGPT; on SmolLM2-135M's few tens of thousands of tokens the drafted token is
+# what counts, and 1.0 gave a slightly better first-draft accuracy at the same cost.
+CLS_WEIGHT = 1.0
 
 
 def new_eagle_head(target: CausalLM) -> EagleHead:
@@ -76,7 +79,9 @@ class EagleBatch:
 
 
 def train_eagle(target: CausalLM, sequences: list[Sequence], steps: int, seed: int,
-                passes: int = 2, batch_sequences: int = 2, lr: float = 1e-3) -> EagleHead:
+                passes: int = 2, batch_sequences: int = 8, lr: float = 1e-3) -> EagleHead:
+    """A head trained for ``steps`` steps of ``batch_sequences`` whole sequences each (8 of
+    ~190 tokens: enough tokens a step for a stable gradient, ~0.8 s a step on one core)."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     head = new_eagle_head(target)

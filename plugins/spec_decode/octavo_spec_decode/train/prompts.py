@@ -7,6 +7,8 @@ them: acceptance is measured on those.
 
 from __future__ import annotations
 
+from octavo.bench.chat_task import INSTRUCTIONS
+
 TOPICS = (
     "photosynthesis", "the French Revolution", "black holes", "compound interest",
     "the water cycle", "machine learning", "volcanoes", "the human immune system",
@@ -29,6 +31,27 @@ TASKS = (
     "Summarise the most important ideas about {topic} in simple words.",
 )
 
+# More topics and kinds of request, after the first set (``training_prompts`` lists them
+# after it): the heads learn the target's way of writing, not its text about one topic, so
+# more topics teach them more than more replies to the same prompts.
+MORE_TOPICS = (
+    "the human heart", "dinosaurs", "the Olympic Games", "photography",
+    "the Industrial Revolution", "volunteering", "satellites", "mountain climbing", "the piano",
+    "friendship", "solar panels", "the Amazon River", "banking", "ancient Greece", "origami",
+    "deserts", "evolution", "video games", "coral reefs", "first aid", "the human brain",
+    "electricity", "pirates", "the Renaissance", "tea", "wolves", "robots", "trains",
+    "the Arctic", "budgeting", "yoga", "the Silk Road", "microscopes", "penguins",
+    "social media", "cooking pasta", "magnets", "castles", "football", "mushrooms",
+)
+
+MORE_TASKS = (
+    "Tell me about {topic}.",
+    "Write a short poem about {topic}.",
+    "Why is {topic} important?",
+    "Write a friendly letter to a friend about {topic}.",
+    "What should a beginner know about {topic}?",
+)
+
 CODE_PROMPTS = (
     "Write a Python function that reverses a string.",
     "Write a Python function that checks whether a number is prime.",
@@ -40,32 +63,26 @@ CODE_PROMPTS = (
     "Write a Python function that converts Celsius to Fahrenheit.",
 )
 
-HELD_OUT_PROMPTS = (
-    "Describe how a bicycle works.",
-    "What should I pack for a week-long camping trip?",
-    "Explain the difference between weather and climate.",
-    "Write a short poem about autumn leaves.",
-    "How do airplanes stay in the air?",
-    "Give me some tips for writing a good resume.",
-    "Write a Python function that computes the Fibonacci numbers up to n.",
-    "Why is the sky blue?",
-    "Tell me about the life cycle of a butterfly.",
-    "How can I improve my memory?",
-    "Explain what a database index is.",
-    "Write a friendly email inviting a colleague to lunch.",
-)
+# The benchmark's chat instructions: `octavo bench latency --dataset-name chat` times the
+# heads on the same text their acceptance is measured on.
+HELD_OUT_PROMPTS = INSTRUCTIONS
 
 
 def training_prompts() -> list[str]:
-    """Every topic x task combination plus the code prompts, ordered so that any prefix of
-    the list (``--prompts N``) covers many topics and kinds of request: round ``r`` gives
-    each topic a different task, and a code prompt comes every fifth place early on."""
-    rounds = [TASKS[(t + r) % len(TASKS)].format(topic=topic)
-              for r in range(len(TASKS)) for t, topic in enumerate(TOPICS)]
+    """The first set (every topic x task combination plus the code prompts), then the new
+    topics with every task, then the first topics with the new tasks. Each part is ordered
+    so that any prefix of it (``--prompts N``) covers many topics and kinds of request:
+    round ``r`` gives each topic a different task, and in the first part a code prompt comes
+    every fifth place early on."""
     prompts: list[str] = []
     code = list(CODE_PROMPTS)
-    for i, prompt in enumerate(rounds):
+    for i, prompt in enumerate(_rounds(TOPICS, TASKS)):
         if i % 4 == 3 and code:
             prompts.append(code.pop(0))
         prompts.append(prompt)
-    return prompts
+    return prompts + _rounds(MORE_TOPICS, TASKS + MORE_TASKS) + _rounds(TOPICS, MORE_TASKS)
+
+
+def _rounds(topics: tuple[str, ...], tasks: tuple[str, ...]) -> list[str]:
+    return [tasks[(t + r) % len(tasks)].format(topic=topic)
+            for r in range(len(tasks)) for t, topic in enumerate(topics)]

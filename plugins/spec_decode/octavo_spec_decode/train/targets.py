@@ -60,3 +60,18 @@ def label_tokens(seq: Sequence, offset: int) -> torch.Tensor:
     if offset <= len(picks):
         out[: len(picks) - offset + 1] = picks[offset - 1:]
     return out
+
+
+def on_greedy_path(seq: Sequence, span: int) -> torch.Tensor:
+    """``[L]`` True at positions ``t`` whose next ``span`` tokens are each the target's greedy
+    pick: there the text is what greedy decoding from ``t`` says. A Medusa head at ``t``
+    sees only ``f_t``, so on a sampled reply its label after an off-greedy token is noise
+    to it (it would have to guess what the sampling drew)."""
+    assert seq.next_tokens is not None
+    agrees = seq.token_ids[1:] == seq.next_tokens[:-1]  # [L-1]: token t+1 is t's greedy pick
+    out = torch.ones(len(seq.token_ids), dtype=torch.bool)
+    for j in range(span):
+        follows = torch.zeros_like(out)
+        follows[:len(agrees) - j] = agrees[j:]
+        out &= follows
+    return out
