@@ -43,6 +43,7 @@ LIBS = ["-lmvec", "-lm"]  # -ffast-math vectorises expf through glibc's libmvec
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
 _SIGNATURES = {
+    "octavo_gemv": [_ptr, _ptr, _ptr, _ptr, _i64, _i64],
     "octavo_rms_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, ctypes.c_float],
     "octavo_silu_and_mul": [_ptr, _ptr, _i64, _i64, _i64],
     "octavo_rope": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64],
@@ -122,6 +123,17 @@ def _rows(x: torch.Tensor) -> tuple[int, int]:
     """Rows and row stride of a 2-D view whose rows are contiguous."""
     assert x.dim() == 2 and x.stride(1) == 1, (x.shape, x.stride())
     return x.shape[0], x.stride(0)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T + bias`` for one contiguous row ``x`` [1, in] and ``weight``
+    [out, in] contiguous: [1, out]."""
+    out_features, in_features = weight.shape
+    assert x.is_contiguous() and x.numel() == in_features and weight.is_contiguous()
+    y = torch.empty((1, out_features), dtype=x.dtype)
+    library().octavo_gemv(y.data_ptr(), weight.data_ptr(), x.data_ptr(),
+                          None if bias is None else bias.data_ptr(), out_features, in_features)
+    return y
 
 
 def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

