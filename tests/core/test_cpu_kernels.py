@@ -50,6 +50,20 @@ def randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
     return (torch.randn(*shape, generator=gen) * 3).to(BF16)
 
 
+@pytest.mark.parametrize(("out_features", "in_features"), [(96, 64), (577, 1536), (13, 40)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_is_a_bf16_linear(out_features: int, in_features: int, with_bias: bool) -> None:
+    """Products summed in fp32, rounded once: within bf16 rounding of an fp32 reference
+    (also when the sizes leave remainders: rows not a multiple of 4, columns of 32)."""
+    seed, gen = generator()
+    weight, x = randn(gen, out_features, in_features), randn(gen, 1, in_features)
+    bias = randn(gen, out_features) if with_bias else None
+    expected = torch.nn.functional.linear(x.float(), weight.float(),
+                                          None if bias is None else bias.float())
+    torch.testing.assert_close(cpu.gemv(x, weight, bias).float(), expected, rtol=2**-7,
+                               atol=1e-2, msg=lambda m: f"seed={seed}: {m}")
+
+
 @pytest.mark.parametrize("rows", [1, 7, 300])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_is_the_portable_norm(rows: int, with_residual: bool) -> None:
