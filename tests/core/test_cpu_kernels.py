@@ -144,8 +144,9 @@ def test_decode_attention_matches_a_dense_reference(group: int) -> None:
         keys, values = (t.repeat_interleave(group, dim=1) for t in (keys, values))
         scores = torch.einsum("hd,khd->hk", q[b].double(), keys) * 0.125
         expected = torch.einsum("hk,khd->hd", scores.softmax(-1), values)
-        # fp32 arithmetic, one bf16 rounding at the end: within one bf16 ulp.
-        torch.testing.assert_close(out[b].double(), expected, rtol=2**-8, atol=1e-3,
+        # fp32 arithmetic but for the softmax weights, rounded to bf16 as SDPA rounds them
+        # (each off by up to 2**-9 of itself), and the output's own bf16 rounding.
+        torch.testing.assert_close(out[b].double(), expected, rtol=2**-7, atol=5e-3,
                                    msg=lambda m, b=b: f"seed={seed} request {b}: {m}")
 
 
