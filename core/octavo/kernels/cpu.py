@@ -8,7 +8,7 @@ attending it. These kernels do each of those chains in one call and attend strai
 the cache.
 
 How: the C source ships with the package; the first process that needs it compiles it with
-the system C compiler (``cc -O3 -march=native -fopenmp``, about a second) into the user
+the system C compiler (``cc -O3 -march=native -fopenmp``, about half a second) into the user
 cache folder, keyed by the source, the compiler and the CPU, and later processes load the
 cached library. The library links the OpenMP runtime torch already loaded (same soname), so
 both share one thread pool and ``torch.set_num_threads`` governs the kernels too. Without a
@@ -89,11 +89,15 @@ def _build(compiler: str, target: Path) -> None:
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The loaded kernels, or None (disabled, not Linux/x86, or no working compiler)."""
+    """The loaded kernels, or None (disabled, not Linux, or no working compiler)."""
     if os.environ.get(ENABLE_ENV, "1") == "0":
         return None
+    if platform.system() != "Linux":
+        logger.warning("the CPU backend's fused kernels are built on Linux only: running "
+                       "without them (slower)")
+        return None
     compiler = _compiler()
-    if compiler is None or platform.system() != "Linux":
+    if compiler is None:
         logger.warning("no C compiler found: the CPU backend runs without its fused kernels "
                        "(slower); install gcc to enable them")
         return None

@@ -1,7 +1,7 @@
 """How a bf16 linear layer multiplies on the CPU.
 
 ``F.linear`` on bf16 tensors re-reads the weight in its plain ``[out, in]`` layout every
-call. Two faster paths, chosen per call by the number of rows ``T``:
+call. Three faster paths, chosen per call by the number of rows ``T``:
 
 - one row (a single request's decode step): the fused CPU kernels' GEMV on the plain
   weight (``octavo.kernels.cpu.gemv``), when they are built here.
