@@ -12,7 +12,7 @@ from octavo import LLM, SamplingParams
 from octavo.bench.workloads import build_workload
 
 from ..helpers import run_octavo
-from .parity import compare, engine_greedy, greedy_agreement, hf_greedy
+from .parity import compare, engine_forced_picks, engine_greedy, greedy_agreement, hf_greedy
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -37,29 +37,27 @@ def test_w1_prompts_match_hf(smollm2_hf) -> None:  # type: ignore[no-untyped-def
 
 # bf16 (the CPU default where the CPU has native bf16) cannot match HF token for token -
 # the two round differently - so it must agree on at least this share of greedy tokens
-# (issue 10; benchmarks/parity_w1.py --dtype bfloat16 measures all of W1).
+# (issue 10). Agreement is judged with teacher forcing: both follow HF bf16's greedy text and
+# each step compares the engine's pick with HF's. Comparing two free-running generations
+# instead measures how chaotic bf16 decoding is: after the first near-tie flips, the texts
+# part and every later position counts against both (HF bf16 agrees with HF fp32 on ~55% of
+# free-running tokens on these prompts, and on ~98% teacher-forced).
 BF16_MIN_AGREEMENT = 0.9
 BF16_REQUESTS = 6
 BF16_TOKENS = 64
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 10 (open): 62.5% of greedy tokens agree with HF bf16 on W1[:6] x 64 (79% with the "
-    "fused CPU kernels off), below 90%. On these random-token prompts HF bf16 itself agrees "
-    "with HF fp32 on only 50.8% (Octavo bf16 with HF fp32: 50.5%, kernels off 47.1%): any "
-    "last-bit difference in a sum's order flips near-tied tokens; the target needs HF's own "
-    "rounding order"))
 def test_w1_prompts_bf16_agree_with_hf_bf16(smollm2_hf) -> None:  # type: ignore[no-untyped-def]
     workload = build_workload("W1_throughput")
     prompts = workload.prompts[:BF16_REQUESTS]
     llm = LLM(dtype="bfloat16", max_model_len=512, kv_cache_memory=256 * 2**20)
-    ours, _ = engine_greedy(llm, prompts, BF16_TOKENS)
     hf_bf16 = copy.deepcopy(smollm2_hf).to(torch.bfloat16)
     reference = [hf_greedy(hf_bf16, p, BF16_TOKENS)[0] for p in prompts]
-    agreement = greedy_agreement(ours, reference)
+    forced = greedy_agreement(engine_forced_picks(llm, prompts, reference), reference)
+    free = greedy_agreement(engine_greedy(llm, prompts, BF16_TOKENS)[0], reference)
     print(f"\nW1[:{BF16_REQUESTS}] x {BF16_TOKENS} bf16 greedy agreement with HF bf16: "
-          f"{agreement:.1%}")
-    assert agreement >= BF16_MIN_AGREEMENT
+          f"{forced:.1%} teacher-forced, {free:.1%} free-running")
+    assert forced >= BF16_MIN_AGREEMENT
 
 
 def test_w3_prefix_cache_covers_the_shared_prefix() -> None:
