@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from octavo.attention.torch_backend import TorchAttentionBackend
+from octavo.kernels import cpu as cpu_kernels
 from octavo.models.build import build_model
 from octavo.models.layers.cpu_gemm import LARGE_ROWS, CpuGemm, cpu_gemm_supported
 from octavo.models.layers.linear import LinearBase
@@ -23,10 +24,15 @@ pytestmark = [pytest.mark.usefixtures("single_thread"),
                                  reason="torch built without oneDNN")]
 
 
+@pytest.mark.parametrize("panels", [True, False], ids=["panel-gemm", "onednn-only"])
 @pytest.mark.parametrize("fp32_for_large", [False, True])
-@pytest.mark.parametrize("rows", [1, 3, LARGE_ROWS, 77])
+@pytest.mark.parametrize("rows", [1, 3, LARGE_ROWS, 77, 300])
 @pytest.mark.parametrize("bias", [False, True])
-def test_matches_f_linear(fp32_for_large: bool, rows: int, bias: bool) -> None:
+def test_matches_f_linear(panels: bool, fp32_for_large: bool, rows: int, bias: bool,
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every path: the panel GEMM where the kernels have it, else oneDNN's bf16 and fp32."""
+    if not panels:
+        monkeypatch.setattr(cpu_kernels, "gemm_available", lambda: False)
     seed = random.SystemRandom().randrange(2**32)
     gen = torch.Generator().manual_seed(seed)
     weight = torch.randn(96, 80, generator=gen).bfloat16()

@@ -64,6 +64,27 @@ def test_gemv_is_a_bf16_linear(out_features: int, in_features: int, with_bias: b
                                atol=1e-2, msg=lambda m: f"seed={seed}: {m}")
 
 
+@pytest.mark.skipif(not cpu.gemm_available(), reason="panel GEMM needs AVX-512")
+@pytest.mark.parametrize(("rows", "out_features", "in_features"),
+                         [(1, 64, 32), (13, 96, 80), (29, 200, 576), (450, 70, 48)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_panel_gemm_is_a_bf16_linear(rows: int, out_features: int, in_features: int,
+                                     with_bias: bool) -> None:
+    """Within bf16 rounding of an fp32 reference, for row tiles cut short (rows not a
+    multiple of 14), a padded last panel (columns not a multiple of 32), rows spanning
+    several fp32 chunks (450 > 196) and rows of a strided view."""
+    seed, gen = generator()
+    weight = randn(gen, out_features, in_features)
+    x = randn(gen, rows, in_features + 5)[:, :in_features]
+    bias = randn(gen, out_features) if with_bias else None
+    expected = torch.nn.functional.linear(x.float(), weight.float(),
+                                          None if bias is None else bias.float())
+    out = cpu.gemm(x, cpu.pack_gemm_weight(weight),
+                   None if bias is None else cpu.pack_gemm_bias(bias), out_features)
+    torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=1e-2,
+                               msg=lambda m: f"seed={seed}: {m}")
+
+
 @pytest.mark.parametrize("rows", [1, 7, 300])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_is_the_portable_norm(rows: int, with_residual: bool) -> None:

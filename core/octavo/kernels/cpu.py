@@ -44,6 +44,8 @@ _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
 _SIGNATURES = {
     "octavo_gemv": [_ptr, _ptr, _ptr, _ptr, _i64, _i64],
+    "octavo_gemm_available": [],
+    "octavo_gemm": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64],
     "octavo_rms_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, ctypes.c_float],
     "octavo_silu_and_mul": [_ptr, _ptr, _i64, _i64, _i64],
     "octavo_rope": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64],
@@ -112,6 +114,7 @@ def library() -> ctypes.CDLL | None:
     for name, argtypes in _SIGNATURES.items():
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
+    lib.octavo_gemm_available.restype = ctypes.c_int
     return lib
 
 
@@ -137,6 +140,47 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     y = torch.empty((1, out_features), dtype=x.dtype)
     library().octavo_gemv(y.data_ptr(), weight.data_ptr(), x.data_ptr(),
                           None if bias is None else bias.data_ptr(), out_features, in_features)
+    return y
+
+
+GEMM_PANEL = 32  # columns per weight panel, as GEMM_PANEL in cpu_ops.c
+
+
+def gemm_available() -> bool:
+    """Whether the panel GEMM was built with AVX-512 here (it has no other path)."""
+    lib = library()
+    return lib is not None and bool(lib.octavo_gemm_available())
+
+
+def pack_gemm_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [out, in] as the panels :func:`gemm` reads: [out / 32, in, 32], the last
+    panel zero-padded, each panel's columns interleaved (0, 16, 1, 17, ...) so that one
+    32-bit lane holds two columns the kernel widens apart with a shift and a mask. A copy
+    the size of the weight, made once at load."""
+    out_features, in_features = weight.shape
+    padded = -out_features % GEMM_PANEL
+    if padded:
+        weight = torch.cat([weight, weight.new_zeros(padded, in_features)])
+    half = GEMM_PANEL // 2
+    interleave = torch.arange(GEMM_PANEL).view(2, half).T.reshape(-1)
+    panels = weight.view(-1, GEMM_PANEL, in_features)[:, interleave].transpose(1, 2)
+    return panels.contiguous()
+
+
+def pack_gemm_bias(bias: torch.Tensor) -> torch.Tensor:
+    """``bias`` in fp32 (added before the single rounding), padded as the panels are."""
+    return torch.nn.functional.pad(bias.float(), (0, -bias.numel() % GEMM_PANEL))
+
+
+def gemm(x: torch.Tensor, panels: torch.Tensor, bias32: torch.Tensor | None,
+         out_features: int) -> torch.Tensor:
+    """``x @ weight.T + bias`` for rows ``x`` [T, in] with contiguous rows, ``weight``
+    given as :func:`pack_gemm_weight`'s panels: [T, out]."""
+    rows, stride = _rows(x)
+    y = torch.empty((rows, out_features), dtype=x.dtype)
+    library().octavo_gemm(y.data_ptr(), x.data_ptr(), stride, panels.data_ptr(),
+                          None if bias32 is None else bias32.data_ptr(), rows, out_features,
+                          panels.shape[1])
     return y
 
 

@@ -74,6 +74,114 @@ void octavo_gemv(bf16 *y, const bf16 *w, const bf16 *x, const bf16 *bias, int64_
         y[o] = f2bf(dot_row(w + o * in, x, in) + (bias ? bf2f(bias[o]) : 0.0f));
 }
 
+/* Y = X W^T (+ bias) for a batch of rows, with W prepacked into panels of GEMM_PANEL
+ * columns ([out / GEMM_PANEL][in][GEMM_PANEL], zero-padded; see pack_gemm_weight in cpu.py).
+ * This CPU's vdpbf16ps retires half as many multiply-adds per cycle as fp32 FMAs, so
+ * oneDNN's bf16 GEMM runs at ~0.5x fp32 peak, and an fp32 weight copy doubles the bytes a
+ * decode step streams. Here each panel row is read once as bf16, widened to fp32 in
+ * registers and used for up to GEMM_MR rows of fp32 FMAs: bf16 bandwidth at fp32 speed.
+ * Sums stay in fp32 along `in` and round to bf16 once, as a bf16 GEMM's do. */
+#define GEMM_PANEL 32
+#define GEMM_MR 14
+#define GEMM_MC 196 /* rows whose fp32 copy stays in L2 while every panel passes over it */
+
+#ifdef __AVX512F__
+int octavo_gemm_available(void) { return 1; }
+
+/* One panel row of 32 bf16 columns as two fp32 vectors, two instructions: the panel stores
+ * column j in the low half of 32-bit lane j and column 16 + j in its high half. */
+static inline void widen_panel_row(const bf16 *p, __m512 *low, __m512 *high) {
+    __m512i v = _mm512_loadu_si512(p);
+    *low = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    *high = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xFFFF0000)));
+}
+
+static inline __m256i round_bf16x16(__m512 v) {
+    __m512i u = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16));
+}
+
+/* `mr` rows of A (fp32, row stride `in`) times one panel: [mr, GEMM_PANEL] of Y. */
+static inline __attribute__((always_inline)) void gemm_tile(
+    bf16 *y, int64_t y_stride, const float *a, const bf16 *panel, const float *bias,
+    int64_t in, int mr, __mmask16 mask0, __mmask16 mask1) {
+    __m512 acc0[GEMM_MR], acc1[GEMM_MR];
+#pragma GCC unroll 14
+    for (int r = 0; r < mr; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < in; k++) {
+        __m512 b0, b1;
+        widen_panel_row(panel + k * GEMM_PANEL, &b0, &b1);
+#pragma GCC unroll 14
+        for (int r = 0; r < mr; r++) {
+            __m512 av = _mm512_set1_ps(a[r * in + k]);
+            acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+            acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+        }
+    }
+    __m512 bias0 = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+    __m512 bias1 = bias ? _mm512_loadu_ps(bias + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 14
+    for (int r = 0; r < mr; r++) {
+        _mm256_mask_storeu_epi16(y + r * y_stride, mask0,
+                                 round_bf16x16(_mm512_add_ps(acc0[r], bias0)));
+        _mm256_mask_storeu_epi16(y + r * y_stride + 16, mask1,
+                                 round_bf16x16(_mm512_add_ps(acc1[r], bias1)));
+    }
+}
+
+#define GEMM_TILE_CASE(n) \
+    case n: gemm_tile(y, y_stride, a, panel, bias, in, n, mask0, mask1); break;
+
+static void gemm_tile_rows(bf16 *y, int64_t y_stride, const float *a, const bf16 *panel,
+                           const float *bias, int64_t in, int mr, __mmask16 mask0,
+                           __mmask16 mask1) {
+    switch (mr) {
+        GEMM_TILE_CASE(1) GEMM_TILE_CASE(2) GEMM_TILE_CASE(3) GEMM_TILE_CASE(4)
+        GEMM_TILE_CASE(5) GEMM_TILE_CASE(6) GEMM_TILE_CASE(7) GEMM_TILE_CASE(8)
+        GEMM_TILE_CASE(9) GEMM_TILE_CASE(10) GEMM_TILE_CASE(11) GEMM_TILE_CASE(12)
+        GEMM_TILE_CASE(13) GEMM_TILE_CASE(14)
+    }
+}
+
+void octavo_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *panels,
+                 const float *bias, int64_t rows, int64_t out, int64_t in) {
+    int64_t num_panels = (out + GEMM_PANEL - 1) / GEMM_PANEL;
+    int64_t chunk = rows < GEMM_MC ? rows : GEMM_MC;
+    float *a = malloc(sizeof(float) * chunk * in);
+#pragma omp parallel
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        int64_t mc = rows - r0 < chunk ? rows - r0 : chunk;
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < mc; r++)
+            for (int64_t i = 0; i < in; i++) a[r * in + i] = bf2f(x[(r0 + r) * x_stride + i]);
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < num_panels; p++) {
+            int64_t cols = out - p * GEMM_PANEL;
+            __mmask16 mask0 = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+            __mmask16 mask1 = cols >= 32 ? 0xFFFF : cols <= 16 ? 0
+                                                  : (__mmask16)((1u << (cols - 16)) - 1);
+            const bf16 *panel = panels + p * in * GEMM_PANEL;
+            const float *b = bias ? bias + p * GEMM_PANEL : NULL;
+            for (int64_t m = 0; m < mc; m += GEMM_MR) {
+                int mr = mc - m < GEMM_MR ? (int)(mc - m) : GEMM_MR;
+                gemm_tile_rows(y + (r0 + m) * out + p * GEMM_PANEL, out, a + m * in, panel, b,
+                               in, mr, mask0, mask1);
+            }
+        }
+    }
+    free(a);
+}
+#else
+int octavo_gemm_available(void) { return 0; }
+
+void octavo_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *panels,
+                 const float *bias, int64_t rows, int64_t out, int64_t in) {
+    abort(); /* callers check octavo_gemm_available() first */
+}
+#endif
+
 /* Work below this many elements runs on one thread: waking the others costs more. */
 #define PARALLEL_MIN 32768
 
@@ -176,6 +284,47 @@ void octavo_write_kv(bf16 *cache, int64_t num_slots, const bf16 *key, const bf16
     }
 }
 
+#ifdef __AVX512F__
+/* Lane i of the result = the sum of v[i]'s 16 lanes: 15 shuffle-and-add steps for all 16
+ * sums instead of a full horizontal reduction for each. */
+static inline __m512 sum_lanes16(__m512 v[16]) {
+    __m512 w[8], x[4], y[2];
+    for (int k = 0; k < 8; k++)
+        w[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]),
+                             _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+    for (int k = 0; k < 4; k++)
+        x[k] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0x44),
+                             _mm512_shuffle_ps(w[2 * k], w[2 * k + 1], 0xEE));
+    for (int k = 0; k < 2; k++)
+        y[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0x88),
+                             _mm512_shuffle_f32x4(x[2 * k], x[2 * k + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x88),
+                         _mm512_shuffle_f32x4(y[0], y[1], 0xDD));
+}
+
+/* Scores of every query head against 16 consecutive positions whose key rows (fp32, all
+ * kv heads) are keys[0..15]; written to scores[h * max_len + j0 ...]. head_dim % 16 == 0. */
+static void score_block16(float *scores, int64_t max_len, int64_t j0, const float *qf,
+                          const float *keys, int64_t num_heads, int64_t group, int64_t head_dim,
+                          int64_t width) {
+    for (int64_t h = 0; h < num_heads; h++) {
+        const float *qh = qf + h * head_dim, *kh = keys + (h / group) * head_dim;
+        __m512 dots[16];
+        for (int j = 0; j < 16; j++) {
+            __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qh), _mm512_loadu_ps(kh + j * width));
+            for (int64_t d = 16; d < head_dim; d += 16)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + d), _mm512_loadu_ps(kh + j * width + d),
+                                      acc);
+            dots[j] = acc;
+        }
+        _mm512_storeu_ps(scores + h * max_len + j0, sum_lanes16(dots));
+    }
+}
+#define SCORE_BLOCK 16
+#else
+#define SCORE_BLOCK 0
+#endif
+
 /* Attention of one query token per request over its paged context, read straight from the
  * cache (no gathered copy). Request b attends positions 0..seq_lens[b]-1, whose slots are
  * slots[b * max_len + j]; query head h reads key/value head h / (heads / kv_heads). Each
@@ -201,13 +350,25 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
         float *acc = malloc(sizeof(float) * qwidth);
         float *sums = malloc(sizeof(float) * num_heads);
         float *row = malloc(sizeof(float) * width);
+        float *keys = malloc(sizeof(float) * 16 * width);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < batch; b++) {
             int64_t len = seq_lens[b];
             const int64_t *slot = slots + b * max_len;
 #pragma omp simd
             for (int64_t i = 0; i < qwidth; i++) qf[i] = bf2f(q[b * q_stride + i]) * scale;
-            for (int64_t j = 0; j < len; j++) {
+            int64_t j = 0;
+#if SCORE_BLOCK
+            for (; head_dim % 16 == 0 && j + SCORE_BLOCK <= len; j += SCORE_BLOCK) {
+                for (int64_t r = 0; r < SCORE_BLOCK; r++) {
+                    const bf16 *k = cache + slot[j + r] * width;
+#pragma omp simd
+                    for (int64_t i = 0; i < width; i++) keys[r * width + i] = bf2f(k[i]);
+                }
+                score_block16(scores, max_len, j, qf, keys, num_heads, group, head_dim, width);
+            }
+#endif
+            for (; j < len; j++) {
                 const bf16 *k = cache + slot[j] * width;
 #pragma omp simd
                 for (int64_t i = 0; i < width; i++) row[i] = bf2f(k[i]);
@@ -256,6 +417,7 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
         free(acc);
         free(sums);
         free(row);
+        free(keys);
     }
 }
 

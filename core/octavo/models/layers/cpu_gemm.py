@@ -1,21 +1,24 @@
 """How a bf16 linear layer multiplies on the CPU.
 
 ``F.linear`` on bf16 tensors re-reads the weight in its plain ``[out, in]`` layout every
-call. Three faster paths, chosen per call by the number of rows ``T``:
+call. Faster paths, chosen per call by the number of rows ``T``:
 
 - one row (a single request's decode step): the fused CPU kernels' GEMV on the plain
   weight (``octavo.kernels.cpu.gemv``), when they are built here.
-- few rows (decode): oneDNN with the weight reordered once into its blocked layout
-  (``mkldnn._reorder_linear_weight``). Decoding is bound by reading the weights, and the
-  blocked layout streams them ~1.4x faster than ``F.linear`` (SmolLM2-135M, T=1).
-- many rows (prefill, large decode batches), on CPUs whose bf16 arrives by AVX512-BF16
-  alone: an fp32 GEMM on an fp32 copy of the weight, also prepacked for oneDNN (1.1-1.4x
-  the speed of ``F.linear``'s MKL path on the same fp32 weight at T=32..256).
-  ``vdpbf16ps`` does no more multiply-adds per cycle than fp32 FMAs, so oneDNN's bf16
-  kernels run at ~0.6x of its fp32 ones there (measured at T=64..512); with AMX tiles
-  bf16 is the faster, and the bf16 path serves every call. The result is the same
-  computation a bf16 GEMM does - bf16 products accumulated in fp32, rounded to bf16 at
-  the end - in another order.
+- more rows, with the kernels built for AVX-512: their panel GEMM
+  (``octavo.kernels.cpu.gemm``) on a copy of the weight packed into 32-column panels. It
+  streams bf16 and multiplies in fp32 FMAs. On CPUs whose bf16 arrives by AVX512-BF16 alone
+  (``vdpbf16ps`` does half the multiply-adds per cycle of fp32 FMAs there) it runs at
+  1.4-1.7x oneDNN's bf16 GEMM on SmolLM2-135M's layers from T=32 up, and from 0.94x (T=256
+  to 2048) to 1.25x (T=8192, a full prefill chunk) an fp32 GEMM on an fp32 copy of the
+  weight fed converted activations - without that copy's memory. With AMX tiles, oneDNN's
+  bf16 GEMM is the faster from ``LARGE_ROWS`` rows.
+- without the panel GEMM: oneDNN with the weight reordered once into its blocked layout
+  (``mkldnn._reorder_linear_weight``), ~1.4x ``F.linear``'s bandwidth; from ``LARGE_ROWS``
+  rows, where there are no AMX tiles, an fp32 copy of the weight also prepacked for oneDNN.
+
+Every path computes what a bf16 GEMM does - bf16 products accumulated in fp32, rounded to
+bf16 once at the end - each in its own order.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from torch import nn
 
 from octavo.kernels import cpu as cpu_kernels
 
-# Rows from which the fp32 copy beats the blocked bf16 weight (measured crossover ~32 for
-# SmolLM2-135M's layers, weights streamed from memory as in a decode step).
+# Rows from which oneDNN's large-GEMM path beats the blocked bf16 weight (measured ~32 for
+# SmolLM2-135M's layers, weights streamed from memory as in a decode step) or, with AMX,
+# the panel GEMM (assumed the same: AMX was not measured).
 LARGE_ROWS = 32
 
 
@@ -37,16 +41,33 @@ class CpuGemm:
                  ) -> None:
         self.bias = bias
         self.weight = weight  # the layer's own tensor, not a copy
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        self.packed32 = (torch.ops.mkldnn._reorder_linear_weight(weight.float(), None)
-                         if fp32_for_large else None)
-        self.bias32 = None if bias is None or not fp32_for_large else bias.float()
+        self.out_features = weight.shape[0]
+        self.panels = self.bias_panels = self.packed = self.packed32 = self.bias32 = None
+        if cpu_kernels.gemm_available():
+            self.panels = cpu_kernels.pack_gemm_weight(weight)
+            self.bias_panels = None if bias is None else cpu_kernels.pack_gemm_bias(bias)
+        elif fp32_for_large:
+            self.packed32 = torch.ops.mkldnn._reorder_linear_weight(weight.float(), None)
+            self.bias32 = None if bias is None else bias.float()
+        if self.panels is None or not fp32_for_large:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        # The panel GEMM serves every row count unless AMX makes oneDNN's bf16 the faster.
+        self.panel_rows = float("inf") if fp32_for_large else LARGE_ROWS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == x.shape[-1] and x.is_contiguous() and cpu_kernels.usable(x):
             return cpu_kernels.gemv(x, self.weight, self.bias).view(*x.shape[:-1], -1)
-        if self.packed32 is not None and x.numel() >= LARGE_ROWS * x.shape[-1]:
+        rows = x.numel() // x.shape[-1]
+        if self.panels is not None and rows < self.panel_rows and cpu_kernels.usable(x):
+            flat = x.reshape(rows, x.shape[-1])
+            if flat.stride(-1) != 1:
+                flat = flat.contiguous()
+            y = cpu_kernels.gemm(flat, self.panels, self.bias_panels, self.out_features)
+            return y.view(*x.shape[:-1], -1)
+        if self.packed32 is not None and rows >= LARGE_ROWS:
             return _linear(x.float(), self.packed32, self.bias32).to(x.dtype)
+        if self.packed is None:  # the kernels were switched off after the weights were packed
+            return nn.functional.linear(x, self.weight, self.bias)
         return _linear(x, self.packed, self.bias)
 
 
