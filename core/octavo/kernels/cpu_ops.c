@@ -303,27 +303,118 @@ static inline __m512 sum_lanes16(__m512 v[16]) {
 }
 
 /* Scores of every query head against 16 consecutive positions whose key rows (fp32, all
- * kv heads) are keys[0..15]; written to scores[h * max_len + j0 ...]. head_dim % 16 == 0. */
-static void score_block16(float *scores, int64_t max_len, int64_t j0, const float *qf,
-                          const float *keys, int64_t num_heads, int64_t group, int64_t head_dim,
-                          int64_t width) {
+ * kv heads) are keys[0..15]; written to scores[h * max_len + j0 ...]. head_dim = 16 * nd,
+ * a constant where score_block16 calls this, so the dot products unroll. */
+static inline __attribute__((always_inline)) void score_block16_nd(
+    float *scores, int64_t max_len, int64_t j0, const float *qf, const float *keys,
+    int64_t num_heads, int64_t group, int64_t width, int64_t nd) {
+    int64_t head_dim = 16 * nd;
     for (int64_t h = 0; h < num_heads; h++) {
         const float *qh = qf + h * head_dim, *kh = keys + (h / group) * head_dim;
         __m512 dots[16];
         for (int j = 0; j < 16; j++) {
             __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(qh), _mm512_loadu_ps(kh + j * width));
-            for (int64_t d = 16; d < head_dim; d += 16)
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + d), _mm512_loadu_ps(kh + j * width + d),
-                                      acc);
+            for (int64_t c = 1; c < nd; c++)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * c),
+                                      _mm512_loadu_ps(kh + j * width + 16 * c), acc);
             dots[j] = acc;
         }
         _mm512_storeu_ps(scores + h * max_len + j0, sum_lanes16(dots));
     }
 }
+
+static void score_block16(float *scores, int64_t max_len, int64_t j0, const float *qf,
+                          const float *keys, int64_t num_heads, int64_t group, int64_t head_dim,
+                          int64_t width) {
+    switch (head_dim) {
+    case 64: score_block16_nd(scores, max_len, j0, qf, keys, num_heads, group, width, 4); break;
+    case 128: score_block16_nd(scores, max_len, j0, qf, keys, num_heads, group, width, 8); break;
+    default:
+        score_block16_nd(scores, max_len, j0, qf, keys, num_heads, group, width, head_dim / 16);
+    }
+}
 #define SCORE_BLOCK 16
+
+/* acc[h][0 .. 16 * nd) = sum over j of p[h * max_len + j] * value row j (fp32), for hs query
+ * heads sharing one kv head: the hs * nd sums stay in registers while the value rows pass
+ * (16 * nd columns from column `col` of each cache row). */
+static inline __attribute__((always_inline)) void weigh_values(
+    float *acc, int64_t acc_stride, const float *p, int64_t max_len, const bf16 *values,
+    const int64_t *slot, int64_t len, int64_t width, int64_t col, int nd, int hs) {
+    __m512 sums[4][4];
+    for (int h = 0; h < hs; h++)
+        for (int c = 0; c < nd; c++) sums[h][c] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < len; j++) {
+        const bf16 *v = values + slot[j] * width + col;
+        __m512 row[4];
+        for (int c = 0; c < nd; c++)
+            row[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + 16 * c))), 16));
+        for (int h = 0; h < hs; h++) {
+            __m512 weight = _mm512_set1_ps(p[h * max_len + j]);
+            for (int c = 0; c < nd; c++) sums[h][c] = _mm512_fmadd_ps(weight, row[c], sums[h][c]);
+        }
+    }
+    for (int h = 0; h < hs; h++)
+        for (int c = 0; c < nd; c++) _mm512_storeu_ps(acc + h * acc_stride + 16 * c, sums[h][c]);
+}
+
+#define WEIGH_CASE(nd, hs) \
+    case (nd) * 8 + (hs): \
+        weigh_values(acc, acc_stride, p, max_len, values, slot, len, width, col, nd, hs); break;
+
+/* weigh_values for nd, hs in 1..4, each compiled with its sizes fixed. */
+static void weigh_values_n(float *acc, int64_t acc_stride, const float *p, int64_t max_len,
+                           const bf16 *values, const int64_t *slot, int64_t len, int64_t width,
+                           int64_t col, int nd, int hs) {
+    switch (nd * 8 + hs) {
+        WEIGH_CASE(1, 1) WEIGH_CASE(1, 2) WEIGH_CASE(1, 3) WEIGH_CASE(1, 4)
+        WEIGH_CASE(2, 1) WEIGH_CASE(2, 2) WEIGH_CASE(2, 3) WEIGH_CASE(2, 4)
+        WEIGH_CASE(3, 1) WEIGH_CASE(3, 2) WEIGH_CASE(3, 3) WEIGH_CASE(3, 4)
+        WEIGH_CASE(4, 1) WEIGH_CASE(4, 2) WEIGH_CASE(4, 3) WEIGH_CASE(4, 4)
+    }
+}
+
+/* The weighted sum of values for every query head, kv head by kv head, in register-sized
+ * pieces: up to 4 heads of a group times up to 64 columns. head_dim % 16 == 0. */
+static void weigh_all_values(float *acc, const float *scores, int64_t max_len,
+                             const bf16 *values, const int64_t *slot, int64_t len,
+                             int64_t width, int64_t num_heads, int64_t group,
+                             int64_t head_dim) {
+    int hs;
+    for (int64_t h0 = 0; h0 < num_heads; h0 += hs) {
+        int64_t kv = h0 / group, group_end = (kv + 1) * group;
+        hs = (int)(group_end - h0 < 4 ? group_end - h0 : 4);
+        for (int64_t d = 0; d < head_dim; d += 64) {
+            int nd = (int)((head_dim - d < 64 ? head_dim - d : 64) / 16);
+            weigh_values_n(acc + h0 * head_dim + d, head_dim, scores + h0 * max_len, max_len,
+                           values, slot, len, width, kv * head_dim + d, nd, hs);
+        }
+    }
+}
 #else
 #define SCORE_BLOCK 0
 #endif
+
+/* The weighted sum of values for every query head, position by position, in portable C
+ * (acc [heads, head_dim]; row: scratch for one fp32 cache row). */
+static void weigh_values_portable(float *acc, float *row, const float *scores,
+                                  int64_t max_len, const bf16 *values, const int64_t *slot,
+                                  int64_t len, int64_t width, int64_t num_heads, int64_t group,
+                                  int64_t head_dim) {
+    memset(acc, 0, sizeof(float) * num_heads * head_dim);
+    for (int64_t j = 0; j < len; j++) {
+        const bf16 *v = values + slot[j] * width;
+#pragma omp simd
+        for (int64_t i = 0; i < width; i++) row[i] = bf2f(v[i]);
+        for (int64_t h = 0; h < num_heads; h++) {
+            const float *vh = row + (h / group) * head_dim;
+            float p = scores[h * max_len + j], *ah = acc + h * head_dim;
+#pragma omp simd
+            for (int64_t d = 0; d < head_dim; d++) ah[d] += p * vh[d];
+        }
+    }
+}
 
 /* Attention of one query token per request over its paged context, read straight from the
  * cache (no gathered copy). Request b attends positions 0..seq_lens[b]-1, whose slots are
@@ -392,18 +483,14 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
                 }
                 sums[h] = sum;
             }
-            memset(acc, 0, sizeof(float) * qwidth);
-            for (int64_t j = 0; j < len; j++) {
-                const bf16 *v = values + slot[j] * width;
-#pragma omp simd
-                for (int64_t i = 0; i < width; i++) row[i] = bf2f(v[i]);
-                for (int64_t h = 0; h < num_heads; h++) {
-                    const float *vh = row + (h / group) * head_dim;
-                    float p = scores[h * max_len + j], *ah = acc + h * head_dim;
-#pragma omp simd
-                    for (int64_t d = 0; d < head_dim; d++) ah[d] += p * vh[d];
-                }
-            }
+#if SCORE_BLOCK
+            if (head_dim % 16 == 0)
+                weigh_all_values(acc, scores, max_len, values, slot, len, width, num_heads,
+                                 group, head_dim);
+            else
+#endif
+                weigh_values_portable(acc, row, scores, max_len, values, slot, len, width,
+                                      num_heads, group, head_dim);
             bf16 *o = out + b * qwidth;
             for (int64_t h = 0; h < num_heads; h++) {
                 float inv = 1.0f / sums[h];
