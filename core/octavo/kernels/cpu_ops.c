@@ -83,6 +83,7 @@ void octavo_gemv(bf16 *y, const bf16 *w, const bf16 *x, const bf16 *bias, int64_
  * Sums stay in fp32 along `in` and round to bf16 once, as a bf16 GEMM's do. */
 #define GEMM_PANEL 32
 #define GEMM_MR 14
+#define GEMM_PREFETCH 32 /* panel rows ahead to ask the memory for (2 KiB) */
 #define GEMM_MC 196 /* rows whose fp32 copy stays in L2 while every panel passes over it */
 
 #ifdef __AVX512F__
@@ -112,6 +113,7 @@ static inline __attribute__((always_inline)) void gemm_tile(
     for (int r = 0; r < mr; r++) acc0[r] = acc1[r] = _mm512_setzero_ps();
     for (int64_t k = 0; k < in; k++) {
         __m512 b0, b1;
+        _mm_prefetch((const char *)(panel + (k + GEMM_PREFETCH) * GEMM_PANEL), _MM_HINT_T0);
         widen_panel_row(panel + k * GEMM_PANEL, &b0, &b1);
 #pragma GCC unroll 14
         for (int r = 0; r < mr; r++) {
@@ -284,6 +286,12 @@ void octavo_write_kv(bf16 *cache, int64_t num_slots, const bf16 *key, const bf16
     }
 }
 
+/* Ask the memory for a cache row a few positions ahead: the rows of a context lie in
+ * blocks scattered over the cache, which the hardware prefetcher cannot guess. */
+static inline void prefetch_row(const bf16 *row, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32) __builtin_prefetch(row + i);
+}
+
 #ifdef __AVX512F__
 /* Lane i of the result = the sum of v[i]'s 16 lanes: 15 shuffle-and-add steps for all 16
  * sums instead of a full horizontal reduction for each. */
@@ -345,6 +353,7 @@ static inline __attribute__((always_inline)) void weigh_values(
     for (int h = 0; h < hs; h++)
         for (int c = 0; c < nd; c++) sums[h][c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < len; j++) {
+        if (j + 8 < len) prefetch_row(values + slot[j + 8] * width + col, 16 * nd);
         const bf16 *v = values + slot[j] * width + col;
         __m512 row[4];
         for (int c = 0; c < nd; c++)
@@ -452,6 +461,8 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
 #if SCORE_BLOCK
             for (; head_dim % 16 == 0 && j + SCORE_BLOCK <= len; j += SCORE_BLOCK) {
                 for (int64_t r = 0; r < SCORE_BLOCK; r++) {
+                    if (j + SCORE_BLOCK + r < len)
+                        prefetch_row(cache + slot[j + SCORE_BLOCK + r] * width, width);
                     const bf16 *k = cache + slot[j + r] * width;
 #pragma omp simd
                     for (int64_t i = 0; i < width; i++) keys[r * width + i] = bf2f(k[i]);
