@@ -51,7 +51,10 @@ void octavo_gemv(bf16 *y, const bf16 *w, const bf16 *x, const bf16 *bias, int64_
 #ifdef __AVX512BF16__
         if (in % 32 == 0) {
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            const bf16 *next = w0 + 4 * in; /* the next group's rows, asked for ahead */
             for (int64_t i = 0; i < in; i += 32) {
+                for (int r = 0; r < 4; r++) _mm_prefetch((const char *)(next + r * in + i),
+                                                         _MM_HINT_T0);
                 __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i);
                 a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w0 + i), xv);
                 a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w0 + in + i), xv);
