@@ -131,7 +131,8 @@ class TorchAttentionImpl(AttentionImpl):
         num_tokens = metadata.num_actual_tokens
         # [2, slots, kv_heads * head_dim]: a context read is one row gather for K and V.
         cache_rows = kv_cache.view(2, -1, self.num_kv_heads * self.head_dim)
-        if self._native(query, kv_cache):
+        native = self._native(query, kv_cache)
+        if native:
             cpu_kernels.write_kv(cache_rows, key[:num_tokens].flatten(1),
                                  value[:num_tokens].flatten(1),
                                  metadata.slot_mapping[:num_tokens])
@@ -144,7 +145,7 @@ class TorchAttentionImpl(AttentionImpl):
 
         decode = plan.decode
         if decode is not None and decode.tokens is None and query.shape[0] == num_tokens:
-            return self._decode(query, cache_rows, decode, plan)
+            return self._decode(query, cache_rows, decode, plan, native)
         # Tokens past num_actual_tokens (padding a runner may add) get zeros.
         output = torch.empty_like(query)
         output[num_tokens:].zero_()
@@ -152,10 +153,10 @@ class TorchAttentionImpl(AttentionImpl):
             tokens = decode.tokens
             if tokens is None:
                 output[:len(decode.seq_lens)] = self._decode(
-                    query[:len(decode.seq_lens)], cache_rows, decode, plan)
+                    query[:len(decode.seq_lens)], cache_rows, decode, plan, native)
             else:
                 output.index_copy_(0, tokens, self._decode(query.index_select(0, tokens),
-                                                           cache_rows, decode, plan))
+                                                           cache_rows, decode, plan, native))
         for group in plan.prefills:
             end = group.start + group.num_reqs * group.query_len
             output[group.start:end] = self._prefill(query[group.start:end], key[group.start:end],
@@ -208,8 +209,8 @@ class TorchAttentionImpl(AttentionImpl):
         return self.sliding_window is None and cpu_kernels.usable(query, kv_cache)
 
     def _decode(self, query: torch.Tensor, cache_rows: torch.Tensor, decode: DecodeBatch,
-                plan: StepPlan) -> torch.Tensor:
-        if self._native(query, cache_rows):  # the same attention, straight from the cache
+                plan: StepPlan, native: bool) -> torch.Tensor:
+        if native:  # the same attention, straight from the cache
             return cpu_kernels.decode_attention(query, cache_rows, decode.slots,
                                                 decode.seq_lens.view(-1), decode.max_len,
                                                 self.num_kv_heads, self.scale)

@@ -41,7 +41,6 @@ class CpuGemm:
                  ) -> None:
         self.bias = bias
         self.weight = weight  # the layer's own tensor, not a copy
-        self.out_features = weight.shape[0]
         self.panels = self.bias_panels = self.packed = self.packed32 = self.bias32 = None
         if cpu_kernels.gemm_available():
             self.panels = cpu_kernels.pack_gemm_weight(weight)
@@ -62,7 +61,7 @@ class CpuGemm:
             flat = x.reshape(rows, x.shape[-1])
             if flat.stride(-1) != 1:
                 flat = flat.contiguous()
-            y = cpu_kernels.gemm(flat, self.panels, self.bias_panels, self.out_features)
+            y = cpu_kernels.gemm(flat, self.panels, self.bias_panels, self.weight.shape[0])
             return y.view(*x.shape[:-1], -1)
         if self.packed32 is not None and rows >= LARGE_ROWS:
             return _linear(x.float(), self.packed32, self.bias32).to(x.dtype)
