@@ -346,6 +346,12 @@ static void score_block16(float *scores, int64_t max_len, int64_t j0, const floa
 }
 #define SCORE_BLOCK 16
 
+/* 16 consecutive bf16 values as fp32. */
+static inline __m512 widen_bf16x16(const bf16 *p) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 /* acc[h][0 .. 16 * nd) = sum over j of p[h * max_len + j] * value row j (fp32), for hs query
  * heads sharing one kv head: the hs * nd sums stay in registers while the value rows pass
  * (16 * nd columns from column `col` of each cache row). */
@@ -359,9 +365,7 @@ static inline __attribute__((always_inline)) void weigh_values(
         if (j + 8 < len) prefetch_row(values + slot[j + 8] * width + col, 16 * nd);
         const bf16 *v = values + slot[j] * width + col;
         __m512 row[4];
-        for (int c = 0; c < nd; c++)
-            row[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(v + 16 * c))), 16));
+        for (int c = 0; c < nd; c++) row[c] = widen_bf16x16(v + 16 * c);
         for (int h = 0; h < hs; h++) {
             __m512 weight = _mm512_set1_ps(p[h * max_len + j]);
             for (int c = 0; c < nd; c++) sums[h][c] = _mm512_fmadd_ps(weight, row[c], sums[h][c]);
@@ -428,6 +432,39 @@ static void weigh_values_portable(float *acc, float *row, const float *scores,
     }
 }
 
+/* scores[h * max_len + j] = q_h . key of position j (qf: the scaled query in fp32), for the
+ * `len` positions whose cache rows are at `slot`. With AVX-512 and head_dim % 16 == 0, 16
+ * positions at a time, the rest one by one. scratch: room for 16 fp32 cache rows. */
+static void score_context(float *scores, float *scratch, const float *qf, const bf16 *cache,
+                          const int64_t *slot, int64_t len, int64_t max_len, int64_t width,
+                          int64_t num_heads, int64_t group, int64_t head_dim) {
+    int64_t j = 0;
+#if SCORE_BLOCK
+    for (; head_dim % 16 == 0 && j + SCORE_BLOCK <= len; j += SCORE_BLOCK) {
+        for (int64_t r = 0; r < SCORE_BLOCK; r++) {
+            if (j + SCORE_BLOCK + r < len)
+                prefetch_row(cache + slot[j + SCORE_BLOCK + r] * width, width);
+            const bf16 *k = cache + slot[j + r] * width;
+#pragma omp simd
+            for (int64_t i = 0; i < width; i++) scratch[r * width + i] = bf2f(k[i]);
+        }
+        score_block16(scores, max_len, j, qf, scratch, num_heads, group, head_dim, width);
+    }
+#endif
+    for (; j < len; j++) {
+        const bf16 *k = cache + slot[j] * width;
+#pragma omp simd
+        for (int64_t i = 0; i < width; i++) scratch[i] = bf2f(k[i]);
+        for (int64_t h = 0; h < num_heads; h++) {
+            const float *kh = scratch + (h / group) * head_dim, *qh = qf + h * head_dim;
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t d = 0; d < head_dim; d++) dot += qh[d] * kh[d];
+            scores[h * max_len + j] = dot;
+        }
+    }
+}
+
 /* Attention of one query token per request over its paged context, read straight from the
  * cache (no gathered copy). Request b attends positions 0..seq_lens[b]-1, whose slots are
  * slots[b * max_len + j]; query head h reads key/value head h / (heads / kv_heads). Each
@@ -452,39 +489,15 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
         float *qf = malloc(sizeof(float) * qwidth);
         float *acc = malloc(sizeof(float) * qwidth);
         float *sums = malloc(sizeof(float) * num_heads);
-        float *row = malloc(sizeof(float) * width);
-        float *keys = malloc(sizeof(float) * 16 * width);
+        float *scratch = malloc(sizeof(float) * 16 * width); /* fp32 cache rows */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < batch; b++) {
             int64_t len = seq_lens[b];
             const int64_t *slot = slots + b * max_len;
 #pragma omp simd
             for (int64_t i = 0; i < qwidth; i++) qf[i] = bf2f(q[b * q_stride + i]) * scale;
-            int64_t j = 0;
-#if SCORE_BLOCK
-            for (; head_dim % 16 == 0 && j + SCORE_BLOCK <= len; j += SCORE_BLOCK) {
-                for (int64_t r = 0; r < SCORE_BLOCK; r++) {
-                    if (j + SCORE_BLOCK + r < len)
-                        prefetch_row(cache + slot[j + SCORE_BLOCK + r] * width, width);
-                    const bf16 *k = cache + slot[j + r] * width;
-#pragma omp simd
-                    for (int64_t i = 0; i < width; i++) keys[r * width + i] = bf2f(k[i]);
-                }
-                score_block16(scores, max_len, j, qf, keys, num_heads, group, head_dim, width);
-            }
-#endif
-            for (; j < len; j++) {
-                const bf16 *k = cache + slot[j] * width;
-#pragma omp simd
-                for (int64_t i = 0; i < width; i++) row[i] = bf2f(k[i]);
-                for (int64_t h = 0; h < num_heads; h++) {
-                    const float *kh = row + (h / group) * head_dim, *qh = qf + h * head_dim;
-                    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                    for (int64_t d = 0; d < head_dim; d++) dot += qh[d] * kh[d];
-                    scores[h * max_len + j] = dot;
-                }
-            }
+            score_context(scores, scratch, qf, cache, slot, len, max_len, width, num_heads, group,
+                          head_dim);
             for (int64_t h = 0; h < num_heads; h++) {
                 float *s = scores + h * max_len;
                 float m = s[0], sum = 0.0f;
@@ -503,7 +516,7 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
                                  group, head_dim);
             else
 #endif
-                weigh_values_portable(acc, row, scores, max_len, values, slot, len, width,
+                weigh_values_portable(acc, scratch, scores, max_len, values, slot, len, width,
                                       num_heads, group, head_dim);
             bf16 *o = out + b * qwidth;
             for (int64_t h = 0; h < num_heads; h++) {
@@ -517,8 +530,7 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
         free(qf);
         free(acc);
         free(sums);
-        free(row);
-        free(keys);
+        free(scratch);
     }
 }
 
