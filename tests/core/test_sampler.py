@@ -25,7 +25,7 @@ from octavo.sample.metadata import (
 from octavo.sample.params import SamplingParams
 from octavo.sample.penalties import apply_penalties
 from octavo.sample.processors import apply_logits_processors
-from octavo.sample.sampler import Sampler
+from octavo.sample.sampler import Sampler, draw_tokens
 
 NUM_DRAWS = 20_000
 P_VALUE_MIN = 1e-4  # a true distribution fails by chance 0.01% of the time per test
@@ -145,6 +145,33 @@ def test_sampled_frequencies_match_exact_distribution(name: str, seed: int) -> N
     counts = draw_counts(logits, params, NUM_DRAWS)
     p_value = chi_square_pvalue(counts, reference_probs(logits.numpy(), params))
     assert p_value > P_VALUE_MIN, f"seed {seed}: {name} p-value {p_value:.2e}"
+
+
+def test_draw_follows_unnormalised_weights_and_never_picks_a_zero(seed: int) -> None:
+    """The inverse-cdf draw on raw weights (the rejection sampler's residuals are not
+    normalised), zeros among them and at both ends; across a 49k vocabulary too, where the
+    cumulative sum runs long."""
+    for vocab_size in (9, 49_152):
+        weights = torch.rand(vocab_size) * 3
+        zeros = torch.tensor([0, 4, vocab_size - 1])
+        weights[zeros] = 0
+        support = torch.randperm(vocab_size - 1)[:7] + 1 if vocab_size > 9 else None
+        if support is not None:  # a few heavy tokens over a long light tail
+            weights[support] += 5000.0
+        chunk = 500  # rows a call: the fp64 cdf of 49k tokens is 393 kB a row
+        drawn = torch.cat([draw_tokens(weights.expand(chunk, -1), {})
+                           for _ in range(NUM_DRAWS // chunk)])
+        counts = np.bincount(drawn.numpy(), minlength=vocab_size)
+        assert counts[zeros.numpy()].sum() == 0, f"seed {seed}: drew a zero-weight token"
+        weights = weights.double()
+        if support is None:
+            probs = (weights / weights.sum()).numpy()
+        else:  # pool the tail so every expected count is large enough for chi-square
+            counts = np.append(counts[support.numpy()], NUM_DRAWS - counts[support.numpy()].sum())
+            heavy = weights[support] / weights.sum()
+            probs = np.append(heavy.numpy(), 1 - heavy.sum().item())
+        p_value = chi_square_pvalue(counts, probs)
+        assert p_value > P_VALUE_MIN, f"seed {seed}: V={vocab_size} p-value {p_value:.2e}"
 
 
 WRONG_DISTRIBUTIONS = {

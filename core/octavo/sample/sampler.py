@@ -9,9 +9,14 @@ Order, as in vLLM V1:
 4. greedy rows: argmax;
 5. random rows: temperature, min-p, top-k, top-p, then one draw per row.
 
-The draw is an exponential race: argmax of ``probs / E`` with ``E ~ Exp(1)`` per token picks
-token i with probability ``probs[i]``. Seeded rows take their ``E`` from their own
-generator, so a seeded request draws the same tokens whatever else is in the batch.
+The draw inverts the row's cumulative distribution at one uniform number: the first token
+whose cumulative probability passes ``u * total`` is token i with probability
+``probs[i] / total``. It costs one pass of adds per row. The exponential race (argmax of
+``probs / E``, ``E ~ Exp(1)`` per token) that GPU engines use needs one exponential draw
+per vocabulary entry, about 20 ns each on a CPU: at 64 rows x 49k tokens that was 65 ms a
+step, more than SmolLM2-135M's whole forward pass. Seeded rows take their uniform from
+their own generator, so a seeded request draws the same tokens whatever else is in the
+batch.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ class Sampler(torch.nn.Module):
         if metadata.all_greedy:
             return logits.argmax(dim=-1)
         is_greedy = metadata.temperature == 0
-        drawn = exponential_race(truncated_probs(logits, metadata), metadata.generators)
+        drawn = draw_tokens(truncated_probs(logits, metadata), metadata.generators)
         if metadata.all_random:
             return drawn
         return torch.where(is_greedy, logits.argmax(dim=-1), drawn)
@@ -69,13 +74,23 @@ def truncated_probs(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.T
     return scaled.softmax(dim=-1)
 
 
-def exponential_race(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
-    """One token per row of ``probs`` [B, V]; rows in ``generators`` use their own."""
-    noise = torch.empty_like(probs)
-    if len(generators) < probs.shape[0]:
-        noise.exponential_()
+def draw_tokens(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """One token per row of ``probs`` [B, V] (each row any nonnegative weights with a
+    positive sum); rows in ``generators`` use their own."""
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # fp64: 49k fp32 adds would drift
+    total = cdf[:, -1:]
+    uniform = uniform_rows(torch.empty_like(total), generators)
+    # Kept strictly below the total, so some entry of the cdf exceeds it and the first one
+    # that does belongs to a token of nonzero probability.
+    point = torch.minimum(uniform * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, point, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+
+def uniform_rows(out: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """Fill ``out`` [B, ...] with uniform draws in [0, 1); rows with a generator use their
+    own."""
+    if len(generators) < out.shape[0]:
+        out.uniform_()
     for row, generator in generators.items():
-        noise[row].exponential_(generator=generator)
-    # A zero draw would turn a zero probability into 0/0 = nan, which argmax would pick.
-    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
-    return probs.div_(noise).argmax(dim=-1)
+        out[row].uniform_(generator=generator)
+    return out

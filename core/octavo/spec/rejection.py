@@ -15,8 +15,8 @@ for a one-hot ``q`` that is ``p`` without the draft); when every draft is accept
 token is drawn from ``p_n``. Either way each request gains ``accepted + 1`` tokens, and each
 of them has the target's distribution given the ones before it.
 
-Seeded requests draw their uniforms and their exponential race from their own generator, a
-fixed number of draws per step, so they stay reproducible.
+Seeded requests draw their uniforms (for the drafts and for the final token) from their own
+generator, a fixed number of draws per step, so they stay reproducible.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo.sample.sampler import exponential_race
+from octavo.sample.sampler import draw_tokens, uniform_rows
 
 
 @dataclass
@@ -53,7 +53,7 @@ def rejection_sample(
     valid = positions < num_drafts.unsqueeze(1)
     accept = draft_token_ids == target_argmax[:, :k]
     if target_probs is not None:
-        uniform = _uniform(torch.empty(batch, k, device=device), generators)
+        uniform = uniform_rows(torch.empty(batch, k, device=device), generators or {})
         p_draft = target_probs[:, :k].gather(2, draft_token_ids.unsqueeze(2)).squeeze(2)
         q_draft = (torch.ones_like(p_draft) if draft_probs is None
                    else draft_probs.gather(2, draft_token_ids.unsqueeze(2)).squeeze(2))
@@ -64,7 +64,7 @@ def rejection_sample(
     rows = torch.arange(batch, device=device)
     final = target_argmax[rows, num_accepted]
     if target_probs is not None:
-        drawn = exponential_race(
+        drawn = draw_tokens(
             _final_distribution(target_probs, draft_probs, draft_token_ids, num_accepted,
                                 num_drafts), generators or {})
         final = torch.where(is_greedy, final, drawn)
@@ -94,13 +94,3 @@ def _final_distribution(
     # Rounding can leave no mass where p and q agree; p itself is then the right answer.
     usable = rejected & (residual.sum(dim=1) > 0)
     return torch.where(usable.unsqueeze(1), residual, p)
-
-
-def _uniform(out: torch.Tensor, generators: dict[int, torch.Generator] | None) -> torch.Tensor:
-    """Fill ``out`` [B, ...] with uniform draws; rows with a generator use their own."""
-    generators = generators or {}
-    if len(generators) < out.shape[0]:
-        out.uniform_()
-    for row, generator in generators.items():
-        out[row].uniform_(generator=generator)
-    return out
