@@ -26,6 +26,7 @@ from octavo.sample.params import SamplingParams
 from octavo.sample.penalties import apply_penalties
 from octavo.sample.processors import apply_logits_processors
 from octavo.sample.sampler import Sampler, draw_tokens
+from octavo.sample.topk_topp import NUM_CANDIDATES, _sort_and_truncate, apply_top_k_top_p
 
 NUM_DRAWS = 20_000
 P_VALUE_MIN = 1e-4  # a true distribution fails by chance 0.01% of the time per test
@@ -172,6 +173,25 @@ def test_draw_follows_unnormalised_weights_and_never_picks_a_zero(seed: int) -> 
             probs = np.append(heavy.numpy(), 1 - heavy.sum().item())
         p_value = chi_square_pvalue(counts, probs)
         assert p_value > P_VALUE_MIN, f"seed {seed}: V={vocab_size} p-value {p_value:.2e}"
+
+
+def test_top_k_top_p_among_candidates_keeps_what_the_full_sort_keeps(seed: int) -> None:
+    """Over a vocabulary larger than the candidate set: peaked rows, flat rows (whose top_p
+    reaches past the candidates), large top_k, filters off in some rows and -inf already in
+    others all keep exactly the tokens one full sort keeps."""
+    rows, vocab_size = 48, 3 * NUM_CANDIDATES
+    logits = torch.randn(rows, vocab_size) * torch.linspace(0.02, 6.0, rows).unsqueeze(1)
+    logits[::7, : vocab_size // 2] = float("-inf")  # e.g. a grammar's mask
+    top_k = torch.tensor([[5, 40, NUM_CANDIDATES, NUM_CANDIDATES + 300, vocab_size][i % 5]
+                          for i in range(rows)])
+    top_p = torch.tensor([[0.5, 0.9, 0.95, 1.0][i % 4] for i in range(rows)])
+    for k, p in ((top_k, top_p), (None, top_p), (top_k, None)):
+        expected = _sort_and_truncate(logits.clone(), k, p).isfinite()
+        actual = apply_top_k_top_p(logits.clone(), k, p).isfinite()
+        assert torch.equal(actual, expected), (
+            f"seed {seed}: rows {(actual != expected).any(dim=1).nonzero().flatten().tolist()}"
+            f" differ (top_k {'on' if k is not None else 'off'}, "
+            f"top_p {'on' if p is not None else 'off'})")
 
 
 WRONG_DISTRIBUTIONS = {
