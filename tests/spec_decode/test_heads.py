@@ -4,6 +4,7 @@ are token-identical to outputs without speculation (tiny random models, mixed ba
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -14,10 +15,14 @@ from safetensors.torch import load_file, save_file
 
 from octavo import LLM, SamplingParams
 from octavo.attention.torch_backend import TorchAttentionBackend
+from octavo.kernels import cpu
+from octavo.models.build import use_cpu_kernels
+from octavo.models.layers.cpu_gemm import cpu_gemm_supported
 from octavo_spec_decode.eagle import load_eagle, save_eagle
 from octavo_spec_decode.heads_io import HeadCheckpointError
 from octavo_spec_decode.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
 from octavo_spec_decode.train.data import load_target
+from octavo_spec_decode.train.dense_attention import DenseCausalBackend, full_sequence_metadata
 from octavo_spec_decode.train.eagle_train import new_eagle_head
 from tests.core.tiny_models import VOCAB_SIZE
 
@@ -160,3 +165,32 @@ def test_heads_keep_greedy_outputs_identical(method: str, target: Path, medusa_f
     assert actual == expected, f"seed {seed}"
     stats = llm.llm_engine.core.scheduler.spec.snapshot()
     assert stats.num_drafts > 0 and stats.num_draft_tokens > 0, f"no drafts (seed {seed})"
+
+
+def test_eagle_head_on_the_cpu_kernels_matches_the_portable_head(eagle_folder: Path,
+                                                                 target: Path,
+                                                                 seed: int) -> None:
+    """In bf16 the proposer switches the head onto the CPU GEMMs and fused layers, as
+    ``build_model`` does for the target; its predicted features stay the portable head's
+    up to bf16 rounding."""
+    if cpu.library() is None or not cpu_gemm_supported(torch.bfloat16, torch.device("cpu")):
+        pytest.skip("no CPU kernels on this machine")
+    model = load_target(str(target))[0]
+    portable = load_eagle(eagle_folder, DenseCausalBackend, model.model.embed_tokens, HIDDEN)
+    generator = torch.Generator().manual_seed(seed)
+    for param in portable.parameters():  # weights large enough to move the features
+        param.data.normal_(0.0, 0.15, generator=generator)
+    portable = portable.to(torch.bfloat16).eval()
+    fast = copy.deepcopy(portable)
+    use_cpu_kernels(fast, torch.bfloat16, torch.device("cpu"))
+    assert all(m.cpu_gemm is not None for m in fast.modules() if hasattr(m, "cpu_gemm"))
+    lengths = [7, 12]
+    features = torch.randn(sum(lengths), HIDDEN, generator=generator).to(torch.bfloat16)
+    tokens = torch.randint(0, 256, (sum(lengths),), generator=generator)
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    metadata = full_sequence_metadata(lengths, torch.device("cpu"))
+    with torch.inference_mode():
+        expected = portable(features, tokens, positions, [torch.empty(0)], metadata).float()
+        actual = fast(features, tokens, positions, [torch.empty(0)], metadata).float()
+    scale = expected.abs().max()
+    assert (actual - expected).abs().max() <= 0.03 * scale, f"seed {seed}"

@@ -68,7 +68,7 @@ def trained_heads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     for method in ("medusa", "eagle"):
         heads[method] = str(folder / method)
         train_heads(TrainOptions(method=method, model=None, out=heads[method], steps=5,
-                                 num_prompts=4, samples_per_prompt=0, max_tokens=16,
+                                 num_prompts=4, self_written=2, max_tokens=16,
                                  evaluate=False, data=str(folder / "data.pt")))
     return heads
 

@@ -8,12 +8,14 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from octavo import LLM
 from octavo.attention.torch_backend import TorchAttentionBackend
 from octavo_spec_decode.eagle import load_eagle
 from octavo_spec_decode.medusa import load_medusa
 from octavo_spec_decode.train.data import Sequence, add_features, generate_text, load_target
 from octavo_spec_decode.train.prompts import HELD_OUT_PROMPTS, training_prompts
 from octavo_spec_decode.train.run import TrainOptions, train_heads
+from octavo_spec_decode.train.self_instruct import self_written_requests, user_turn_prefix
 from octavo_spec_decode.train.targets import label_tokens, on_greedy_path
 from tests.core.tiny_models import VOCAB_SIZE
 from tests.helpers import run_octavo
@@ -21,7 +23,7 @@ from tests.helpers import run_octavo
 
 def train(method: str, target: Path, out: Path) -> str:
     result = run_octavo("spec", "train", "--method", method, "--model", str(target),
-                        "--out", str(out), "--steps", "4", "--prompts", "6",
+                        "--out", str(out), "--steps", "4", "--prompts", "4", "--self-written", "2",
                         "--max-tokens", "12", "--seed", "3", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
@@ -38,7 +40,8 @@ def test_spec_train_cli_writes_an_eagle_head_that_loads(target: Path, tmp_path: 
 def test_medusa_training_is_deterministic_and_loads(target: Path, tmp_path: Path) -> None:
     def options(out: Path, evaluate: bool) -> TrainOptions:
         return TrainOptions(method="medusa", model=str(target), out=str(out), steps=4,
-                            num_prompts=6, max_tokens=12, seed=3, evaluate=evaluate,
+                            num_prompts=4, self_written=2, max_tokens=12, seed=3,
+                            evaluate=evaluate,
                             data=str(tmp_path / "data.pt"))
 
     report = train_heads(options(tmp_path / "a", evaluate=True))
@@ -93,3 +96,24 @@ def test_training_prompts_are_distinct_and_hold_out_the_benchmark_instructions()
     prompts = training_prompts()
     assert len(set(prompts)) == len(prompts) >= 576  # the default --prompts
     assert not set(prompts) & set(HELD_OUT_PROMPTS)
+
+
+def test_user_turn_prefix_is_the_template_up_to_the_message(target: Path) -> None:
+    tokenizer = LLM(model=str(target), dtype="float32").get_tokenizer()
+    prefix = user_turn_prefix(tokenizer)
+    whole = tokenizer.apply_chat_template([{"role": "user", "content": "Hello there"}],
+                                          tokenize=True, return_dict=False)
+    assert prefix and list(whole[:len(prefix)]) == prefix
+    assert tokenizer.decode(whole[len(prefix):]).startswith("Hello there")
+
+
+def test_self_written_requests_are_distinct_ended_turns(target: Path, seed: int) -> None:
+    """The target's own user turns: only ones it ended itself, no repeats, none excluded,
+    and the same seed gives the same list."""
+    llm = LLM(model=str(target), dtype="float32", seed=seed)
+    first = self_written_requests(llm, 6, seed)
+    assert 0 < len(first) <= 6 and len(set(first)) == len(first)
+    assert all(r and r == r.strip() for r in first)
+    assert self_written_requests(llm, 6, seed) == first
+    without = self_written_requests(llm, 6, seed, exclude=(first[0],))
+    assert first[0] not in without and set(first[1:]) <= set(without)

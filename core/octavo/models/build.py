@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from octavo.attention.base import AttentionBackend
 from octavo.kernels.cpu_layers import use_cpu_layers
@@ -41,12 +42,19 @@ def build_model(
     except ValueError as exc:  # dimensions the layers cannot be built with
         raise ModelLoadError(f"{config_file}: cannot build {model_class.__name__}: {exc}") from exc
     _load(model, files)
-    if cpu_gemm_supported(dtype, torch.device(device)):
+    use_cpu_kernels(model, dtype, torch.device(device))
+    return model.eval()
+
+
+def use_cpu_kernels(model: nn.Module, dtype: torch.dtype, device: torch.device) -> None:
+    """For a bf16 model on the CPU: prepack the loaded weights for the CPU's GEMMs and fuse
+    the element-wise layers; nothing otherwise. Proposers call it for the heads they build
+    from the target's layer classes (an EAGLE head), which ``build_model`` never sees."""
+    if cpu_gemm_supported(dtype, device):
         from octavo.platforms.cpu import cpu_has_amx
 
         attach_cpu_gemms(model, fp32_for_large=not cpu_has_amx())
         use_cpu_layers(model)
-    return model.eval()
 
 
 def model_class_for(

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from octavo.attention.base import AttentionBackend, AttentionMetadata
+from octavo.models.build import use_cpu_kernels
 from octavo.models.config import ArchConfig
 from octavo.models.layers.weights import WeightShapeError
 from octavo.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
@@ -232,6 +233,7 @@ class EagleProposer(Proposer):
                                target.model.embed_tokens,  # type: ignore[union-attr]
                                hidden_size=target.config.hidden_size)
         self.head.to(device=context.device, dtype=context.dtype).eval()
+        use_cpu_kernels(self.head, context.dtype, context.device)
         self.kv_caches: list[torch.Tensor] = []
         ids = self.head.draft_token_ids
         self.draft_ids = None if ids is None else ids.to(context.device)

@@ -13,6 +13,8 @@ from octavo.models.base import CausalLM
 from octavo.models.build import build_model
 from octavo.models.loader import load_model_files
 from octavo_spec_decode.train.dense_attention import DenseCausalBackend, full_sequence_metadata
+from octavo_spec_decode.train.prompts import HELD_OUT_PROMPTS
+from octavo_spec_decode.train.self_instruct import self_written_requests
 
 
 @dataclass
@@ -32,12 +34,19 @@ SAMPLING_TEMPERATURE = 0.7
 
 
 def generate_text(model: str | None, prompts: list[str], max_tokens: int, seed: int,
-                  samples_per_prompt: int = 1) -> list[Sequence]:
-    """The target's greedy reply to each prompt and ``samples_per_prompt`` sampled ones,
-    through Octavo's own engine. Sampled replies multiply the text the heads see (a few
-    hundred prompts give only tens of thousands of greedy tokens) while staying the
-    target's own kind of text; their labels are still its greedy choices."""
-    llm = LLM(model=model, dtype="float32", seed=seed)
+                  samples_per_prompt: int = 1, self_written: int = 0,
+                  dtype: str = "float32") -> list[Sequence]:
+    """The target's greedy reply to each prompt, and to ``self_written`` requests it
+    writes itself, and ``samples_per_prompt`` sampled ones, through Octavo's own engine.
+    Sampled replies multiply the text the heads see (a few hundred prompts give only tens
+    of thousands of greedy tokens) while staying the target's own kind of text; their
+    labels are still its greedy choices. ``dtype`` is the engine's: in bfloat16 the text
+    drifts a little from what fp32 greedy decoding says, but the labels, computed by
+    ``add_features`` in fp32, are the fp32 picks all the same."""
+    llm = LLM(model=model, dtype=dtype, seed=seed)
+    if self_written:
+        prompts = prompts + self_written_requests(llm, self_written, seed,
+                                                  exclude=(*prompts, *HELD_OUT_PROMPTS))
     conversations = [[{"role": "user", "content": p}] for p in prompts]
     runs = [SamplingParams(temperature=0.0, max_tokens=max_tokens)]
     if samples_per_prompt:

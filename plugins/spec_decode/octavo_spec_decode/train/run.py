@@ -11,6 +11,7 @@ import torch
 from octavo.models.base import CausalLM
 from octavo_spec_decode.eagle import save_eagle
 from octavo_spec_decode.medusa import save_medusa
+from octavo_spec_decode.train import defaults
 from octavo_spec_decode.train.data import (
     Sequence,
     add_features,
@@ -25,16 +26,9 @@ from octavo_spec_decode.train.medusa_train import medusa_accuracy, train_medusa
 from octavo_spec_decode.train.prompts import HELD_OUT_PROMPTS, training_prompts
 from octavo_spec_decode.train.targets import split
 
-# Measured on SmolLM2-135M with the default data (576 greedy replies, ~92k tokens): about
-# six passes over the text for EAGLE (~6 min on one core) and five for Medusa (~2 min). More
-# steps only raise the accuracy on the training text - held-out accuracy has levelled off,
-# limited by how little text a CPU can generate in minutes.
-DEFAULT_STEPS = {"medusa": 1500, "eagle": 400}
-# Greedy replies to this many built-in prompts (generation ~5 min on 2 cores): the first 288
-# cover 40 topics, the rest 40 more topics and 5 more kinds of request. At the same generation
-# cost, more topics did slightly better on held-out prompts than a sampled reply besides the
-# greedy one to each of the first 288 (EAGLE: 1.33 against 1.30 tokens per step at k = 3).
-DEFAULT_NUM_PROMPTS = 576
+# The engine's dtype for writing the text: on the CPU bfloat16 runs at ~1.6x fp32's speed
+# (690 against 430 tok/s at 128 replies), and the labels are recomputed in fp32 anyway.
+GENERATION_DTYPE = "auto"
 
 
 @dataclass(frozen=True)
@@ -43,8 +37,10 @@ class TrainOptions:
     model: str | None  # None: the default SmolLM2-135M-Instruct
     out: str
     num_heads: int = 3  # Medusa heads; for EAGLE, the k of the final measurement
-    steps: int | None = None
-    num_prompts: int = DEFAULT_NUM_PROMPTS
+    steps: int | None = None  # None: defaults.STEPS[method]
+    num_prompts: int = defaults.NUM_PROMPTS
+    self_written: int = defaults.SELF_WRITTEN  # requests the target writes itself
+    medusa_layers: int = defaults.MEDUSA_LAYERS
     samples_per_prompt: int = 0  # sampled replies besides the greedy one
     max_tokens: int = 160
     seed: int = 0
@@ -59,10 +55,10 @@ def train_heads(options: TrainOptions) -> str:
     target, hf_config = load_target(options.model)
     sequences = training_data(options, target)
     train_set, eval_set = split(sequences)
-    steps = options.steps or DEFAULT_STEPS[options.method]
+    steps = options.steps or defaults.STEPS[options.method]
     lm_head = target.lm_head.weight
     if options.method == "medusa":
-        heads = train_medusa(train_set, lm_head, options.num_heads, num_layers=1, steps=steps,
+        heads = train_medusa(train_set, lm_head, options.num_heads, options.medusa_layers, steps,
                              seed=options.seed)
         save_medusa(heads, options.out, base_model=options.model or "SmolLM2-135M-Instruct")
         accuracy = medusa_accuracy(heads, eval_set, lm_head)
@@ -92,7 +88,8 @@ def training_data(options: TrainOptions, target: CausalLM) -> list[Sequence]:
         raise ValueError(f"--prompts {options.num_prompts}: only {len(prompts)} built-in "
                          f"training prompts exist")
     sequences = generate_text(options.model, prompts[:options.num_prompts], options.max_tokens,
-                              options.seed, options.samples_per_prompt)
+                              options.seed, options.samples_per_prompt, options.self_written,
+                              dtype=GENERATION_DTYPE)
     add_features(target, sequences)
     if options.data:
         save_data(Path(options.data), options.model, sequences)
