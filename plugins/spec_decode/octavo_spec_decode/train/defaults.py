@@ -11,8 +11,10 @@ NUM_PROMPTS = 576
 # to new prompts. Writing and answering them is most of the generation's time (~35 min on
 # 2 cores for the defaults); ``--data`` keeps the result for the other method.
 SELF_WRITTEN = 2500
-# Optimizer steps: about 2.5 passes over the default text for each method (EAGLE: 8
-# replies a step, ~0.8 s on one core; Medusa: 256 positions a step, ~0.1 s).
-STEPS = {"medusa": 4000, "eagle": 1200}
+# Optimizer steps: about 2.3 passes over the default text for each method (EAGLE: 8
+# replies a step, ~1.5 s on one core; Medusa: 256 positions a step, ~0.4 s). The varied
+# text has ~3x the distinct tokens of the built-in replies, and the logits over them are
+# most of a step.
+STEPS = {"medusa": 4000, "eagle": 800}
 # ResBlocks per Medusa head (Medusa-1's one).
 MEDUSA_LAYERS = 1
