@@ -109,7 +109,8 @@ def test_seed_reproducible_whatever_the_batch(tiny_llama: Path) -> None:
 def test_n_samples_and_logprobs(tiny_llama: Path) -> None:
     llm = make_llm(tiny_llama)
     out = llm.generate({"prompt_token_ids": [9, 8, 7]},
-                       SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=7, logprobs=2))[0]
+                       SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=7, logprobs=2,
+                                      ignore_eos=True))[0]
     assert [c.index for c in out.outputs] == [0, 1, 2]
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
     for completion in out.outputs:
