@@ -37,6 +37,22 @@ def test_spec_train_cli_writes_an_eagle_head_that_loads(target: Path, tmp_path: 
                model.config.hidden_size)
 
 
+def test_spec_train_reports_bad_input_without_a_traceback(target: Path, tmp_path: Path,
+                                                          ) -> None:
+    """What the user can fix is one line naming the option or file, not a Python trace."""
+    too_many = run_octavo("spec", "train", "--method", "medusa", "--model", str(target),
+                          "--out", str(tmp_path / "out"), "--prompts", "5000", timeout=300)
+    assert too_many.returncode != 0
+    assert "--prompts 5000: only" in too_many.stderr and "Traceback" not in too_many.stderr
+    torch.save({"model": "another-model", "sequences": []}, tmp_path / "data.pt")
+    other = run_octavo("spec", "train", "--method", "medusa", "--model", str(target),
+                       "--out", str(tmp_path / "out"), "--data", str(tmp_path / "data.pt"),
+                       timeout=300)
+    assert other.returncode != 0
+    assert "holds data of model 'another-model'" in other.stderr
+    assert "Traceback" not in other.stderr
+
+
 def test_medusa_training_is_deterministic_and_loads(target: Path, tmp_path: Path) -> None:
     def options(out: Path, evaluate: bool) -> TrainOptions:
         return TrainOptions(method="medusa", model=str(target), out=str(out), steps=4,

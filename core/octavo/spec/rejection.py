@@ -49,11 +49,12 @@ def rejection_sample(
 ) -> RejectionOutput:
     batch, k = draft_token_ids.shape
     device = draft_token_ids.device
+    generators = generators or {}
     positions = torch.arange(k, device=device)
     valid = positions < num_drafts.unsqueeze(1)
     accept = draft_token_ids == target_argmax[:, :k]
     if target_probs is not None:
-        uniform = uniform_rows(torch.empty(batch, k, device=device), generators or {})
+        uniform = uniform_rows(torch.empty(batch, k, device=device), generators)
         p_draft = target_probs[:, :k].gather(2, draft_token_ids.unsqueeze(2)).squeeze(2)
         q_draft = (torch.ones_like(p_draft) if draft_probs is None
                    else draft_probs.gather(2, draft_token_ids.unsqueeze(2)).squeeze(2))
@@ -66,7 +67,7 @@ def rejection_sample(
     if target_probs is not None:
         drawn = draw_tokens(
             _final_distribution(target_probs, draft_probs, draft_token_ids, num_accepted,
-                                num_drafts), generators or {})
+                                num_drafts), generators)
         final = torch.where(is_greedy, final, drawn)
 
     token_ids = torch.full((batch, k + 1), -1, dtype=torch.long, device=device)

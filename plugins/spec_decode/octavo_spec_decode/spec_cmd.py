@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from octavo_spec_decode.train import defaults
+from octavo_spec_decode.train.errors import TrainingInputError
 
 METHODS = ("medusa", "eagle")
 
@@ -64,5 +65,8 @@ def train(method: str, model: str | None, out: str, num_heads: int, steps: int |
                            medusa_layers=medusa_layers,
                            samples_per_prompt=samples_per_prompt, max_tokens=max_tokens,
                            seed=seed, evaluate=evaluate, data=data)
-    report = train_heads(options)
+    try:
+        report = train_heads(options)
+    except TrainingInputError as error:
+        raise click.ClickException(str(error)) from error
     click.echo(report)

@@ -13,6 +13,7 @@ from octavo.models.base import CausalLM
 from octavo.models.build import build_model
 from octavo.models.loader import load_model_files
 from octavo_spec_decode.train.dense_attention import DenseCausalBackend, full_sequence_metadata
+from octavo_spec_decode.train.errors import TrainingInputError
 from octavo_spec_decode.train.prompts import HELD_OUT_PROMPTS
 from octavo_spec_decode.train.self_instruct import self_written_requests
 
@@ -98,10 +99,10 @@ def save_data(path: Path, model: str | None, sequences: list[Sequence]) -> None:
 def load_data(path: Path, model: str | None) -> list[Sequence]:
     data = torch.load(path, weights_only=True)
     if data.get("model") != (model or ""):
-        raise ValueError(f"{path}: holds data of model {data.get('model') or 'default'!r}, "
+        raise TrainingInputError(f"{path}: holds data of model {data.get('model') or 'default'!r}, "
                          f"not {model or 'default'!r}")
     if any(s.get("next_tokens") is None for s in data["sequences"]):
-        raise ValueError(f"{path}: written by an older `octavo spec train` (no greedy "
+        raise TrainingInputError(f"{path}: written by an older `octavo spec train` (no greedy "
                          f"labels); delete it to regenerate")
     return [Sequence(s["token_ids"], s["num_prompt_tokens"], s["features"], s["next_tokens"])
             for s in data["sequences"]]

@@ -21,6 +21,7 @@ from octavo_spec_decode.train.data import (
     save_data,
 )
 from octavo_spec_decode.train.eagle_train import eagle_accuracy, train_eagle
+from octavo_spec_decode.train.errors import TrainingInputError
 from octavo_spec_decode.train.evaluate import measure_acceptance
 from octavo_spec_decode.train.medusa_train import medusa_accuracy, train_medusa
 from octavo_spec_decode.train.prompts import HELD_OUT_PROMPTS, training_prompts
@@ -85,7 +86,7 @@ def training_data(options: TrainOptions, target: CausalLM) -> list[Sequence]:
         return load_data(Path(options.data), options.model)
     prompts = training_prompts()
     if options.num_prompts > len(prompts):
-        raise ValueError(f"--prompts {options.num_prompts}: only {len(prompts)} built-in "
+        raise TrainingInputError(f"--prompts {options.num_prompts}: only {len(prompts)} built-in "
                          f"training prompts exist")
     sequences = generate_text(options.model, prompts[:options.num_prompts], options.max_tokens,
                               options.seed, options.samples_per_prompt, options.self_written,

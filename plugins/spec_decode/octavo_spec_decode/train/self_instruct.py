@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 from octavo import LLM, SamplingParams
+from octavo_spec_decode.train.errors import TrainingInputError
 
 # Magpie samples the user turn at temperature 1 with no truncation: lower makes the
 # requests repeat.
@@ -33,7 +34,7 @@ def user_turn_prefix(tokenizer: Any) -> list[int]:
     template's default system turn, if it has one)."""
     text = tokenizer.apply_chat_template([{"role": "user", "content": _MARK}], tokenize=False)
     if _MARK not in text:
-        raise ValueError("the model's chat template does not render the user's message "
+        raise TrainingInputError("the model's chat template does not render the user's message "
                          "verbatim; it cannot write its own training requests")
     return list(tokenizer(text[:text.index(_MARK)], add_special_tokens=False)["input_ids"])
 
@@ -53,7 +54,7 @@ def self_written_requests(llm: LLM, num: int, seed: int, exclude: tuple[str, ...
                           ) -> list[str]:
     """``num`` distinct requests the target wrote, each a user turn it ended itself (cut-off
     ones are dropped). None resembles a prompt of ``exclude``: the held-out prompts must
-    stay unseen, not reworded."""
+    stay unseen, not reworded, and a near-repeat of a built-in prompt adds nothing new."""
     excluded = [words for words in map(topic_words, exclude) if words]
     prefix = {"prompt_token_ids": user_turn_prefix(llm.get_tokenizer())}
     requests: dict[str, None] = {}  # insertion-ordered set: the same seed, the same list
