@@ -2,8 +2,9 @@
 model speculation give the tokens plain decoding gives, on copy prompts (where n-gram
 drafts are accepted often), in a batch with a request that does not speculate (logprobs),
 with chunked prefill and with preemption in a small KV pool. Medusa and EAGLE heads that
-`octavo spec train` made in a few steps give them too on chat prompts: identity must hold
-for any head, good or bad. Kept short: 3 requests of 16 tokens each."""
+`octavo spec train` made in a few steps give them too on chat prompts (Medusa also with a
+token tree): identity must hold for any head, good or bad. Kept short: 3 requests of 16
+tokens each."""
 
 from __future__ import annotations
 
@@ -73,14 +74,17 @@ def trained_heads(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return heads
 
 
-@pytest.mark.parametrize("method", ["medusa", "eagle"])
-def test_trained_heads_keep_greedy_outputs_identical(method: str,
+@pytest.mark.parametrize("method, tree", [
+    ("medusa", None), ("medusa", [[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]]), ("eagle", None),
+], ids=["medusa", "medusa-tree", "eagle"])
+def test_trained_heads_keep_greedy_outputs_identical(method: str, tree: list | None,
                                                      trained_heads: dict[str, str]) -> None:
     tokenizer = load_model_files(None).tokenizer
     prompts = [{"prompt_token_ids": ids} for ids in chat_prompts(3, tokenizer, seed=2)]
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     plain = LLM(**ENGINE).generate(prompts, params, use_tqdm=False)
-    spec = {"method": method, "model": trained_heads[method], "num_speculative_tokens": 3}
+    spec = {"method": method, "model": trained_heads[method], "num_speculative_tokens": 3,
+            "speculative_token_tree": tree}
     llm = LLM(speculative_config=spec, **ENGINE)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == \

@@ -45,9 +45,25 @@ class AttentionMetadata:
     # Host copies of the small index tensors, so backends can loop without device syncs.
     query_start_loc_cpu: torch.Tensor | None = None
     seq_lens_cpu: torch.Tensor | None = None
+    # Speculative token trees verified this step (None: none). Only backends with
+    # ``supports_token_trees`` get one.
+    token_trees: TokenTrees | None = None
     # What a backend derives from this metadata once per step (index tensors, masks) and
     # reuses in every layer, keyed by the backend; starts empty each step.
     backend_state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TokenTrees:
+    """Requests whose query tokens are ``[last token, draft tree nodes]``
+    (``octavo.spec.tree``). Their positions follow the tree's depths, so a node's position
+    is not its place in the query; the nodes are written to consecutive slots all the same
+    (the verifier moves the accepted ones into place). Query ``i`` of such a request sees
+    the whole cached context and, among the request's new tokens, only the columns
+    ``ancestors[i]`` marks."""
+
+    requests: frozenset[int]  # indices into the step's requests
+    ancestors: torch.Tensor  # bool [1 + N, 1 + N]; a request with q tokens uses [:q, :q]
 
 
 class AttentionImpl:
@@ -89,6 +105,8 @@ class AttentionBackend:
     impl_cls: ClassVar[type[AttentionImpl]]  # what make_impl builds, unless overridden
     supported_head_dims: ClassVar[tuple[int, ...] | None] = None  # None: any
     supported_block_sizes: ClassVar[tuple[int, ...] | None] = None
+    # Whether the backend attends ``AttentionMetadata.token_trees`` (tree speculation).
+    supports_token_trees: ClassVar[bool] = False
 
     @staticmethod
     def kv_cache_shape(
@@ -108,3 +126,12 @@ class AttentionBackend:
         """One layer's attention; backends that need more than the impl's constructor
         (workspace buffers, tuned launch parameters) override this."""
         return cls.impl_cls(num_heads, head_dim, scale, num_kv_heads, sliding_window)
+
+    @staticmethod
+    def move_kv(kv_cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor,
+                ) -> None:
+        """Copy the keys and values of ``src_slots`` to ``dst_slots`` (all sources are read
+        before any destination is written); used to put accepted tree drafts in place.
+        Backends with another cache layout override it."""
+        rows = kv_cache.view(2, -1, kv_cache.shape[-2] * kv_cache.shape[-1])
+        rows[:, dst_slots] = rows[:, src_slots]

@@ -13,7 +13,9 @@ tensors (its fused kernels; 3-D inputs fall back to a much slower path):
   padded to the longest. A fresh prompt attends its own new keys directly; a chunk over a
   cached prefix reads its context from the cache. Query token ``j`` of a request with ``q``
   new tokens and ``s`` tokens of context sits at position ``s - q + j`` and sees the
-  context up to and including itself.
+  context up to and including itself;
+- requests verifying a speculative token tree like those, in groups of their own: their
+  queries see the cached context and, among the new tokens, their ancestors in the tree.
 
 How the step's requests split into these groups, and which cache slots each one reads, is
 the same in every layer: it is worked out once per step (:class:`StepPlan`) and kept in the
@@ -52,6 +54,7 @@ class PrefillGroup:
     query_len: int
     seq_len: int
     slots: torch.Tensor | None  # int64 [num_reqs * seq_len]; None: fresh prompts
+    tree: bool = False  # the new tokens are a draft tree (metadata.token_trees)
 
 
 @dataclass
@@ -61,6 +64,7 @@ class StepPlan:
     decode: DecodeBatch | None
     prefills: list[PrefillGroup]
     masks: dict[tuple, torch.Tensor | None] = field(default_factory=dict)  # per window
+    ancestors: torch.Tensor | None = None  # bool [1 + N, 1 + N]: metadata.token_trees'
 
 
 def build_plan(metadata: AttentionMetadata, block_size: int) -> StepPlan:
@@ -89,22 +93,26 @@ def build_plan(metadata: AttentionMetadata, block_size: int) -> StepPlan:
         )
 
     prefills: list[PrefillGroup] = []
+    trees = metadata.token_trees.requests if metadata.token_trees else frozenset()
     for row, length in enumerate(query_lens):
         if length == 1:
             continue
         last = prefills[-1] if prefills else None
         if (last is not None and last.start + last.num_reqs * last.query_len == starts[row]
-                and (last.query_len, last.seq_len) == (length, seq_lens[row])):
+                and (last.query_len, last.seq_len, last.tree)
+                == (length, seq_lens[row], row in trees)):
             last.num_reqs += 1
         else:
-            prefills.append(PrefillGroup(starts[row], 1, length, seq_lens[row], None))
+            prefills.append(PrefillGroup(starts[row], 1, length, seq_lens[row], None,
+                                         row in trees))
     row_of_token = {start: row for row, start in enumerate(starts[:-1])}
     for group in prefills:
         if group.seq_len != group.query_len:  # a cached prefix: read the context from the cache
             first = row_of_token[group.start]
             group.slots = context_slots(block_tables[first:first + group.num_reqs],
                                         group.seq_len, block_size)
-    return StepPlan(decode, prefills)
+    return StepPlan(decode, prefills,
+                    ancestors=metadata.token_trees.ancestors if metadata.token_trees else None)
 
 
 def context_slots(block_tables: torch.Tensor, length: int, block_size: int,
@@ -182,7 +190,8 @@ class TorchAttentionImpl(AttentionImpl):
             context = cache_rows.index_select(1, group.slots).view(
                 2, n, s_len, self.num_kv_heads, self.head_dim).transpose(2, 3)
             keys, values = context[0], context[1]
-        mask = self._prefill_mask(q_len, s_len, query.device, plan)
+        mask = (self._tree_mask(q_len, s_len, plan) if group.tree
+                else self._prefill_mask(q_len, s_len, query.device, plan))
         out = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads)
@@ -201,6 +210,24 @@ class TorchAttentionImpl(AttentionImpl):
             allowed = key_pos <= query_pos
             if window is not None:
                 allowed &= key_pos > query_pos - window
+            plan.masks[cache_key] = allowed
+        return plan.masks[cache_key]
+
+    def _tree_mask(self, query_len: int, seq_len: int, plan: StepPlan) -> torch.Tensor:
+        """``[q, s]`` for a request verifying a draft tree: the cached context, then the
+        tree's ancestor mask over the new tokens (and the window, by tree positions)."""
+        window = self.sliding_window
+        cache_key = ("tree", query_len, seq_len, window)
+        if cache_key not in plan.masks:
+            assert plan.ancestors is not None
+            ancestors = plan.ancestors[:query_len, :query_len]
+            context = seq_len - query_len
+            allowed = torch.cat([ancestors.new_ones(query_len, context), ancestors], dim=1)
+            if window is not None:
+                query_pos = context + ancestors.sum(1) - 1  # the root's position + depth
+                key_pos = torch.cat([torch.arange(context, device=ancestors.device),
+                                     query_pos])
+                allowed &= key_pos[None, :] > query_pos[:, None] - window
             plan.masks[cache_key] = allowed
         return plan.masks[cache_key]
 
@@ -272,3 +299,4 @@ def _host(host_copy: torch.Tensor | None, device_tensor: torch.Tensor) -> torch.
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     impl_cls = TorchAttentionImpl
+    supports_token_trees = True

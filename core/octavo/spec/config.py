@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from octavo.config import ConfigError
+from octavo.spec.tree import DraftTree, TreeError
 
 # Methods and whether they need a "model" (a draft model folder or a head checkpoint).
 METHODS = {"ngram": False, "draft_model": True, "medusa": True, "eagle": True, "eagle3": True}
@@ -23,6 +24,9 @@ class SpeculativeConfig:
     model: str | None = None  # draft model folder (draft_model) or head checkpoint folder
     prompt_lookup_min: int = 2  # ngram: shortest suffix to match
     prompt_lookup_max: int = 5  # ngram: longest suffix to match
+    # Tree proposers (Medusa): the candidate paths verified each step, e.g.
+    # [[0], [1], [0, 0]] (see octavo.spec.tree); None: a chain of num_speculative_tokens.
+    speculative_token_tree: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -41,6 +45,24 @@ class SpeculativeConfig:
                               "(a folder)")
         if self.model is not None and not isinstance(self.model, str):
             raise ConfigError(f"speculative_config: model must be a path, got {self.model!r}")
+        if self.speculative_token_tree is not None:
+            try:
+                DraftTree.from_paths(self.speculative_token_tree, self.num_speculative_tokens)
+            except TreeError as exc:
+                raise ConfigError(f"speculative_config: speculative_token_tree: {exc}") from None
+
+    @property
+    def tree(self) -> DraftTree | None:
+        """The draft tree, or None for plain chains of drafts."""
+        if self.speculative_token_tree is None:
+            return None
+        return DraftTree.from_paths(self.speculative_token_tree, self.num_speculative_tokens)
+
+    @property
+    def max_drafts(self) -> int:
+        """Most drafts a request sends to one verification: the tree's nodes, or k."""
+        tree = self.tree
+        return len(tree) if tree is not None else self.num_speculative_tokens
 
     @classmethod
     def parse(cls, value: str | dict[str, Any] | SpeculativeConfig | None,

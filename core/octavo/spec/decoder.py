@@ -6,6 +6,13 @@ other tokens; (2) after the one forward pass, takes the logits of all ``1 + n`` 
 of every drafting request and verifies them with the rejection sampler; (3) asks the
 proposer for the next step's drafts.
 
+With a draft tree (``octavo.spec.tree``, Medusa's candidate trees) the drafts of a request
+are tree nodes: before the forward pass their positions become the tree's depths and the
+attention backend gets the tree's mask; after it, the verifier follows one path through
+the tree (the one greedy decoding accepts, or for a sampled request the fixed chain of
+first choices) and runs the same rejection sampler on it, then moves the accepted nodes'
+KV to the slots of the positions they now hold.
+
 Exactness with the request's sampling settings: position ``j`` of a request is processed
 as if ``d_1..d_j`` were already its output (``output_token_ids`` extended per position),
 so penalties, bad words and min_tokens see exactly what the plain sampler would have seen.
@@ -21,6 +28,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from octavo.attention.base import TokenTrees
+from octavo.config import ConfigError
 from octavo.plugins import get_registries
 from octavo.sample.params import SamplingParams
 from octavo.sample.penalties import apply_penalties
@@ -29,6 +38,7 @@ from octavo.sample.sampler import truncated_probs
 from octavo.spec.config import SpeculativeConfig
 from octavo.spec.proposer import ProposeInputs, Proposer, ProposerContext
 from octavo.spec.rejection import rejection_sample
+from octavo.spec.tree import DraftTree
 from octavo.worker.input_batch import InputBatch
 from octavo.worker.step_inputs import StepInputs
 
@@ -54,6 +64,41 @@ class SpecDecoder:
             vocab_size=runner.vocab_size))
         if self.proposer.needs_prenorm_hidden_states:
             model.model.keep_prenorm_hidden = True
+        self.tree = self._checked_tree(config, self.proposer, runner.attn_backend)
+        self.ancestors = (self.tree.attention_mask().to(runner.device)
+                          if self.tree is not None else None)
+        # Flat index of the last accepted token of each request verified this step (by its
+        # place in the step), when it is not where a chain would put it.
+        self._last_accepted: dict[int, int] = {}
+
+    @staticmethod
+    def _checked_tree(config: SpeculativeConfig, proposer: Proposer,
+                      backend: type) -> DraftTree | None:
+        """The configured tree, if it is one (a chain-shaped tree is just drafts)."""
+        tree = config.tree
+        if tree is None or tree.is_chain:
+            return None
+        if not proposer.supports_token_tree:
+            raise ConfigError(f"speculative_config: method {config.method!r} does not draft "
+                              f"token trees; drop speculative_token_tree")
+        if not backend.supports_token_trees:
+            raise ConfigError(f"speculative_config: the {backend.name!r} attention backend "
+                              f"cannot verify token trees; drop speculative_token_tree")
+        return tree
+
+    def mark_trees(self, step: StepInputs, mask: np.ndarray) -> None:
+        """Before the forward pass: the tree requests of ``mask`` get their nodes' depths as
+        positions and the attention backend the tree's mask."""
+        if self.tree is None or not mask.any():
+            return
+        assert step.metadata.query_start_loc_cpu is not None and self.ancestors is not None
+        bounds = step.metadata.query_start_loc_cpu.numpy().astype(np.int64)
+        positions = step.positions.cpu().numpy().copy()
+        for start, end in zip(bounds[:-1][mask].tolist(), bounds[1:][mask].tolist()):
+            positions[start + 1:end] = positions[start] + self.tree.depths[:end - start - 1]
+        step.positions = torch.from_numpy(positions).to(step.positions.device)
+        step.metadata.token_trees = TokenTrees(frozenset(np.flatnonzero(mask).tolist()),
+                                               self.ancestors)
 
     @staticmethod
     def place_drafts(batch: InputBatch, drafts: dict[str, list[int]]) -> None:
@@ -80,15 +125,14 @@ class SpecDecoder:
         rows = step.rows[mask]
         req_ids = [batch.req_ids[row] for row in rows.tolist()]
         draft_lists = [drafts[req_id] for req_id in req_ids]
-        num_drafts = np.array([len(d) for d in draft_lists], dtype=np.int64)
-        counts = num_drafts + 1
+        counts = np.array([len(d) + 1 for d in draft_lists], dtype=np.int64)
         assert step.metadata.query_start_loc_cpu is not None
         starts = step.metadata.query_start_loc_cpu.numpy()[:-1][mask].astype(np.int64)
         offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
         flat = np.repeat(starts, counts) + offsets
         logits = runner.model.compute_logits(hidden[torch.from_numpy(flat).to(device)])
 
-        outputs = [batch.states[req_id].output_token_ids + d[:j]
+        outputs = [batch.states[req_id].output_token_ids + [d[n] for n in self._path_to(d, j)]
                    for req_id, d in zip(req_ids, draft_lists) for j in range(len(d) + 1)]
         metadata = runner.sampling_metadata(np.repeat(rows, counts), output_token_ids=outputs)
         logits = logits.to(torch.float32, copy=True)
@@ -96,14 +140,19 @@ class SpecDecoder:
         flat_argmax = logits.argmax(dim=-1)
         flat_probs = None if metadata.all_greedy else truncated_probs(logits, metadata)
 
-        # Padded [B, K + 1] views of the flat positions (the padding repeats a row's last).
-        k = int(num_drafts.max())
         first = np.cumsum(counts) - counts
-        index = first[:, None] + np.minimum(np.arange(k + 1)[None, :], num_drafts[:, None])
-        index_t = torch.from_numpy(index).to(device)
+        is_greedy = metadata.temperature[torch.from_numpy(first).to(device)] == 0
+        paths = self._paths(draft_lists, flat_argmax.tolist(), first, is_greedy.tolist())
+        # Padded [B, K + 1] views of each path's positions (the padding repeats its last).
+        num_drafts = np.array([len(p) for p in paths], dtype=np.int64)
+        k = int(num_drafts.max())
+        index = np.zeros((len(rows), k + 1), dtype=np.int64)
         draft_ids = np.zeros((len(rows), k), dtype=np.int64)
-        for i, d in enumerate(draft_lists):
-            draft_ids[i, : len(d)] = d
+        for i, (path, d) in enumerate(zip(paths, draft_lists)):
+            nodes = [0] + [n + 1 for n in path]
+            index[i] = first[i] + np.array(nodes + nodes[-1:] * (k - len(path)))
+            draft_ids[i, :len(path)] = [d[n] for n in path]
+        index_t = torch.from_numpy(index).to(device)
         generators = {i: g for i, req_id in enumerate(req_ids)
                       if (g := batch.states[req_id].generator) is not None}
         out = rejection_sample(
@@ -111,14 +160,51 @@ class SpecDecoder:
             torch.from_numpy(num_drafts).to(device),
             flat_argmax[index_t],
             None if flat_probs is None else flat_probs[index_t],
-            metadata.temperature[torch.from_numpy(first).to(device)] == 0,
+            is_greedy,
             generators=generators,
         )
-        for pos, row, tokens in zip(np.flatnonzero(mask).tolist(), rows.tolist(),
-                                    out.tolists()):
+        moves: list[tuple[int, int]] = []  # (from, to) flat indices of accepted tree nodes
+        positions = np.flatnonzero(mask).tolist()
+        for pos, row, tokens, path, start in zip(positions, rows.tolist(), out.tolists(),
+                                                 paths, starts.tolist()):
             for token in tokens:
                 batch.append_token(row, token)
             sampled[pos] = tokens
+            accepted = path[:len(tokens) - 1]
+            moves += [(start + 1 + node, start + 1 + depth)
+                      for depth, node in enumerate(accepted) if node != depth]
+            self._last_accepted[pos] = start + (1 + accepted[-1] if accepted else 0)
+        if moves:
+            self._move_kv(step, moves)
+
+    def _path_to(self, drafts: list[int], position: int) -> list[int]:
+        """The draft nodes from the root down to the one at query ``position`` (0: the last
+        token, ``j``: draft ``j - 1``): what is output before the token sampled there."""
+        if self.tree is None:
+            return list(range(position))
+        path: list[int] = []
+        node = position - 1
+        while node >= 0:
+            path.append(node)
+            node = int(self.tree.parents[node])
+        return path[::-1]
+
+    def _paths(self, draft_lists: list[list[int]], argmax: list[int], first: np.ndarray,
+               is_greedy: list[bool]) -> list[list[int]]:
+        """Per request, the draft nodes the chain rejection sampler verifies: all of a
+        chain; of a tree, the greedy path or the fixed first-choice path."""
+        if self.tree is None:
+            return [list(range(len(d))) for d in draft_lists]
+        return [self.tree.greedy_path(d, argmax[f:f + len(d) + 1]) if greedy
+                else self.tree.first_choice_path(len(d))
+                for d, f, greedy in zip(draft_lists, first.tolist(), is_greedy)]
+
+    def _move_kv(self, step: StepInputs, moves: list[tuple[int, int]]) -> None:
+        """Put the accepted tree nodes' keys and values at the positions they now hold."""
+        flat = torch.tensor(moves, dtype=torch.int64).to(self.runner.device)
+        slots = step.metadata.slot_mapping[flat]
+        for kv_cache in self.runner.kv_caches:
+            self.runner.attn_backend.move_kv(kv_cache, slots[:, 0], slots[:, 1])
 
     def propose(self, step: StepInputs, hidden: torch.Tensor, sampled: list[list[int]],
                 drafts: dict[str, list[int]]) -> list[list[int]]:
@@ -131,6 +217,9 @@ class SpecDecoder:
         assert step.metadata.query_start_loc_cpu is not None
         bounds = step.metadata.query_start_loc_cpu.numpy().astype(np.int64)
         last = bounds[1:] - 1 - num_draft_tokens + np.maximum(num_sampled - 1, 0)
+        for pos, index in self._last_accepted.items():
+            last[pos] = index
+        self._last_accepted = {}
         wants = np.array([bool(s) and can_speculate(batch.states[r].sampling_params)
                           for r, s in zip(req_ids, sampled)], dtype=bool)
         inputs = ProposeInputs(
@@ -149,5 +238,5 @@ class SpecDecoder:
             block_table=batch.block_table,
         )
         proposals = self.proposer.propose(inputs)
-        k = self.config.num_speculative_tokens
-        return [list(p[:k]) if want else [] for p, want in zip(proposals, wants.tolist())]
+        most = self.config.max_drafts
+        return [list(p[:most]) if want else [] for p, want in zip(proposals, wants.tolist())]

@@ -89,6 +89,9 @@ class Proposer(ABC):
     # The runner passes the target's hidden states only to proposers that ask for them.
     needs_hidden_states: ClassVar[bool] = False
     needs_prenorm_hidden_states: ClassVar[bool] = False
+    # Whether propose() can return the nodes of ``config.tree`` (octavo.spec.tree) in its
+    # order instead of a chain; only such proposers accept speculative_token_tree.
+    supports_token_tree: ClassVar[bool] = False
 
     def __init__(self, context: ProposerContext) -> None:
         self.context = context
@@ -98,7 +101,7 @@ class Proposer(ABC):
     @abstractmethod
     def propose(self, inputs: ProposeInputs) -> list[list[int]]:
         """Up to ``num_speculative_tokens`` drafts per request of ``inputs`` (``[]`` for
-        none), in the order of ``inputs.req_ids``."""
+        none), in the order of ``inputs.req_ids``; with a tree, up to its nodes, in order."""
 
     def kv_cache_bytes_per_block(self) -> int:
         """Bytes one KV block costs this proposer (a draft model's own paged cache, laid

@@ -67,8 +67,10 @@ class SpecScheduling:
             return
         num_accepted = len(token_ids) - 1
         request.num_computed_tokens -= len(drafts) - num_accepted
-        request.spec_stats.record(len(drafts), num_accepted)
-        self.stats.record(len(drafts), num_accepted)
+        # A tree's nodes (more than k) are accepted at most k deep.
+        positions = min(len(drafts), self.num_speculative_tokens)
+        request.spec_stats.record(len(drafts), num_accepted, positions)
+        self.stats.record(len(drafts), num_accepted, positions)
         self._maybe_log()
 
     def after_update(self, request: Request, runner_output: ModelRunnerOutput,

@@ -3,8 +3,8 @@
 Counted by the scheduler when a step's verification comes back: ``num_drafts`` steps
 verified drafts, proposing ``num_draft_tokens`` of them in all, of which
 ``num_accepted_tokens`` were accepted; ``accepted_per_position[j]`` counts how often the
-draft at position ``j`` (0-based) was accepted. Names follow vLLM's
-``vllm:spec_decode_*`` metrics.
+draft at position ``j`` (0-based; with a draft tree, depth ``j + 1``) was accepted. Names
+follow vLLM's ``vllm:spec_decode_*`` metrics.
 """
 
 from __future__ import annotations
@@ -19,11 +19,15 @@ class SpecDecodingStats:
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
 
-    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def record(self, num_draft_tokens: int, num_accepted: int,
+               num_positions: int | None = None) -> None:
+        """One verification of ``num_draft_tokens`` drafts; ``num_positions``: how many of
+        them can be accepted, the tree's depth when they are a tree's nodes."""
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
-        missing = num_draft_tokens - len(self.accepted_per_position)
+        positions = num_draft_tokens if num_positions is None else num_positions
+        missing = positions - len(self.accepted_per_position)
         if missing > 0:
             self.accepted_per_position.extend([0] * missing)
         for position in range(num_accepted):

@@ -94,11 +94,14 @@ class ModelRunner:
             SpecDecoder.place_drafts(self.batch, drafts)
         step = prepare_step(self.batch, scheduler_output.num_scheduled_tokens, self.block_size,
                             self.device)
+        if drafts:
+            assert self.spec is not None, "drafts were scheduled without a proposer"
+            verify_mask = SpecDecoder.draft_mask(step, self.batch, drafts)
+            self.spec.mark_trees(step, verify_mask)
         hidden = self.run_model(step)
         prompt_logprobs = self._prompt_logprobs(step, hidden)
         sample_mask, logits_indices = step.sample_mask, step.logits_indices
         if drafts:  # drafting requests are sampled by the rejection sampler instead
-            verify_mask = SpecDecoder.draft_mask(step, self.batch, drafts)
             keep = torch.from_numpy(~verify_mask[sample_mask]).to(self.device)
             logits_indices = logits_indices[keep]
             sample_mask = sample_mask & ~verify_mask
@@ -111,7 +114,7 @@ class ModelRunner:
             out = self.sampler(logits, self.sampling_metadata(sample_rows))
             self._record_samples(sample_mask, sample_rows, out, sampled, logprobs)
         if drafts:
-            assert self.spec is not None, "drafts were scheduled without a proposer"
+            assert self.spec is not None
             self.spec.verify(step, hidden, verify_mask, drafts, sampled)
         return ModelRunnerOutput(
             req_ids=[self.batch.req_ids[r] for r in step.rows],

@@ -13,6 +13,11 @@ in ``medusa_lm_head.safetensors`` (or ``.pt``) next to a ``config.json`` with
 their projection equal to the target's LM head (Medusa-1 initialises it so); when every
 projection equals it, the proposer drops the copies and runs all heads through the target's
 LM head in one matmul, so k heads cost one extra LM-head read, not k.
+
+With ``speculative_token_tree`` the proposer drafts Medusa's candidate trees: node
+``(r_1, ..., r_d)`` is head ``d``'s ``r_d``-th best token (a head sees only the hidden state,
+so its candidates are the same under every parent). A head's top-1 is often wrong where
+its second or third guess is right, and the tree verifies those too in the same pass.
 """
 
 from __future__ import annotations
@@ -109,10 +114,12 @@ def save_medusa(heads: MedusaHeads, folder: str | Path, base_model: str = "",
 
 class MedusaProposer(Proposer):
     """Drafts ``k`` tokens per request from the last accepted position's hidden state:
-    draft ``i`` is head ``i``'s argmax (Medusa's top-1 chain, a one-hot proposal)."""
+    draft ``i`` is head ``i``'s argmax (Medusa's top-1 chain, a one-hot proposal), or with
+    a tree, each node's candidate."""
 
     name = "medusa"
     needs_hidden_states = True
+    supports_token_tree = True
 
     def __init__(self, context: ProposerContext) -> None:
         super().__init__(context)
@@ -130,6 +137,7 @@ class MedusaProposer(Proposer):
             for head in heads:
                 head[-1].weight = nn.Parameter(lm_head, requires_grad=False)
         self.heads = heads.to(device=context.device, dtype=context.dtype).eval()
+        self.tree = context.config.tree
 
     @torch.inference_mode()
     def propose(self, inputs: ProposeInputs) -> list[list[int]]:
@@ -139,18 +147,32 @@ class MedusaProposer(Proposer):
         drafts: list[list[int]] = [[] for _ in inputs.req_ids]
         if not len(rows):
             return drafts
-        k = self.num_speculative_tokens
         room = self.context.max_model_len - inputs.num_tokens - 1
-        tokens = self.draft(inputs.hidden_states[rows], k).tolist()
+        hidden = inputs.hidden_states[rows]
+        tokens = (self.draft(hidden, self.num_speculative_tokens) if self.tree is None
+                  else self.draft_tree(hidden)).tolist()
         for i, row_tokens in zip(inputs.wants_drafts.nonzero()[0].tolist(), tokens):
-            drafts[i] = row_tokens[:max(0, min(k, int(room[i])))]
+            drafts[i] = row_tokens[:max(0, int(room[i]))]
         return drafts
 
     def draft(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
         """Top-1 tokens ``[N, k]`` of the first ``k`` heads for hidden states ``[N, h]``."""
+        return self.head_logits(hidden, k).argmax(-1).T
+
+    def draft_tree(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The tree's node tokens ``[N, nodes]``: head ``d``'s candidate of rank ``r_d``."""
+        assert self.tree is not None
+        wanted = self.tree.ranks_per_depth()
+        logits = self.head_logits(hidden, len(wanted))
+        candidates = logits.topk(max(wanted), dim=-1).indices  # [depth, N, R]
+        depths = torch.from_numpy(self.tree.depths - 1).to(candidates.device)
+        ranks = torch.tensor([path[-1] for path in self.tree.paths], device=candidates.device)
+        return candidates[depths, :, ranks].T
+
+    def head_logits(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
+        """Logits ``[k, N, vocab]`` of the first ``k`` heads for hidden states ``[N, h]``."""
         features = self.heads.features(hidden)[:k]
         if self.shares_lm_head:
             logits = self.context.target.compute_logits(features.flatten(0, 1))
-            return logits.view(k, len(hidden), -1).argmax(-1).T
-        return torch.stack([head[-1](f).argmax(-1) for head, f in zip(self.heads, features)],
-                           dim=1)
+            return logits.view(k, len(hidden), -1)
+        return torch.stack([head[-1](f) for head, f in zip(self.heads, features)])

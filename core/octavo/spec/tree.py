@@ -1,0 +1,127 @@
+"""``DraftTree``: the shape of the drafts a tree proposer (Medusa) sends to be verified.
+
+A chain of ``k`` drafts guesses one continuation. A tree guesses several at once: node
+``(r_1, ..., r_d)`` is the draft at depth ``d`` that takes the ``r_d``-th best candidate of
+head ``d`` after the path ``(r_1, ..., r_{d-1})`` - Medusa's ``medusa_choices`` and vLLM's
+``speculative_token_tree``. Nodes are kept in breadth-first order, so every parent comes
+before its children and any prefix of the nodes (the scheduler may cut a request's drafts
+short) is a tree too.
+
+The target verifies all nodes in one forward pass: node ``i`` sits at position
+``p + depth(i)`` (``p``: the request's last token) and attends the context plus its own
+ancestors only (:meth:`attention_mask`). The verifier then follows one path
+(:meth:`greedy_path`, :meth:`first_choice_path`) and hands it to the ordinary chain
+rejection sampler; the accepted nodes' KV is moved to the positions they now hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class TreeError(ValueError):
+    """A token tree that is not one (the message names the node)."""
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    paths: tuple[tuple[int, ...], ...]  # each node's candidate ranks, breadth-first
+    parents: np.ndarray  # int64 [N]: parent node index, -1 for the root (the last token)
+    depths: np.ndarray  # int64 [N]: 1 for the root's children
+
+    @classmethod
+    def from_paths(cls, paths: Any, max_depth: int) -> DraftTree:
+        """From a list of rank paths like ``[[0], [1], [0, 0]]``, checked: ranks are
+        non-negative integers, no path is longer than ``max_depth`` or repeated, and every
+        path's parent path is in the tree."""
+        if not isinstance(paths, (list, tuple)) or not paths:
+            raise TreeError(f"must be a non-empty list of paths like [[0], [1], [0, 0]], "
+                            f"got {paths!r}")
+        nodes: list[tuple[int, ...]] = []
+        for path in paths:
+            if not isinstance(path, (list, tuple)) or not path or not all(
+                    isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in path):
+                raise TreeError(f"node {path!r} is not a non-empty list of ranks >= 0")
+            if len(path) > max_depth:
+                raise TreeError(f"node {list(path)} is deeper than num_speculative_tokens "
+                                f"({max_depth})")
+            nodes.append(tuple(path))
+        if len(set(nodes)) != len(nodes):
+            raise TreeError("a node is listed twice")
+        ordered = tuple(sorted(nodes, key=lambda p: (len(p), p)))
+        index = {path: i for i, path in enumerate(ordered)}
+        for path in ordered:
+            if len(path) > 1 and path[:-1] not in index:
+                raise TreeError(f"node {list(path)} has no parent {list(path[:-1])} in the tree")
+        parents = np.array([index[p[:-1]] if len(p) > 1 else -1 for p in ordered],
+                           dtype=np.int64)
+        return cls(ordered, parents, np.array([len(p) for p in ordered], dtype=np.int64))
+
+    @classmethod
+    def chain(cls, length: int) -> DraftTree:
+        return cls.from_paths([[0] * d for d in range(1, length + 1)], length)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    @property
+    def is_chain(self) -> bool:
+        return all(parent == i - 1 for i, parent in enumerate(self.parents.tolist()))
+
+    def ranks_per_depth(self) -> list[int]:
+        """How many candidates each depth's head must give (its largest rank + 1)."""
+        wanted = [0] * int(self.depths.max())
+        for path in self.paths:
+            wanted[len(path) - 1] = max(wanted[len(path) - 1], path[-1] + 1)
+        return wanted
+
+    def attention_mask(self, num_nodes: int | None = None) -> torch.Tensor:
+        """bool ``[1 + n, 1 + n]`` over the request's last token and its first ``n`` nodes:
+        True where row ``i`` may attend column ``j`` (``j`` is ``i`` or an ancestor)."""
+        n = len(self) if num_nodes is None else num_nodes
+        mask = torch.eye(n + 1, dtype=torch.bool)
+        mask[:, 0] = True
+        for i, parent in enumerate(self.parents[:n].tolist()):
+            if parent >= 0:
+                mask[i + 1] |= mask[parent + 1]
+        return mask
+
+    def children(self, num_nodes: int) -> list[list[int]]:
+        """Children of the root (entry 0) and of each of the first ``num_nodes`` nodes
+        (entry ``i + 1``), in order."""
+        out: list[list[int]] = [[] for _ in range(num_nodes + 1)]
+        for i, parent in enumerate(self.parents[:num_nodes].tolist()):
+            out[parent + 1].append(i)
+        return out
+
+    def greedy_path(self, tokens: list[int], argmax: list[int]) -> list[int]:
+        """The nodes greedy decoding accepts: from the root, the child whose draft is the
+        target's argmax at the current node, as long as there is one. ``tokens[i]`` is node
+        ``i``'s draft; ``argmax[0]`` the target's pick at the last token, ``argmax[i + 1]``
+        at node ``i``."""
+        children = self.children(len(tokens))
+        path: list[int] = []
+        current = -1
+        while True:
+            wanted = argmax[current + 1]
+            match = next((c for c in children[current + 1] if tokens[c] == wanted), None)
+            if match is None:
+                return path
+            path.append(match)
+            current = match
+
+    def first_choice_path(self, num_nodes: int) -> list[int]:
+        """The nodes of the all-best-candidates chain ``(0,), (0, 0), ...``: the draft a
+        sampled request verifies. It is fixed before the target runs, so the ordinary
+        rejection sampler keeps the target's distribution exactly."""
+        children = self.children(num_nodes)
+        path: list[int] = []
+        current = -1
+        while children[current + 1] and self.paths[children[current + 1][0]][-1] == 0:
+            current = children[current + 1][0]
+            path.append(current)
+        return path
