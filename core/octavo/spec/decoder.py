@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from octavo.attention.base import TokenTrees
+from octavo.attention.base import AttentionBackend, TokenTrees
 from octavo.config import ConfigError
 from octavo.plugins import get_registries
 from octavo.sample.params import SamplingParams
@@ -56,6 +56,7 @@ class SpecDecoder:
         self.config = config
         self.runner = runner
         proposer_cls: type[Proposer] = get_registries().proposers.get(config.method)
+        self.tree = self._checked_tree(config, proposer_cls, runner.attn_backend)
         model = runner.model
         self.proposer = proposer_cls(ProposerContext(
             config=config, target=model, attn_backend=runner.attn_backend,
@@ -64,16 +65,15 @@ class SpecDecoder:
             vocab_size=runner.vocab_size))
         if self.proposer.needs_prenorm_hidden_states:
             model.model.keep_prenorm_hidden = True
-        self.tree = self._checked_tree(config, self.proposer, runner.attn_backend)
         self.ancestors = (self.tree.attention_mask().to(runner.device)
                           if self.tree is not None else None)
-        # Flat index of the last accepted token of each request verified this step (by its
-        # place in the step), when it is not where a chain would put it.
+        # Flat index of the last accepted token of each request verified this step, by its
+        # place in the step (in a tree, any node); propose() reads and clears it.
         self._last_accepted: dict[int, int] = {}
 
     @staticmethod
-    def _checked_tree(config: SpeculativeConfig, proposer: Proposer,
-                      backend: type) -> DraftTree | None:
+    def _checked_tree(config: SpeculativeConfig, proposer: type[Proposer],
+                      backend: type[AttentionBackend]) -> DraftTree | None:
         """The configured tree, if it is one (a chain-shaped tree is just drafts)."""
         tree = config.tree
         if tree is None or tree.is_chain:
