@@ -13,10 +13,15 @@ from octavo.attention.torch_backend import TorchAttentionBackend
 from octavo_spec_decode.eagle import load_eagle
 from octavo_spec_decode.medusa import load_medusa
 from octavo_spec_decode.train.data import Sequence, add_features, generate_text, load_target
+from octavo_spec_decode.train.medusa_train import (
+    distillation_loss,
+    medusa_examples,
+    train_medusa,
+)
 from octavo_spec_decode.train.prompts import HELD_OUT_PROMPTS, training_prompts
 from octavo_spec_decode.train.run import TrainOptions, train_heads
 from octavo_spec_decode.train.self_instruct import self_written_requests, user_turn_prefix
-from octavo_spec_decode.train.targets import label_tokens, on_greedy_path
+from octavo_spec_decode.train.targets import TokenSubset, label_tokens, on_greedy_path
 from tests.core.tiny_models import VOCAB_SIZE
 from tests.helpers import run_octavo
 
@@ -62,6 +67,7 @@ def test_medusa_training_is_deterministic_and_loads(target: Path, tmp_path: Path
 
     report = train_heads(options(tmp_path / "a", evaluate=True))
     assert "tokens per verification step" in report, report
+    assert "tree [[0], [1], [2], [0, 0], [1, 0], [0, 0, 0]]" in report, report
     assert (tmp_path / "data.pt").is_file()
     train_heads(options(tmp_path / "b", evaluate=False))  # reuses the text and features
     model = load_target(str(target))[0]
@@ -74,6 +80,31 @@ def test_medusa_training_is_deterministic_and_loads(target: Path, tmp_path: Path
     assert first.keys() == second.keys()
     for name in first:
         assert torch.equal(first[name], second[name]), name
+
+
+def test_medusa_distillation_learns_the_targets_later_distributions(target: Path) -> None:
+    """The heads' loss against the target's own distributions at t + 2.. comes down towards
+    its floor (the distributions' entropy; a random tiny target's are nearly flat) from where
+    identity ResBlocks start (each head guessing the next token's distribution)."""
+    sequences = generate_text(str(target), training_prompts()[:6], 24, seed=1)
+    model = load_target(str(target))[0]
+    add_features(model, sequences)
+    lm_head = model.lm_head.weight
+    examples = medusa_examples(sequences, 3)
+    subset_lm_head = lm_head[TokenSubset.of(sequences, VOCAB_SIZE).token_ids]
+    batch = torch.arange(len(examples.rows))
+    floor = torch.tensor(0.0)
+    for i in range(3):
+        rows = examples.teacher_rows[:, i][examples.teacher_rows[:, i] >= 0]
+        probs = torch.softmax(examples.features[rows] @ subset_lm_head.T, dim=-1)
+        floor += 0.8 ** i * -(probs * probs.log()).sum(-1).mean()
+
+    def excess(steps: int) -> float:
+        heads = train_medusa(sequences, lm_head, 3, 1, steps=steps, seed=0)
+        return (distillation_loss(heads, examples, batch, subset_lm_head) - floor).item()
+
+    before, after = excess(1), excess(200)
+    assert after < 0.6 * before, (before, after)
 
 
 def test_labels_are_the_targets_greedy_picks(target: Path) -> None:

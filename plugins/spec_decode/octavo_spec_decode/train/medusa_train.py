@@ -4,9 +4,18 @@ Head ``i`` at position ``t`` learns the token at ``t + 2 + i`` from the target's
 ``f_t``; its vocabulary projection stays the target's LM head (Medusa initialises it so;
 freezing it keeps training cheap and lets the proposer share the target's LM head). Losses
 are weighted ``0.8 ** i`` as in Medusa: later heads are harder and matter less.
+
+The loss is self-distillation (Medusa's recipe for self-generated text): each head matches
+the target's whole next-token distribution at ``t + 1 + i`` - computed on the fly from the
+stored feature ``f_{t+1+i}`` - not just its greedy pick. Which tokens the target nearly
+chose is knowledge a head can use. Against one-hot greedy labels (4000 steps, 21 min on
+one core) it gave, in 1500 steps (13 min), 1.31 tokens per step at k = 3 on the held-out
+prompts instead of 1.28 as a chain, and 1.45 instead of 1.43 with the default token tree.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
@@ -21,58 +30,76 @@ from octavo_spec_decode.train.targets import (
 )
 
 
-def medusa_examples(sequences: list[Sequence], num_heads: int, subset: TokenSubset,
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Features ``[N, h]`` of the positions that predict reply tokens, and labels
-    ``[N, num_heads]`` (indices into ``subset``, -100 where the sequence has ended)."""
-    features, labels = [], []
+@dataclass
+class MedusaExamples:
+    """Rows of ``features`` (every position of the text, concatenated) that heads read,
+    and per head the row whose target distribution it learns (-1 where the reply ended or
+    left the greedy path)."""
+
+    features: torch.Tensor  # [L_total, h]
+    rows: torch.Tensor  # int64 [N]
+    teacher_rows: torch.Tensor  # int64 [N, num_heads]
+
+
+def medusa_examples(sequences: list[Sequence], num_heads: int) -> MedusaExamples:
+    rows, teachers = [], []
+    offset = 0
     for seq in sequences:
         assert seq.features is not None
         keep = reply_mask(seq, 2) & on_greedy_path(seq, 1)
-        features.append(seq.features[keep])
-        heads = [torch.where(reply_mask(seq, 2 + i) & on_greedy_path(seq, 1 + i),
-                             subset.index_of[label_tokens(seq, 2 + i)], -100)[keep]
-                 for i in range(num_heads)]
-        labels.append(torch.stack(heads, dim=1))
-    return torch.cat(features), torch.cat(labels)
+        positions = torch.arange(len(seq.token_ids)) + offset
+        rows.append(positions[keep])
+        teachers.append(torch.stack(
+            [torch.where(reply_mask(seq, 2 + i) & on_greedy_path(seq, 1 + i),
+                         positions + 1 + i, -1)[keep] for i in range(num_heads)], dim=1))
+        offset += len(seq.token_ids)
+    features = torch.cat([seq.features for seq in sequences])  # type: ignore[misc]
+    return MedusaExamples(features, torch.cat(rows), torch.cat(teachers))
 
 
-def head_logits(heads: MedusaHeads, features: torch.Tensor, lm_head: torch.Tensor,
-                subset: TokenSubset) -> torch.Tensor:
-    """``[num_heads, N, S]`` logits over the subset through the (frozen) LM head."""
-    return subset.logits(heads.features(features), lm_head)
+def distillation_loss(heads: MedusaHeads, examples: MedusaExamples, batch: torch.Tensor,
+                      subset_lm_head: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each head against the target's distribution, over the token
+    subset, weighted ``0.8 ** i`` and averaged over the examples that have a target."""
+    logits = heads.features(examples.features[examples.rows[batch]]) @ subset_lm_head.T
+    loss = logits.new_zeros(())
+    for i in range(len(heads)):
+        teacher_rows = examples.teacher_rows[batch, i]
+        valid = teacher_rows >= 0
+        if not valid.any():
+            continue
+        with torch.no_grad():
+            target = torch.softmax(examples.features[teacher_rows[valid]] @ subset_lm_head.T,
+                                   dim=-1)
+        loss = loss + 0.8 ** i * torch.nn.functional.cross_entropy(logits[i][valid], target)
+    return loss
 
 
 def train_medusa(sequences: list[Sequence], lm_head: torch.Tensor, num_heads: int,
                  num_layers: int, steps: int, seed: int, batch_size: int = 256,
                  lr: float = 3e-3) -> MedusaHeads:
-    """Heads trained on random batches of ``batch_size`` positions. A step costs ~0.1 s on
-    one core, so many steps are cheap; at lr 3e-3 with one-cycle decay (stable for the
-    ResBlocks, unlike EAGLE's decoder layer) 1000-2000 steps reach the held-out plateau."""
+    """Heads trained on random batches of ``batch_size`` positions. A step costs ~0.6 s on
+    one core at the default text (the two subset matmuls dominate); at lr 3e-3 with
+    one-cycle decay (stable for the ResBlocks, unlike EAGLE's decoder layer) 1500 steps
+    reach the held-out plateau."""
     torch.manual_seed(seed)
     vocab_size, hidden_size = lm_head.shape
     heads = MedusaHeads(MedusaConfig(num_heads, num_layers, hidden_size, vocab_size))
     for head in heads:
         head[-1].weight.data.copy_(lm_head)
         head[-1].weight.requires_grad_(False)
-    subset = TokenSubset.of(sequences, vocab_size)
-    features, labels = medusa_examples(sequences, num_heads, subset)
+    subset_lm_head = lm_head[TokenSubset.of(sequences, vocab_size).token_ids]
+    examples = medusa_examples(sequences, num_heads)
     params = [p for p in heads.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=steps,
                                                    pct_start=0.05)
-    weights = torch.tensor([0.8 ** i for i in range(num_heads)])
     generator = torch.Generator().manual_seed(seed)
     with tqdm(range(steps), desc="Training Medusa heads", unit="step",
               dynamic_ncols=True) as bar:
         for _ in bar:
-            batch = torch.randint(len(features), (batch_size,), generator=generator)
-            logits = head_logits(heads, features[batch], lm_head, subset)
-            losses = torch.stack([
-                torch.nn.functional.cross_entropy(logits[i], labels[batch, i],
-                                                  ignore_index=-100)
-                for i in range(num_heads)])
-            loss = (weights * losses.nan_to_num()).sum()
+            batch = torch.randint(len(examples.rows), (batch_size,), generator=generator)
+            loss = distillation_loss(heads, examples, batch, subset_lm_head)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

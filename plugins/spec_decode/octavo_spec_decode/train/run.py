@@ -73,10 +73,19 @@ def train_heads(options: TrainOptions) -> str:
              "top-1 accuracy per draft position on held-back replies (teacher-forced): "
              + ", ".join(f"{a:.2f}" for a in accuracy)]
     if options.evaluate:
-        lines.append(measure_acceptance(options.model, options.method, options.out,
-                                        options.num_heads, list(HELD_OUT_PROMPTS),
-                                        options.max_tokens).summary())
+        lines += [measure_acceptance(options.model, options.method, options.out,
+                                     options.num_heads, list(HELD_OUT_PROMPTS),
+                                     options.max_tokens, tree).summary()
+                  for tree in evaluation_trees(options)]
     return "\n".join(lines)
+
+
+def evaluation_trees(options: TrainOptions) -> list[list[list[int]] | None]:
+    """The plain chain, and for Medusa the default token tree cut to the heads' depth."""
+    if options.method != "medusa":
+        return [None]
+    tree = [list(path) for path in defaults.MEDUSA_TREE if len(path) <= options.num_heads]
+    return [None, tree]
 
 
 def training_data(options: TrainOptions, target: CausalLM) -> list[Sequence]:
