@@ -1,6 +1,7 @@
 """Token-tree attention in the portable backend against a dense reference: a request that
 verifies a draft tree sees its cached context and, among its new tokens, only each node's
-ancestors - next to prefills, chunks and decodes of the same lengths, which stay causal."""
+ancestors - next to prefills, chunks and decodes of the same lengths, which stay causal.
+Small trees attend as decode rows, trees past DECODE_QUERY_LIMIT tokens as prefills."""
 
 from __future__ import annotations
 
@@ -89,22 +90,34 @@ def tree_reference(case, requests, trees: dict[int, DraftTree], scale: float,
 
 @pytest.mark.parametrize("sliding_window", [None, 2, 9])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_tree_requests_match_the_dense_reference(block_size: int,
-                                                 sliding_window: int | None) -> None:
-    seed = fresh_seed()
+@pytest.mark.parametrize("num_nodes", [(4, 12), (16, 24)], ids=["as-decodes", "as-prefills"])
+def test_tree_requests_match_the_dense_reference(block_size: int, sliding_window: int | None,
+                                                 num_nodes: tuple[int, int]) -> None:
+    check_tree(fresh_seed(), num_nodes, block_size, sliding_window,
+               torch.float32, 1e-5)
+
+
+@pytest.mark.parametrize("num_nodes", [(4, 12), (16, 24)], ids=["as-decodes", "as-prefills"])
+def test_bf16_tree_requests_match_the_dense_reference(num_nodes: tuple[int, int]) -> None:
+    """bf16 on the CPU: the fused decode kernel serves the small trees' rows."""
+    check_tree(fresh_seed(), num_nodes, 16, None, torch.bfloat16, 3e-2)
+
+
+def check_tree(seed: int, num_nodes: tuple[int, int], block_size: int,
+               sliding_window: int | None, dtype: torch.dtype, atol: float) -> None:
     rng = random.Random(seed)
-    tree = random_tree(rng, rng.randint(4, 12), 4)
+    tree = random_tree(rng, rng.randint(*num_nodes), 4)
     n = len(tree)
     # Tree requests (full and cut short), and causal requests of the very same lengths.
     requests = [(40, 1 + n), (40, 1 + n), (40, 1 + n), (17, 1 + n), (30, 1), (3, 3),
                 (rng.randint(1, 60), 4)]
     trees = {0: tree, 1: tree, 6: tree}
-    case = make_case(requests, NUM_KV_HEADS * 3, 64, block_size, torch.float32, seed)
+    case = make_case(requests, NUM_KV_HEADS * 3, 64, block_size, dtype, seed)
     case.metadata.token_trees = TokenTrees(frozenset(trees), tree.attention_mask())
     out = run_backend(case, NUM_KV_HEADS * 3, 64, sliding_window)
     expected = tree_reference(case, requests, trees, 64**-0.5, sliding_window)
     diff = (out.double() - expected).abs().max().item()
-    assert diff < 1e-5, f"seed={seed} max abs diff {diff}"
+    assert diff < atol, f"seed={seed} max abs diff {diff}"
 
 
 def test_move_kv_reads_every_source_before_writing() -> None:

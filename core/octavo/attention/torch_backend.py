@@ -7,15 +7,19 @@ tensors (its fused kernels; 3-D inputs fall back to a much slower path):
 - requests with one query token (decodes) together: their contexts are read through the
   block tables into one padded ``[batch, kv_heads, max_len, head_dim]`` tensor, and each
   key/value head's group of query heads is folded into the query length, so one call
-  attends all of them with no repeated keys;
+  attends all of them with no repeated keys (bf16 on the CPU: the fused decode kernel,
+  straight from the cache). A request with a few new tokens over a cached context (a
+  speculative verification) joins them as one decode row per query token, each over the
+  cache positions it may see;
 - requests with several query tokens (a prompt or a chunk of one) in groups of consecutive
   requests with equal query and context lengths, one call per group, so no request is
   padded to the longest. A fresh prompt attends its own new keys directly; a chunk over a
   cached prefix reads its context from the cache. Query token ``j`` of a request with ``q``
   new tokens and ``s`` tokens of context sits at position ``s - q + j`` and sees the
   context up to and including itself;
-- requests verifying a speculative token tree like those, in groups of their own: their
-  queries see the cached context and, among the new tokens, their ancestors in the tree.
+- a query of a request verifying a speculative token tree sees the cached context and,
+  among the new tokens, its ancestors in the tree: as a decode row over those positions,
+  or for trees past ``DECODE_QUERY_LIMIT`` tokens in prefill groups of their own.
 
 How the step's requests split into these groups, and which cache slots each one reads, is
 the same in every layer: it is worked out once per step (:class:`StepPlan`) and kept in the
@@ -26,11 +30,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from octavo.attention.base import AttentionBackend, AttentionImpl, AttentionMetadata
 from octavo.kernels import cpu as cpu_kernels
+
+# Requests with at most this many new tokens over a cached context attend as that many
+# decode rows (the fused decode kernel reads the cache in place); longer ones as prefills.
+DECODE_QUERY_LIMIT = 16
 
 
 @dataclass
@@ -74,55 +83,84 @@ def build_plan(metadata: AttentionMetadata, block_size: int) -> StepPlan:
     seq_lens = _host(metadata.seq_lens_cpu, metadata.seq_lens)[:num_reqs].tolist()
     query_lens = [end - start for start, end in zip(starts, starts[1:])]
     block_tables = metadata.block_tables
-    device = block_tables.device
-
-    decode_rows = [row for row, length in enumerate(query_lens) if length == 1]
-    decode = None
-    if decode_rows:
-        lens = [seq_lens[row] for row in decode_rows]
-        max_len = max(lens)
-        all_decode = len(decode_rows) == num_reqs
-        rows = torch.tensor(decode_rows, device=device)
-        decode = DecodeBatch(
-            tokens=None if all_decode else torch.tensor([starts[r] for r in decode_rows],
-                                                        device=device),
-            slots=context_slots(block_tables[rows], max_len, block_size, lens),
-            seq_lens=torch.tensor(lens, device=device)[:, None],
-            max_len=max_len,
-            equal_lens=min(lens) == max_len,
-        )
-
+    trees = metadata.token_trees
+    as_decodes = [length == 1 or (length <= DECODE_QUERY_LIMIT and seq_len > length)
+                  for length, seq_len in zip(query_lens, seq_lens)]
+    decode = _decode_batch(starts, seq_lens, as_decodes, block_tables, block_size,
+                           trees.requests if trees else frozenset(),
+                           trees.ancestors.cpu().numpy() if trees else None)
     prefills: list[PrefillGroup] = []
-    trees = metadata.token_trees.requests if metadata.token_trees else frozenset()
+    tree_rows = trees.requests if trees else frozenset()
     for row, length in enumerate(query_lens):
-        if length == 1:
+        if as_decodes[row]:
             continue
         last = prefills[-1] if prefills else None
         if (last is not None and last.start + last.num_reqs * last.query_len == starts[row]
                 and (last.query_len, last.seq_len, last.tree)
-                == (length, seq_lens[row], row in trees)):
+                == (length, seq_lens[row], row in tree_rows)):
             last.num_reqs += 1
         else:
             prefills.append(PrefillGroup(starts[row], 1, length, seq_lens[row], None,
-                                         row in trees))
+                                         row in tree_rows))
     row_of_token = {start: row for row, start in enumerate(starts[:-1])}
     for group in prefills:
         if group.seq_len != group.query_len:  # a cached prefix: read the context from the cache
             first = row_of_token[group.start]
             group.slots = context_slots(block_tables[first:first + group.num_reqs],
                                         group.seq_len, block_size)
-    return StepPlan(decode, prefills,
-                    ancestors=metadata.token_trees.ancestors if metadata.token_trees else None)
+    return StepPlan(decode, prefills, ancestors=trees.ancestors if trees else None)
 
 
-def context_slots(block_tables: torch.Tensor, length: int, block_size: int,
-                  lens: list[int] | None = None) -> torch.Tensor:
+def _decode_batch(starts: list[int], seq_lens: list[int], as_decodes: list[bool],
+                  block_tables: torch.Tensor, block_size: int, tree_rows: frozenset[int],
+                  ancestors: np.ndarray | None) -> DecodeBatch | None:
+    """The decode rows of a step, in the flat batch's order: one per single-token request,
+    and one per query token of a request with a few new tokens over a cached context (a
+    speculative verification, the tail of a chunked prompt). Such a query sees the context
+    before the request's new tokens and, among those, the ones before it - or in a token
+    tree its ancestors - so it is a decode over that list of cache positions."""
+    tokens: list[int] = []
+    rows: list[int] = []  # request of each decode row
+    key_lists: dict[int, np.ndarray] = {}  # decode row -> its positions, unless 0..s-1
+    for row, (start, end) in enumerate(zip(starts, starts[1:])):
+        if not as_decodes[row]:
+            continue
+        q_len, s_len = end - start, seq_lens[row]
+        if q_len > 1:
+            allowed = (ancestors[:q_len, :q_len] if row in tree_rows and ancestors is not None
+                       else np.tri(q_len, dtype=bool))
+            context = np.arange(s_len - q_len)
+            for j in range(q_len):
+                key_lists[len(rows) + j] = np.concatenate(
+                    [context, s_len - q_len + np.flatnonzero(allowed[j])])
+        tokens += range(start, end)
+        rows += [row] * q_len
+    if not rows:
+        return None
+    lens = np.array([len(key_lists[i]) if i in key_lists else seq_lens[r]
+                     for i, r in enumerate(rows)], dtype=np.int64)
+    max_len = int(lens.max())
+    positions = np.minimum(np.arange(max_len)[None, :], lens[:, None] - 1)
+    for i, keys in key_lists.items():
+        positions[i, :len(keys)] = keys
+    device = block_tables.device
+    positions_t = torch.from_numpy(positions).to(device)
+    blocks = block_tables[torch.tensor(rows, device=device)].gather(
+        1, positions_t // block_size).long()
+    return DecodeBatch(
+        tokens=None if tokens == list(range(len(tokens))) and len(tokens) == starts[-1]
+        else torch.tensor(tokens, device=device),
+        slots=(blocks * block_size + positions_t % block_size).flatten(),
+        seq_lens=torch.from_numpy(lens).to(device)[:, None],
+        max_len=max_len,
+        equal_lens=bool(lens.min() == max_len),
+    )
+
+
+def context_slots(block_tables: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
     """Cache slots of positions ``0..length-1`` of each row's context, flattened
-    ``[rows * length]``. Rows shorter than ``length`` (``lens``) repeat their last slot."""
+    ``[rows * length]``."""
     positions = torch.arange(length, device=block_tables.device).expand(len(block_tables), -1)
-    if lens is not None:
-        last = torch.tensor(lens, device=block_tables.device)[:, None] - 1
-        positions = torch.minimum(positions, last)
     blocks = block_tables.gather(1, positions // block_size).long()
     return (blocks * block_size + positions % block_size).flatten()
 
