@@ -77,6 +77,12 @@ def test_medusa_round_trip_in_published_layout(tmp_path: Path, seed: int,
         assert torch.equal(loaded.state_dict()[name], tensor), f"{name} (seed {seed})"
     x = torch.randn(5, HIDDEN)
     assert heads.features(x).shape == (2, 5, HIDDEN)
+    assert loaded.draft_token_ids is None
+    heads.draft_token_ids = draft_vocabulary(seed)  # as `octavo spec train` writes them
+    save_medusa(heads, tmp_path, weights_name=weights_name)
+    again = load_medusa(tmp_path, HIDDEN, VOCAB_SIZE)
+    assert again.draft_token_ids is not None
+    assert again.draft_token_ids.tolist() == draft_vocabulary(seed).tolist(), f"seed {seed}"
 
 
 def test_medusa_layout_errors_name_file_and_tensor(medusa_folder: Path, tmp_path: Path) -> None:
@@ -89,6 +95,12 @@ def test_medusa_layout_errors_name_file_and_tensor(medusa_folder: Path, tmp_path
         load_medusa(tmp_path, HIDDEN, VOCAB_SIZE)
     with pytest.raises(HeadCheckpointError, match=r"shape \(320, 64\), expected \(300, 64\)"):
         load_medusa(medusa_folder, HIDDEN, 300)
+    tensors = load_file(medusa_folder / "medusa_lm_head.safetensors")
+    tensors["d2t"] = torch.full((4,), VOCAB_SIZE)  # past the vocabulary
+    save_file(tensors, tmp_path / "medusa_lm_head.safetensors")
+    with pytest.raises(HeadCheckpointError, match=r"medusa_lm_head.safetensors: tensor 'd2t' "
+                                                  r"maps draft tokens outside"):
+        load_medusa(tmp_path, HIDDEN, VOCAB_SIZE)
     (tmp_path / "config.json").write_text('{"medusa_num_layers": 1}')
     with pytest.raises(HeadCheckpointError, match=r"config.json: 'medusa_num_heads' must be"):
         load_medusa(tmp_path, HIDDEN, VOCAB_SIZE)

@@ -22,9 +22,10 @@ from octavo.spec.config import SpeculativeConfig
 from octavo.spec.decoder import SpecDecoder
 from octavo.spec.proposer import ProposeInputs, Proposer
 from octavo_spec_decode.medusa import save_medusa
+from octavo_spec_decode.train.data import load_target
 from tests.core.tiny_models import VOCAB_SIZE
 from tests.spec_decode.test_greedy_identity import ENGINE, SMALL_KV, copy_prompts
-from tests.spec_decode.test_heads import random_medusa
+from tests.spec_decode.test_heads import draft_vocabulary, random_medusa
 
 TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [2, 0], [0, 0, 0], [1, 0, 0], [0, 1, 0]]
 MAX_TOKENS = 24
@@ -133,14 +134,32 @@ def test_tree_verification_is_greedy_identical(target: Path, medusa_folder: Path
         assert sum(o.metrics.num_preemptions for o in outputs) > 0
 
 
+@pytest.fixture(scope="module")
+def shared_head_folder(tmp_path_factory: pytest.TempPathFactory, target: Path,
+                       seed: int) -> Path:
+    """Heads as `octavo spec train` writes them: projections equal to the target's LM
+    head, and a draft vocabulary."""
+    folder = tmp_path_factory.mktemp("medusa_shared")
+    heads = random_medusa(seed)
+    lm_head = load_target(str(target))[0].lm_head.weight
+    for head in heads:
+        head[-1].weight.data.copy_(lm_head)
+    heads.draft_token_ids = draft_vocabulary(seed)
+    save_medusa(heads, folder)
+    return folder
+
+
+@pytest.mark.parametrize("heads", ["own projections", "shared LM head, draft vocabulary"])
 def test_medusa_tree_drafts_each_nodes_ranked_candidate(target: Path, medusa_folder: Path,
-                                                        seed: int) -> None:
-    """Real Medusa heads in a tree: the node tokens are the heads' ranked candidates, and
-    greedy outputs match plain decoding."""
+                                                        shared_head_folder: Path, seed: int,
+                                                        heads: str) -> None:
+    """Real Medusa heads in a tree: the node tokens are the heads' ranked candidates (among
+    the draft vocabulary, when there is one), and greedy outputs match plain decoding."""
+    folder = medusa_folder if heads == "own projections" else shared_head_folder
     prompts = copy_prompts(seed, 3)
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     plain = LLM(model=str(target), **ENGINE).generate(prompts, params, use_tqdm=False)
-    spec = {"method": "medusa", "model": str(medusa_folder), "num_speculative_tokens": 3,
+    spec = {"method": "medusa", "model": str(folder), "num_speculative_tokens": 3,
             "speculative_token_tree": TREE}
     llm = LLM(model=str(target), speculative_config=spec, **ENGINE)
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -153,7 +172,15 @@ def test_medusa_tree_drafts_each_nodes_ranked_candidate(target: Path, medusa_fol
     logits = proposer.head_logits(hidden, 3)
     for j, path in enumerate(proposer.tree.paths):
         ranked = logits[len(path) - 1].topk(path[-1] + 1, dim=-1).indices[:, -1]
-        assert torch.equal(nodes[:, j], ranked), (j, path)
+        assert torch.equal(nodes[:, j], proposer.column_tokens(ranked)), (j, path)
+    if folder == shared_head_folder:
+        assert proposer.projection is not None and proposer.projection.token_ids is not None
+        allowed = set(draft_vocabulary(seed).tolist())
+        assert set(nodes.flatten().tolist()) <= allowed
+        full = proposer.context.target.compute_logits(
+            proposer.heads.features(hidden)[0])  # the first head over the whole vocabulary
+        full[:, [t for t in range(VOCAB_SIZE) if t not in allowed]] = float("-inf")
+        assert torch.equal(nodes[:, 0], full.argmax(-1)), f"seed={seed}"
 
 
 def test_trees_need_a_proposer_and_backend_that_draw_them(target: Path) -> None:

@@ -49,11 +49,14 @@ from octavo.spec.draft_step import build_step
 from octavo.spec.proposer import ProposeInputs, Proposer, ProposerContext
 from octavo_spec_decode.heads_io import (
     HeadCheckpointError,
+    d2t_of,
+    draft_ids_from_d2t,
     find_weights,
     read_config,
     read_tensors,
     write_head,
 )
+from octavo_spec_decode.projection import DraftProjection
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "pytorch_model.pt")
 # Tensors some published checkpoints carry that the head does not use.
@@ -101,8 +104,7 @@ class EagleHead(nn.Module):
         """The state dict under the published names (fused q/k/v and gate/up split)."""
         tensors: dict[str, torch.Tensor] = {}
         if self.draft_token_ids is not None:
-            ids = self.draft_token_ids
-            tensors["d2t"] = ids - torch.arange(len(ids))
+            tensors["d2t"] = d2t_of(self.draft_token_ids)
         for name, param in self.state_dict().items():
             parts = published_names(name)
             sizes = _split_sizes(self, name, len(parts))
@@ -117,11 +119,7 @@ class EagleHead(nn.Module):
             if name.endswith(UNUSED):
                 continue
             if name == "d2t":
-                self.draft_token_ids = torch.arange(len(tensor)) + tensor.long()
-                if tensor.dim() != 1 or not 0 <= int(self.draft_token_ids.min()) <= int(
-                        self.draft_token_ids.max()) < self.config.vocab_size:
-                    raise HeadCheckpointError(f"{path}: tensor 'd2t' maps draft tokens "
-                                              f"outside the vocabulary")
+                self.draft_token_ids = draft_ids_from_d2t(path, tensor, self.config.vocab_size)
                 continue
             param_name, shard_id = param_for(name)
             param = params.get(param_name)
@@ -235,10 +233,8 @@ class EagleProposer(Proposer):
         self.head.to(device=context.device, dtype=context.dtype).eval()
         use_cpu_kernels(self.head, context.dtype, context.device)
         self.kv_caches: list[torch.Tensor] = []
-        ids = self.head.draft_token_ids
-        self.draft_ids = None if ids is None else ids.to(context.device)
-        self.draft_lm_head = None if ids is None else \
-            target.lm_head.weight[self.draft_ids].clone()
+        self.projection = DraftProjection(target, self.head.draft_token_ids, context.dtype,
+                                          context.device)
 
     def _cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         config = self.head.config
@@ -286,10 +282,8 @@ class EagleProposer(Proposer):
 
     def _top_tokens(self, predicted: torch.Tensor) -> np.ndarray:
         """The argmax token of each predicted feature, over the draft vocabulary if any."""
-        if self.draft_ids is None or self.draft_lm_head is None:
-            return self.context.target.compute_logits(predicted).argmax(-1).cpu().numpy()
-        best = (predicted @ self.draft_lm_head.T).argmax(-1)
-        return self.draft_ids[best].cpu().numpy()
+        best = self.projection.logits(predicted).argmax(-1)
+        return self.projection.tokens(best).cpu().numpy()
 
 
 def verified_entries(inputs: ProposeInputs,

@@ -100,3 +100,17 @@ def write_head(folder: Path, weights_name: str, tensors: Mapping[str, torch.Tens
     else:
         torch.save(plain, folder / weights_name)
     (folder / "config.json").write_text(json.dumps(dict(config), indent=2) + "\n")
+
+
+def draft_ids_from_d2t(path: Path, d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Token ids of a draft vocabulary stored as EAGLE-3's ``d2t`` (id - index), checked."""
+    ids = torch.arange(len(d2t)) + d2t.long()
+    if d2t.dim() != 1 or not len(d2t) or not 0 <= int(ids.min()) <= int(ids.max()) < vocab_size:
+        raise HeadCheckpointError(f"{path}: tensor 'd2t' maps draft tokens outside the "
+                                  f"vocabulary")
+    return ids
+
+
+def d2t_of(draft_token_ids: torch.Tensor) -> torch.Tensor:
+    """The ``d2t`` tensor of a draft vocabulary (the inverse of ``draft_ids_from_d2t``)."""
+    return draft_token_ids - torch.arange(len(draft_token_ids))

@@ -12,7 +12,9 @@ in ``medusa_lm_head.safetensors`` (or ``.pt``) next to a ``config.json`` with
 ``medusa_num_heads`` and ``medusa_num_layers``. Heads trained by ``octavo spec train`` keep
 their projection equal to the target's LM head (Medusa-1 initialises it so); when every
 projection equals it, the proposer drops the copies and runs all heads through the target's
-LM head in one matmul, so k heads cost one extra LM-head read, not k.
+LM head in one matmul, so k heads cost one extra LM-head read, not k. Those heads also store
+their draft vocabulary as EAGLE-3's ``d2t`` tensor, and the shared projection then covers
+only its rows (``projection.py``).
 
 With ``speculative_token_tree`` the proposer drafts Medusa's candidate trees: node
 ``(r_1, ..., r_d)`` is head ``d``'s ``r_d``-th best token (a head sees only the hidden state,
@@ -33,11 +35,14 @@ from octavo_spec_decode.heads_io import (
     HeadCheckpointError,
     check_layout,
     config_int,
+    d2t_of,
+    draft_ids_from_d2t,
     find_weights,
     read_config,
     read_tensors,
     write_head,
 )
+from octavo_spec_decode.projection import DraftProjection
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "medusa_lm_head.bin")
 
@@ -76,6 +81,7 @@ class MedusaHeads(nn.ModuleList):
                           nn.Linear(config.hidden_size, config.vocab_size, bias=False))
             for _ in range(config.num_heads))
         self.config = config
+        self.draft_token_ids: torch.Tensor | None = None  # the draft vocabulary, if any
 
     def features(self, hidden: torch.Tensor) -> torch.Tensor:
         """Each head's input to its vocabulary projection: ``[num_heads, N, hidden]``."""
@@ -101,15 +107,21 @@ def load_medusa(folder: str | Path, hidden_size: int, vocab_size: int) -> Medusa
     heads = MedusaHeads(medusa_config)
     path = find_weights(folder, WEIGHT_FILES)
     tensors = read_tensors(path)
+    d2t = tensors.pop("d2t", None)
     check_layout(path, tensors, heads.expected_shapes())
     heads.load_state_dict(tensors)
+    if d2t is not None:
+        heads.draft_token_ids = draft_ids_from_d2t(path, d2t, vocab_size)
     return heads
 
 
 def save_medusa(heads: MedusaHeads, folder: str | Path, base_model: str = "",
                 weights_name: str = WEIGHT_FILES[0]) -> None:
     config = {**heads.config.to_json(), "base_model_name_or_path": base_model}
-    write_head(Path(folder), weights_name, heads.state_dict(), config)
+    tensors = dict(heads.state_dict())
+    if heads.draft_token_ids is not None:
+        tensors["d2t"] = d2t_of(heads.draft_token_ids)
+    write_head(Path(folder), weights_name, tensors, config)
 
 
 class MedusaProposer(Proposer):
@@ -137,6 +149,9 @@ class MedusaProposer(Proposer):
             for head in heads:
                 head[-1].weight = nn.Parameter(lm_head, requires_grad=False)
         self.heads = heads.to(device=context.device, dtype=context.dtype).eval()
+        self.projection = DraftProjection(context.target, heads.draft_token_ids,
+                                          context.dtype, context.device) \
+            if self.shares_lm_head else None
         self.tree = context.config.tree
 
     @torch.inference_mode()
@@ -157,7 +172,7 @@ class MedusaProposer(Proposer):
 
     def draft(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
         """Top-1 tokens ``[N, k]`` of the first ``k`` heads for hidden states ``[N, h]``."""
-        return self.head_logits(hidden, k).argmax(-1).T
+        return self.column_tokens(self.head_logits(hidden, k).argmax(-1).T)
 
     def draft_tree(self, hidden: torch.Tensor) -> torch.Tensor:
         """The tree's node tokens ``[N, nodes]``: head ``d``'s candidate of rank ``r_d``."""
@@ -167,12 +182,16 @@ class MedusaProposer(Proposer):
         candidates = logits.topk(max(wanted), dim=-1).indices  # [depth, N, R]
         depths = torch.from_numpy(self.tree.depths - 1).to(candidates.device)
         ranks = torch.tensor([path[-1] for path in self.tree.paths], device=candidates.device)
-        return candidates[depths, :, ranks].T
+        return self.column_tokens(candidates[depths, :, ranks].T)
 
     def head_logits(self, hidden: torch.Tensor, k: int) -> torch.Tensor:
-        """Logits ``[k, N, vocab]`` of the first ``k`` heads for hidden states ``[N, h]``."""
+        """Logits ``[k, N, columns]`` of the first ``k`` heads for hidden states ``[N, h]``:
+        over the draft vocabulary when the heads share the target's LM head and have one
+        (``column_tokens`` maps a column to its token), else over the whole vocabulary."""
         features = self.heads.features(hidden)[:k]
-        if self.shares_lm_head:
-            logits = self.context.target.compute_logits(features.flatten(0, 1))
-            return logits.view(k, len(hidden), -1)
+        if self.projection is not None:
+            return self.projection.logits(features.flatten(0, 1)).view(k, len(hidden), -1)
         return torch.stack([head[-1](f) for head, f in zip(self.heads, features)])
+
+    def column_tokens(self, columns: torch.Tensor) -> torch.Tensor:
+        return columns if self.projection is None else self.projection.tokens(columns)

@@ -88,7 +88,9 @@ def train_medusa(sequences: list[Sequence], lm_head: torch.Tensor, num_heads: in
     for head in heads:
         head[-1].weight.data.copy_(lm_head)
         head[-1].weight.requires_grad_(False)
-    subset_lm_head = lm_head[TokenSubset.of(sequences, vocab_size).token_ids]
+    subset = TokenSubset.of(sequences, vocab_size)
+    heads.draft_token_ids = subset.token_ids  # drafts pick among the tokens the target used
+    subset_lm_head = lm_head[subset.token_ids]
     examples = medusa_examples(sequences, num_heads)
     params = [p for p in heads.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
