@@ -19,6 +19,7 @@ STEPS = {"medusa": 1500, "eagle": 800}
 # ResBlocks per Medusa head (Medusa-1's one).
 MEDUSA_LAYERS = 1
 # The token tree Medusa heads are measured with besides the plain chain (paths deeper than
-# the heads are dropped): the best 3 candidates of the first head, 2 of the second, 1 of
-# the third - on the default heads about 1.45 tokens per step against 1.3 for the chain.
+# the heads are dropped): the first head's three best candidates, the second head's best
+# after each of the first two, the third head's after the all-best path. On the default
+# heads: 1.47 tokens per step at k = 3 on the held-out prompts, against 1.32 as a chain.
 MEDUSA_TREE = ((0,), (1,), (2,), (0, 0), (1, 0), (0, 0, 0))
