@@ -1,7 +1,7 @@
 """Token-tree attention in the portable backend against a dense reference: a request that
 verifies a draft tree sees its cached context and, among its new tokens, only each node's
 ancestors - next to prefills, chunks and decodes of the same lengths, which stay causal.
-Small trees attend as decode rows, trees past DECODE_QUERY_LIMIT tokens as prefills."""
+Trees of every size attend as decode rows, past DECODE_QUERY_LIMIT tokens too."""
 
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def test_tree_order_masks_and_paths() -> None:
     assert tree.greedy_path(tokens, [6, 0, 9, 0, 0, 0, 0]) == [1, 4]
     assert tree.greedy_path(tokens, [5, 8, 0, 0, 0, 0, 0]) == [0, 3]
     assert tree.greedy_path(tokens, [4, 0, 0, 0, 0, 0, 0]) == []
+    assert tree.path_to(5) == [0, 2, 5] and tree.path_to(4) == [1, 4] and tree.path_to(-1) == []
     assert tree.first_choice_path(6) == [0, 2, 5]
     assert tree.first_choice_path(3) == [0, 2]  # cut short by the scheduler
     assert DraftTree.chain(3).is_chain and not tree.is_chain
@@ -90,14 +91,14 @@ def tree_reference(case, requests, trees: dict[int, DraftTree], scale: float,
 
 @pytest.mark.parametrize("sliding_window", [None, 2, 9])
 @pytest.mark.parametrize("block_size", [16, 32])
-@pytest.mark.parametrize("num_nodes", [(4, 12), (16, 24)], ids=["as-decodes", "as-prefills"])
+@pytest.mark.parametrize("num_nodes", [(4, 12), (16, 24)], ids=["small", "past-decode-limit"])
 def test_tree_requests_match_the_dense_reference(block_size: int, sliding_window: int | None,
                                                  num_nodes: tuple[int, int]) -> None:
     check_tree(fresh_seed(), num_nodes, block_size, sliding_window,
                torch.float32, 1e-5)
 
 
-@pytest.mark.parametrize("num_nodes", [(4, 12), (16, 24)], ids=["as-decodes", "as-prefills"])
+@pytest.mark.parametrize("num_nodes", [(4, 12), (16, 24)], ids=["small", "past-decode-limit"])
 def test_bf16_tree_requests_match_the_dense_reference(num_nodes: tuple[int, int]) -> None:
     """bf16 on the CPU: the fused decode kernel serves the small trees' rows."""
     check_tree(fresh_seed(), num_nodes, 16, None, torch.bfloat16, 3e-2)

@@ -63,7 +63,7 @@ class TokenTrees:
     ``ancestors[i]`` marks."""
 
     requests: frozenset[int]  # indices into the step's requests
-    ancestors: torch.Tensor  # bool [1 + N, 1 + N]; a request with q tokens uses [:q, :q]
+    ancestors: torch.Tensor  # bool [1 + N, 1 + N] on the host; q tokens use [:q, :q]
 
 
 class AttentionImpl:

@@ -17,9 +17,8 @@ tensors (its fused kernels; 3-D inputs fall back to a much slower path):
   cached prefix reads its context from the cache. Query token ``j`` of a request with ``q``
   new tokens and ``s`` tokens of context sits at position ``s - q + j`` and sees the
   context up to and including itself;
-- a query of a request verifying a speculative token tree sees the cached context and,
-  among the new tokens, its ancestors in the tree: as a decode row over those positions,
-  or for trees past ``DECODE_QUERY_LIMIT`` tokens in prefill groups of their own.
+- a query of a request verifying a speculative token tree, whatever its size, is a decode
+  row too: over the cached context and, among the new tokens, its ancestors in the tree.
 
 How the step's requests split into these groups, and which cache slots each one reads, is
 the same in every layer: it is worked out once per step (:class:`StepPlan`) and kept in the
@@ -63,7 +62,6 @@ class PrefillGroup:
     query_len: int
     seq_len: int
     slots: torch.Tensor | None  # int64 [num_reqs * seq_len]; None: fresh prompts
-    tree: bool = False  # the new tokens are a draft tree (metadata.token_trees)
 
 
 @dataclass
@@ -73,7 +71,6 @@ class StepPlan:
     decode: DecodeBatch | None
     prefills: list[PrefillGroup]
     masks: dict[tuple, torch.Tensor | None] = field(default_factory=dict)  # per window
-    ancestors: torch.Tensor | None = None  # bool [1 + N, 1 + N]: metadata.token_trees'
 
 
 def build_plan(metadata: AttentionMetadata, block_size: int) -> StepPlan:
@@ -84,41 +81,40 @@ def build_plan(metadata: AttentionMetadata, block_size: int) -> StepPlan:
     query_lens = [end - start for start, end in zip(starts, starts[1:])]
     block_tables = metadata.block_tables
     trees = metadata.token_trees
-    as_decodes = [length == 1 or (length <= DECODE_QUERY_LIMIT and seq_len > length)
-                  for length, seq_len in zip(query_lens, seq_lens)]
-    decode = _decode_batch(starts, seq_lens, as_decodes, block_tables, block_size,
-                           trees.requests if trees else frozenset(),
-                           trees.ancestors.cpu().numpy() if trees else None)
-    prefills: list[PrefillGroup] = []
     tree_rows = trees.requests if trees else frozenset()
+    as_decodes = [length == 1 or row in tree_rows
+                  or (length <= DECODE_QUERY_LIMIT and seq_len > length)
+                  for row, (length, seq_len) in enumerate(zip(query_lens, seq_lens))]
+    decode = _decode_batch(starts, seq_lens, as_decodes, block_tables, block_size,
+                           tree_rows, trees.ancestors.numpy() if trees else None)
+    prefills: list[PrefillGroup] = []
     for row, length in enumerate(query_lens):
         if as_decodes[row]:
             continue
         last = prefills[-1] if prefills else None
         if (last is not None and last.start + last.num_reqs * last.query_len == starts[row]
-                and (last.query_len, last.seq_len, last.tree)
-                == (length, seq_lens[row], row in tree_rows)):
+                and (last.query_len, last.seq_len) == (length, seq_lens[row])):
             last.num_reqs += 1
         else:
-            prefills.append(PrefillGroup(starts[row], 1, length, seq_lens[row], None,
-                                         row in tree_rows))
+            prefills.append(PrefillGroup(starts[row], 1, length, seq_lens[row], None))
     row_of_token = {start: row for row, start in enumerate(starts[:-1])}
     for group in prefills:
         if group.seq_len != group.query_len:  # a cached prefix: read the context from the cache
             first = row_of_token[group.start]
             group.slots = context_slots(block_tables[first:first + group.num_reqs],
                                         group.seq_len, block_size)
-    return StepPlan(decode, prefills, ancestors=trees.ancestors if trees else None)
+    return StepPlan(decode, prefills)
 
 
 def _decode_batch(starts: list[int], seq_lens: list[int], as_decodes: list[bool],
                   block_tables: torch.Tensor, block_size: int, tree_rows: frozenset[int],
                   ancestors: np.ndarray | None) -> DecodeBatch | None:
     """The decode rows of a step, in the flat batch's order: one per single-token request,
-    and one per query token of a request with a few new tokens over a cached context (a
-    speculative verification, the tail of a chunked prompt). Such a query sees the context
-    before the request's new tokens and, among those, the ones before it - or in a token
-    tree its ancestors - so it is a decode over that list of cache positions."""
+    and one per query token of a request verifying a token tree or with a few new tokens
+    over a cached context (a speculative verification, the tail of a chunked prompt). Such
+    a query sees the context before the request's new tokens and, among those, the ones
+    before it - or in a token tree its ancestors - so it is a decode over that list of
+    cache positions."""
     tokens: list[int] = []
     rows: list[int] = []  # request of each decode row
     key_lists: dict[int, np.ndarray] = {}  # decode row -> its positions, unless 0..s-1
@@ -228,8 +224,7 @@ class TorchAttentionImpl(AttentionImpl):
             context = cache_rows.index_select(1, group.slots).view(
                 2, n, s_len, self.num_kv_heads, self.head_dim).transpose(2, 3)
             keys, values = context[0], context[1]
-        mask = (self._tree_mask(q_len, s_len, plan) if group.tree
-                else self._prefill_mask(q_len, s_len, query.device, plan))
+        mask = self._prefill_mask(q_len, s_len, query.device, plan)
         out = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scale,
             enable_gqa=self.num_heads != self.num_kv_heads)
@@ -248,24 +243,6 @@ class TorchAttentionImpl(AttentionImpl):
             allowed = key_pos <= query_pos
             if window is not None:
                 allowed &= key_pos > query_pos - window
-            plan.masks[cache_key] = allowed
-        return plan.masks[cache_key]
-
-    def _tree_mask(self, query_len: int, seq_len: int, plan: StepPlan) -> torch.Tensor:
-        """``[q, s]`` for a request verifying a draft tree: the cached context, then the
-        tree's ancestor mask over the new tokens (and the window, by tree positions)."""
-        window = self.sliding_window
-        cache_key = ("tree", query_len, seq_len, window)
-        if cache_key not in plan.masks:
-            assert plan.ancestors is not None
-            ancestors = plan.ancestors[:query_len, :query_len]
-            context = seq_len - query_len
-            allowed = torch.cat([ancestors.new_ones(query_len, context), ancestors], dim=1)
-            if window is not None:
-                query_pos = context + ancestors.sum(1) - 1  # the root's position + depth
-                key_pos = torch.cat([torch.arange(context, device=ancestors.device),
-                                     query_pos])
-                allowed &= key_pos[None, :] > query_pos[:, None] - window
             plan.masks[cache_key] = allowed
         return plan.masks[cache_key]
 

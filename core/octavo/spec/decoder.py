@@ -65,8 +65,8 @@ class SpecDecoder:
             vocab_size=runner.vocab_size))
         if self.proposer.needs_prenorm_hidden_states:
             model.model.keep_prenorm_hidden = True
-        self.ancestors = (self.tree.attention_mask().to(runner.device)
-                          if self.tree is not None else None)
+        self.ancestors = self.tree.attention_mask() if self.tree is not None else None
+        self.max_drafts = config.max_drafts  # parses the tree: once, not every step
         # Flat index of the last accepted token of each request verified this step, by its
         # place in the step (in a tree, any node); propose() reads and clears it.
         self._last_accepted: dict[int, int] = {}
@@ -132,7 +132,7 @@ class SpecDecoder:
         flat = np.repeat(starts, counts) + offsets
         logits = runner.model.compute_logits(hidden[torch.from_numpy(flat).to(device)])
 
-        outputs = [batch.states[req_id].output_token_ids + [d[n] for n in self._path_to(d, j)]
+        outputs = [batch.states[req_id].output_token_ids + [d[n] for n in self._path_to(j)]
                    for req_id, d in zip(req_ids, draft_lists) for j in range(len(d) + 1)]
         metadata = runner.sampling_metadata(np.repeat(rows, counts), output_token_ids=outputs)
         logits = logits.to(torch.float32, copy=True)
@@ -177,17 +177,12 @@ class SpecDecoder:
         if moves:
             self._move_kv(step, moves)
 
-    def _path_to(self, drafts: list[int], position: int) -> list[int]:
-        """The draft nodes from the root down to the one at query ``position`` (0: the last
-        token, ``j``: draft ``j - 1``): what is output before the token sampled there."""
+    def _path_to(self, position: int) -> list[int]:
+        """The drafts output before the token sampled at query ``position`` (0: the last
+        token, ``j``: draft ``j - 1``)."""
         if self.tree is None:
             return list(range(position))
-        path: list[int] = []
-        node = position - 1
-        while node >= 0:
-            path.append(node)
-            node = int(self.tree.parents[node])
-        return path[::-1]
+        return self.tree.path_to(position - 1)
 
     def _paths(self, draft_lists: list[list[int]], argmax: list[int], first: np.ndarray,
                is_greedy: list[bool]) -> list[list[int]]:
@@ -238,5 +233,5 @@ class SpecDecoder:
             block_table=batch.block_table,
         )
         proposals = self.proposer.propose(inputs)
-        most = self.config.max_drafts
-        return [list(p[:most]) if want else [] for p, want in zip(proposals, wants.tolist())]
+        return [list(p[:self.max_drafts]) if want else []
+                for p, want in zip(proposals, wants.tolist())]

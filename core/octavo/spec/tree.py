@@ -98,6 +98,14 @@ class DraftTree:
             out[parent + 1].append(i)
         return out
 
+    def path_to(self, node: int) -> list[int]:
+        """The nodes from the root's child down to ``node`` (-1, the root: none)."""
+        path: list[int] = []
+        while node >= 0:
+            path.append(node)
+            node = int(self.parents[node])
+        return path[::-1]
+
     def greedy_path(self, tokens: list[int], argmax: list[int]) -> list[int]:
         """The nodes greedy decoding accepts: from the root, the child whose draft is the
         target's argmax at the current node, as long as there is one. ``tokens[i]`` is node
