@@ -20,8 +20,8 @@ import torch
 
 from octavo.models.loader import load_model_files
 from octavo.sample.bitmask import apply_grammar_bitmask
+from octavo.sampling_params import StructuredOutputsParams
 from octavo.structured.manager import StructuredOutputManager
-from octavo.structured.params import StructuredOutputsParams
 
 NUM_REQUESTS = 64
 VOCAB = 49152

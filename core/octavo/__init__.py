@@ -6,7 +6,7 @@
 from typing import TYPE_CHECKING, Any
 
 from octavo.logger import init_logger
-from octavo.sample.params import SamplingParams
+from octavo.sampling_params import SamplingParams
 from octavo.version import __version__
 
 init_logger()

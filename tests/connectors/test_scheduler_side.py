@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from octavo.kv.hashing import update_block_hashes
+from octavo.block_hash import update_block_hashes
 from octavo.kv_transfer import KVTransferConfig
-from octavo.sample.params import SamplingParams
+from octavo.outputs import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
+from octavo.request import Request, RequestStatus
+from octavo.sampling_params import SamplingParams
 from octavo.sched.config import SchedulerConfig
-from octavo.sched.output import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
-from octavo.sched.request import Request, RequestStatus
 from octavo.sched.scheduler import Scheduler
 from octavo_connectors.prefix_store import done_blob
 from octavo_connectors.shared_storage import DirectoryStore

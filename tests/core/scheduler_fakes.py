@@ -14,10 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from octavo.sample.params import SamplingParams
-from octavo.sched.engine_output import EngineCoreOutput
-from octavo.sched.output import ModelRunnerOutput, SchedulerOutput
-from octavo.sched.request import Request
+from octavo.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from octavo.request import Request
+from octavo.sampling_params import SamplingParams
 from octavo.sched.scheduler import Scheduler
 
 VOCAB = 1000

@@ -15,7 +15,7 @@ import pytest
 from octavo import LLM, SamplingParams
 from octavo.config import EngineConfig
 from octavo.engine.async_llm import AsyncLLM, IterationStats
-from octavo.sched.engine_output import SchedulerStats
+from octavo.outputs import SchedulerStats
 
 from .tiny_models import save_tiny_model
 

@@ -6,7 +6,7 @@ import pytest
 
 from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.models.loader import load_model_files
-from octavo.sample.params import SamplingParams
+from octavo.sampling_params import SamplingParams
 
 from .tiny_models import tiny_tokenizer
 

@@ -6,7 +6,7 @@ import random
 import subprocess
 import sys
 
-from octavo.kv.hashing import hash_block_tokens, update_block_hashes
+from octavo.block_hash import hash_block_tokens, update_block_hashes
 from tests.core.scheduler_fakes import make_request
 
 BS = 4
@@ -54,7 +54,7 @@ def test_incremental_update_equals_hashing_from_scratch() -> None:
 def test_hashes_are_identical_across_processes() -> None:
     """Not Python's salted hash(): another process (other PYTHONHASHSEED) agrees."""
     tokens = _fresh_tokens(BS)
-    code = ("from octavo.kv.hashing import hash_block_tokens; "
+    code = ("from octavo.block_hash import hash_block_tokens; "
             f"print(hash_block_tokens(None, {tokens}, ('salt',)).hex())")
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env={"PYTHONHASHSEED": "12345"}, check=True)

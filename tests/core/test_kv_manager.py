@@ -11,7 +11,7 @@ import pytest
 
 from octavo.kv.block import KVBlock
 from octavo.kv.manager import KVCacheManager
-from octavo.sched.request import Request
+from octavo.request import Request
 from tests.core.scheduler_fakes import make_request
 
 BS = 4

@@ -11,8 +11,8 @@ import pytest
 
 from octavo.plugins import PluginHost, Registries, Registry, RegistryError
 from octavo.plugins.manager import core_version_problem
-from octavo.sample.params import SamplingParams
-from octavo.sched.request import Request
+from octavo.request import Request
+from octavo.sampling_params import SamplingParams
 
 from ..helpers import run_octavo
 

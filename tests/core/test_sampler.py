@@ -22,11 +22,11 @@ from octavo.sample.metadata import (
     make_generator,
     padded_token_ids,
 )
-from octavo.sample.params import SamplingParams
 from octavo.sample.penalties import apply_penalties
 from octavo.sample.processors import apply_logits_processors
 from octavo.sample.sampler import Sampler, draw_tokens
 from octavo.sample.topk_topp import NUM_CANDIDATES, _sort_and_truncate, apply_top_k_top_p
+from octavo.sampling_params import SamplingParams
 
 NUM_DRAWS = 20_000
 P_VALUE_MIN = 1e-4  # a true distribution fails by chance 0.01% of the time per test

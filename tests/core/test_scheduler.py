@@ -7,12 +7,11 @@ import random
 
 import pytest
 
+from octavo.outputs import EngineCoreEventType, SchedulerOutput
 from octavo.plugins import RegistryError, get_registries
+from octavo.request import RequestStatus
 from octavo.sched.config import SchedulerConfig
-from octavo.sched.engine_output import EngineCoreEventType
-from octavo.sched.output import SchedulerOutput
 from octavo.sched.policy import PriorityPolicy
-from octavo.sched.request import RequestStatus
 from octavo.sched.scheduler import Scheduler
 from tests.core.scheduler_fakes import FakeRunner, make_request, run_to_completion
 

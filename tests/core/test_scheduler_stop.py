@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from octavo.outputs import LogprobsLists
 from octavo.sched.config import SchedulerConfig
-from octavo.sched.output import LogprobsLists
 from octavo.sched.scheduler import Scheduler
 from tests.core.scheduler_fakes import FakeRunner, make_request, run_to_completion
 

@@ -15,16 +15,16 @@ from octavo.engine.serial import (
     UtilityCall,
     UtilityResult,
 )
-from octavo.kv.stats import PrefixCacheStats
-from octavo.sample.params import SamplingParams
-from octavo.sched.engine_output import (
+from octavo.outputs import (
     EngineCoreEvent,
     EngineCoreEventType,
     EngineCoreOutput,
+    LogprobsLists,
     SchedulerStats,
 )
-from octavo.sched.output import LogprobsLists
-from octavo.sched.request import Request
+from octavo.request import Request
+from octavo.sampling_params import SamplingParams
+from octavo.stats import PrefixCacheStats
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from octavo import LLM, SamplingParams
-from octavo.structured import StructuredOutputsParams as S
+from octavo.sampling_params import StructuredOutputsParams as S
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from octavo.kv.manager import KVCacheManager
-from octavo.sched.request import Request
+from octavo.request import Request
 from tests.core.test_kv_manager import BS, NUM_BLOCKS, _step, _World
 
 K = 4

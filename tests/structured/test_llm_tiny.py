@@ -14,7 +14,7 @@ import pytest
 
 from octavo import LLM, SamplingParams
 from octavo.engine.processor import InvalidRequestError
-from octavo.structured import StructuredOutputsParams as S
+from octavo.sampling_params import StructuredOutputsParams as S
 from tests.core.tiny_models import save_tiny_model
 
 SCHEMA = {"type": "object",

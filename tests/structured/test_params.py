@@ -8,9 +8,8 @@ import json
 import pytest
 
 from octavo.engine.serial import Decoder, Encoder, RequestKind
-from octavo.sample.params import SamplingParams
-from octavo.sched.request import Request
-from octavo.structured import StructuredOutputsParams
+from octavo.request import Request
+from octavo.sampling_params import SamplingParams, StructuredOutputsParams
 from octavo.structured.grammar import validate
 
 SCHEMA = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}},

@@ -9,11 +9,11 @@ import threading
 
 import pytest
 
+from octavo.outputs import ModelRunnerOutput, SchedulerOutput
+from octavo.request import RequestStatus
+from octavo.sampling_params import StructuredOutputsParams
 from octavo.sched.config import SchedulerConfig
-from octavo.sched.output import ModelRunnerOutput, SchedulerOutput
-from octavo.sched.request import RequestStatus
 from octavo.sched.scheduler import Scheduler
-from octavo.structured import StructuredOutputsParams
 from octavo.structured.manager import StructuredOutputManager
 from tests.core.scheduler_fakes import make_request
 from tests.core.tiny_models import EOS_ID, VOCAB_SIZE, tiny_tokenizer

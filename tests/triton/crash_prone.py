@@ -13,7 +13,7 @@ import torch
 
 from octavo.models.build import build_model
 from octavo.models.loader import load_model_files
-from octavo.sample.params import SamplingParams
+from octavo.sampling_params import SamplingParams
 from octavo.worker.input_batch import CachedRequestState, InputBatch
 from octavo.worker.step_inputs import StepInputs, prepare_step
 from octavo_triton.backend import TritonAttentionBackend

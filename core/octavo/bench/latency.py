@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from octavo.bench.datasets import BenchRequest
 from octavo.bench.offline import generate, warm_up
 from octavo.engine.llm import LLM
-from octavo.spec.stats import SpecDecodingStats, spec_summary
+from octavo.stats import SpecDecodingStats, spec_summary
 
 LATENCY_PERCENTILES = (10, 25, 50, 75, 90, 99)
 

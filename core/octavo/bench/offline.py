@@ -8,8 +8,7 @@ from tqdm.auto import tqdm
 from octavo.bench.datasets import BenchRequest, token_range
 from octavo.engine.llm import LLM
 from octavo.engine.outputs import RequestOutput
-from octavo.sample.params import SamplingParams
-from octavo.structured.params import StructuredOutputsParams
+from octavo.sampling_params import SamplingParams, StructuredOutputsParams
 
 WARMUP_PROMPT_LEN = 16
 WARMUP_OUTPUT_LEN = 4

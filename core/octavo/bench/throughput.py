@@ -11,7 +11,7 @@ from typing import Any
 from octavo.bench.datasets import BenchRequest
 from octavo.bench.offline import generate, warm_up
 from octavo.engine.llm import LLM
-from octavo.structured.params import StructuredOutputsParams
+from octavo.sampling_params import StructuredOutputsParams
 
 
 @dataclass

@@ -28,8 +28,8 @@ from octavo.engine.output_processor import OutputProcessor, ParentState
 from octavo.engine.outputs import CompletionOutput, RequestOutput
 from octavo.engine.processor import InvalidRequestError, PromptType
 from octavo.engine.serial import EngineCoreOutputs
-from octavo.sample.params import SamplingParams
-from octavo.sched.engine_output import SchedulerStats
+from octavo.outputs import SchedulerStats
+from octavo.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ import logging
 from octavo.config import ConfigError, EngineConfig
 from octavo.models.config import eos_token_ids
 from octavo.models.loader import ModelFiles
+from octavo.outputs import EngineCoreOutput
 from octavo.platforms import Platform
 from octavo.plugins import get_registries
-from octavo.sched.engine_output import EngineCoreOutput
-from octavo.sched.request import Request, RequestStatus
+from octavo.request import Request, RequestStatus
 from octavo.structured.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)

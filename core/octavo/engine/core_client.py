@@ -31,7 +31,7 @@ from octavo.engine.serial import (
     UtilityCall,
     UtilityResult,
 )
-from octavo.sched.request import Request
+from octavo.request import Request
 
 logger = logging.getLogger(__name__)
 

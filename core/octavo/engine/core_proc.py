@@ -44,8 +44,8 @@ from octavo.engine.serial import (
     UtilityCall,
     UtilityResult,
 )
+from octavo.outputs import EngineCoreOutput, SchedulerStats
 from octavo.platforms import BackendError, resolve_platform
-from octavo.sched.engine_output import EngineCoreOutput, SchedulerStats
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from octavo.sample.params import SamplingParams
+from octavo.sampling_params import SamplingParams
 
 REPLACEMENT_CHAR = "\ufffd"
 PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded with the first output, for its spacing

@@ -11,7 +11,7 @@ from octavo.config import EngineConfig
 from octavo.engine.llm_engine import LLMEngine
 from octavo.engine.outputs import RequestOutput
 from octavo.engine.processor import PromptType
-from octavo.sample.params import SamplingParams
+from octavo.sampling_params import SamplingParams
 
 ChatMessages = list[dict[str, str]]
 

@@ -16,7 +16,7 @@ from octavo.engine.processor import Processor, PromptType
 from octavo.models.config import eos_token_ids
 from octavo.models.loader import ModelFiles, load_model_files
 from octavo.platforms import resolve_platform
-from octavo.sample.params import SamplingParams
+from octavo.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 

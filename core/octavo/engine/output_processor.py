@@ -19,9 +19,8 @@ from octavo.engine.outputs import (
     RequestOutput,
     SampleLogprobs,
 )
-from octavo.sched.engine_output import EngineCoreEventType, EngineCoreOutput
-from octavo.sched.output import LogprobsLists
-from octavo.sched.request import Request
+from octavo.outputs import EngineCoreEventType, EngineCoreOutput, LogprobsLists
+from octavo.request import Request
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from octavo.spec.stats import SpecDecodingStats
+from octavo.stats import SpecDecodingStats
 
 
 @dataclass

@@ -10,9 +10,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from octavo.sample.params import SamplingParams
-from octavo.sched.request import Request
-from octavo.structured.params import StructuredOutputsParams
+from octavo.request import Request
+from octavo.sampling_params import SamplingParams, StructuredOutputsParams
 
 # A prompt: text, token ids, or vLLM's dict forms {"prompt": str} / {"prompt_token_ids": [...]}.
 PromptType = str | list[int] | dict[str, Any]

@@ -17,8 +17,8 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from octavo.sched.engine_output import EngineCoreOutput, SchedulerStats
-from octavo.sched.request import Request
+from octavo.outputs import EngineCoreOutput, SchedulerStats
+from octavo.request import Request
 
 _NDARRAY_EXT = 1
 

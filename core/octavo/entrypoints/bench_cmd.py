@@ -180,8 +180,8 @@ def throughput(json_schema: str | None, output_json: str | None, **kwargs: Any) 
 def load_json_schema(path: str) -> Any:
     """``--json-schema``'s file as the constraint of every request, checked before the model
     loads."""
+    from octavo.sampling_params import StructuredOutputsParams
     from octavo.structured.grammar import validate
-    from octavo.structured.params import StructuredOutputsParams
 
     try:
         structured = StructuredOutputsParams(json=Path(path).read_text())

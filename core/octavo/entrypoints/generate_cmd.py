@@ -9,7 +9,7 @@ import click
 from octavo.config import ConfigError, EngineConfig
 from octavo.entrypoints.backend import resolve_backend_or_exit
 from octavo.entrypoints.engine_args import build_config, engine_options
-from octavo.sample.params import SamplingParams
+from octavo.sampling_params import SamplingParams
 
 SAMPLING_OPTIONS = [
     click.option("--max-tokens", type=int, default=256, show_default=True,

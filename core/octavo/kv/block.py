@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from octavo.kv.hashing import BlockHash
+from octavo.block_hash import BlockHash
 
 
 @dataclass(eq=False)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from octavo.block_hash import BlockHash
 from octavo.kv.block import KVBlock
 from octavo.kv.free_queue import FreeBlockQueue
-from octavo.kv.hashing import BlockHash
 
 
 class BlockPool:

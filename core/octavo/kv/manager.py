@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from octavo.block_hash import update_block_hashes
 from octavo.kv.block import KVBlock
 from octavo.kv.block_pool import BlockPool
-from octavo.kv.hashing import update_block_hashes
-from octavo.kv.stats import PrefixCacheStats
-from octavo.sched.request import Request
+from octavo.request import Request
+from octavo.stats import PrefixCacheStats
 
 
 class KVCacheManager:

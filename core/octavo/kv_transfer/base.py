@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
     from octavo.attention.base import AttentionMetadata
     from octavo.kv_transfer.config import KVTransferConfig
-    from octavo.sched.output import KVConnectorOutput, SchedulerOutput
-    from octavo.sched.request import Request
+    from octavo.outputs import KVConnectorOutput, SchedulerOutput
+    from octavo.request import Request
 
 
 class KVConnectorRole(enum.Enum):

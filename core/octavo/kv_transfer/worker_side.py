@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from octavo.kv_transfer.base import KVConnector
-from octavo.sched.output import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
+from octavo.outputs import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
 
 
 class WorkerKVTransfer:

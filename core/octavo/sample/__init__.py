@@ -1,5 +1,3 @@
-"""Sampling: ``SamplingParams``, the batched sampler and its logits processors."""
-
-from octavo.sample.params import SamplingParams, SamplingType
-
-__all__ = ["SamplingParams", "SamplingType"]
+"""Sampling on the worker: the batched sampler, its logits processors (penalties, top-k /
+top-p, bad words, bitmasks) and logprobs. ``SamplingParams`` itself is plain data in
+``octavo.sampling_params``."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo.sched.output import LogprobsLists
+from octavo.outputs import LogprobsLists
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from octavo.sample.params import _GREEDY_EPS, SamplingParams, SamplingType
+from octavo.sampling_params import _GREEDY_EPS, SamplingParams, SamplingType
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from octavo.sched.request import Request
+from octavo.request import Request
 
 
 class SchedulingPolicy:

@@ -31,26 +31,24 @@ from typing import TYPE_CHECKING
 from octavo.kv.block import KVBlock
 from octavo.kv_transfer.base import KVConnectorRole
 from octavo.kv_transfer.factory import make_connector
-from octavo.kv_transfer.stats import KVTransferStats
-from octavo.plugins import get_registries
-from octavo.sched.config import SchedulerConfig
-from octavo.sched.engine_output import (
+from octavo.outputs import (
+    CachedRequestData,
     EngineCoreEvent,
     EngineCoreEventType,
     EngineCoreOutput,
-    SchedulerStats,
-)
-from octavo.sched.output import (
-    CachedRequestData,
     KVConnectorOutput,
     LogprobsLists,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
+    SchedulerStats,
 )
-from octavo.sched.request import Request, RequestStatus
+from octavo.plugins import get_registries
+from octavo.request import Request, RequestStatus
+from octavo.sched.config import SchedulerConfig
 from octavo.sched.stop import check_stop
 from octavo.spec.scheduling import SpecScheduling
+from octavo.stats import KVTransferStats
 
 logger = logging.getLogger(__name__)
 

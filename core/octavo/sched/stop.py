@@ -6,7 +6,7 @@ Token-level stops only; stop *strings* need detokenized text and are the front-e
 
 from __future__ import annotations
 
-from octavo.sched.request import Request, RequestStatus
+from octavo.request import Request, RequestStatus
 
 
 def check_stop(request: Request, max_model_len: int) -> tuple[RequestStatus, int | None] | None:

@@ -31,10 +31,10 @@ import torch
 from octavo.attention.base import AttentionBackend, TokenTrees
 from octavo.config import ConfigError
 from octavo.plugins import get_registries
-from octavo.sample.params import SamplingParams
 from octavo.sample.penalties import apply_penalties
 from octavo.sample.processors import apply_logits_processors
 from octavo.sample.sampler import truncated_probs
+from octavo.sampling_params import SamplingParams
 from octavo.spec.config import SpeculativeConfig
 from octavo.spec.proposer import ProposeInputs, Proposer, ProposerContext
 from octavo.spec.rejection import rejection_sample

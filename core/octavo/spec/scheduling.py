@@ -17,10 +17,10 @@ import logging
 import time
 
 from octavo.kv.manager import KVCacheManager
+from octavo.outputs import ModelRunnerOutput, SchedulerOutput
+from octavo.request import Request
 from octavo.sched.config import SchedulerConfig
-from octavo.sched.output import ModelRunnerOutput, SchedulerOutput
-from octavo.sched.request import Request
-from octavo.spec.stats import SpecDecodingStats
+from octavo.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
 LOG_INTERVAL_S = 10.0

@@ -1,9 +1,4 @@
-"""Guided decoding: outputs constrained to a JSON schema, a regex, a choice or a grammar.
-
-``params`` (plain data, no xgrammar) is what users and the engine pass around; ``grammar``,
-``cache`` and ``manager`` use xgrammar and are imported only where constraints are built.
-"""
-
-from octavo.structured.params import StructuredOutputsParams
-
-__all__ = ["StructuredOutputsParams"]
+"""Guided decoding: grammars compiled with xgrammar from a request's
+``StructuredOutputsParams`` (``octavo.sampling_params``), cached by their spec, and the
+manager that advances each constrained request's matcher and fills the step's bitmask.
+Imported only where constraints are built: it pulls in xgrammar."""

@@ -17,7 +17,7 @@ import re
 
 import xgrammar as xgr
 
-from octavo.structured.params import StructuredOutputsParams
+from octavo.sampling_params import StructuredOutputsParams
 
 # xgrammar prefixes its C++ errors with a timestamp and a source location.
 _XGRAMMAR_PREFIX = re.compile(r"^\s*\[[\d:]+\]\s+\S+:\d+:\s*")

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import xgrammar as xgr
 
-from octavo.sched.request import Request
+from octavo.request import Request
+from octavo.sampling_params import StructuredOutputsParams
 from octavo.structured.cache import GrammarCache
-from octavo.structured.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 

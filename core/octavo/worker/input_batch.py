@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from octavo.sample.metadata import SamplingArrays, make_generator
-from octavo.sample.params import SamplingParams, SamplingType
+from octavo.sampling_params import SamplingParams, SamplingType
 
 
 @dataclass

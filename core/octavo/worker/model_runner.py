@@ -12,6 +12,12 @@ import torch
 from octavo.attention import AttentionBackend
 from octavo.kv_transfer.worker_side import WorkerKVTransfer
 from octavo.models.base import CausalLM
+from octavo.outputs import (
+    LogprobsLists,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+)
 from octavo.sample.bitmask import apply_grammar_bitmask, grammar_rows
 from octavo.sample.logprobs import compute_prompt_logprobs
 from octavo.sample.metadata import (
@@ -22,12 +28,6 @@ from octavo.sample.metadata import (
     padded_token_ids,
 )
 from octavo.sample.sampler import Sampler, SamplerOutput
-from octavo.sched.output import (
-    LogprobsLists,
-    ModelRunnerOutput,
-    NewRequestData,
-    SchedulerOutput,
-)
 from octavo.spec.config import SpeculativeConfig
 from octavo.spec.decoder import SpecDecoder
 from octavo.worker.input_batch import CachedRequestState, InputBatch, new_generator

@@ -12,9 +12,9 @@ from octavo.kv_transfer.worker_side import WorkerKVTransfer
 from octavo.models.build import build_model
 from octavo.models.config import eos_token_ids
 from octavo.models.loader import ModelFiles
+from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
 from octavo.plugins import get_registries
-from octavo.sched.output import ModelRunnerOutput, SchedulerOutput
 from octavo.worker.model_runner import ModelRunner
 
 # The CPU default KV budget. The cache is allocated untouched (no memory until a block is

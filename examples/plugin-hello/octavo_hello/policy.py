@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from octavo.request import Request
 from octavo.sched.policy import SchedulingPolicy
-from octavo.sched.request import Request
 
 
 class ShortestPromptFirst(SchedulingPolicy):

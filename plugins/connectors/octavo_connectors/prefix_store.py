@@ -3,7 +3,7 @@ differ only in the ``BlobStore`` the KV goes to (files, or a Mooncake store).
 
 What is stored: for a prompt of ``n`` tokens, the KV of its first ``(n - 1) // block_size``
 blocks (the last token is always recomputed - its logits are sampled), one blob per layer,
-under the prefix's chained block hash (``octavo.kv.hashing``), which stands for every token
+under the prefix's chained block hash (``octavo.block_hash``), which stands for every token
 of the prefix. A ``done`` blob, written after every layer, marks the entry complete, so a
 reader never loads a half-written prefix. A consumer looks for the longest stored prefix of
 its prompt beyond its local prefix-cache hit; a producer saves each prompt once its prefill
@@ -22,11 +22,11 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from octavo.attention.base import AttentionMetadata
-from octavo.kv.hashing import update_block_hashes
+from octavo.block_hash import update_block_hashes
 from octavo.kv_transfer.base import KVConnector, KVConnectorRole
 from octavo.kv_transfer.config import KVTransferConfig
-from octavo.sched.output import KVConnectorOutput, SchedulerOutput
-from octavo.sched.request import Request
+from octavo.outputs import KVConnectorOutput, SchedulerOutput
+from octavo.request import Request
 
 logger = logging.getLogger(__name__)
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from octavo.engine.async_llm import IterationStats
-from octavo.kv_transfer.stats import KVTransferStats
-from octavo.sched.engine_output import SchedulerStats
-from octavo.spec.stats import SpecDecodingStats
+from octavo.outputs import SchedulerStats
+from octavo.stats import KVTransferStats, SpecDecodingStats
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0]

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from octavo.structured.params import StructuredOutputsParams
+from octavo.sampling_params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20  # as OpenAI and vLLM's default max_logprobs
 

@@ -45,7 +45,7 @@ from octavo.entrypoints.openai.serving_engine import (
     usage_of,
 )
 from octavo.entrypoints.openai.tool_calls import new_call_id, parse_tool_calls, tool_call_constraint
-from octavo.structured.params import StructuredOutputsParams
+from octavo.sampling_params import StructuredOutputsParams
 
 
 class OpenAIServingChat(OpenAIServing):

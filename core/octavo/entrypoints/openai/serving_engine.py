@@ -19,8 +19,7 @@ from octavo.engine.processor import PromptType
 from octavo.entrypoints.openai.errors import OpenAIError
 from octavo.entrypoints.openai.protocol import SamplingRequest, UsageInfo
 from octavo.entrypoints.openai.settings import ServerSettings
-from octavo.sample.params import SamplingParams
-from octavo.structured.params import StructuredOutputsParams
+from octavo.sampling_params import SamplingParams, StructuredOutputsParams
 
 T = TypeVar("T")
 SSE_DONE = "data: [DONE]\n\n"

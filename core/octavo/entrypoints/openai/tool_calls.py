@@ -18,7 +18,7 @@ from octavo.entrypoints.openai.protocol import (
     NamedToolChoice,
     ToolCall,
 )
-from octavo.structured.params import StructuredOutputsParams
+from octavo.sampling_params import StructuredOutputsParams
 
 
 def tool_call_constraint(request: ChatCompletionRequest) -> StructuredOutputsParams | None:

@@ -1,10 +1,8 @@
-"""Acceptance statistics of speculative decoding, per request and for the whole engine.
+"""Counters the engine reports: prefix-cache hits, KV transfers, speculative decoding.
 
-Counted by the scheduler when a step's verification comes back: ``num_drafts`` steps
-verified drafts, proposing ``num_draft_tokens`` of them in all, of which
-``num_accepted_tokens`` were accepted; ``accepted_per_position[j]`` counts how often the
-draft at position ``j`` (0-based; with a draft tree, depth ``j + 1``) was accepted. Names
-follow vLLM's ``vllm:spec_decode_*`` metrics.
+Plain data (no torch), carried on ``SchedulerStats`` and ``EngineCoreOutput`` to the front
+end, which exports them on ``/metrics`` and in benchmark results. Names follow vLLM's
+metrics where the concept is the same.
 """
 
 from __future__ import annotations
@@ -13,7 +11,46 @@ from dataclasses import dataclass, field
 
 
 @dataclass
+class PrefixCacheStats:
+    """Counted once per request, when it is first given KV blocks; a request resumed after
+    preemption finds its own earlier blocks and would inflate the rate, so it is not counted
+    again. Tokens, not blocks, so the rate reads as "share of prompt tokens not recomputed"."""
+
+    requests: int = 0
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0  # of those, tokens whose KV came from the cache
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+    def record(self, num_queried: int, num_hit: int) -> None:
+        self.requests += 1
+        self.queries += num_queried
+        self.hits += num_hit
+
+
+@dataclass
+class KVTransferStats:
+    """KV-transfer totals of one engine since start: whether prompt KV was loaded or
+    recomputed."""
+
+    loads: int = 0  # requests whose prompt KV a connector loaded
+    loaded_tokens: int = 0  # prompt tokens loaded instead of computed
+    failed_loads: int = 0  # loads that failed: those requests computed their prompt
+    saves: int = 0  # requests whose prompt KV a connector saved
+
+
+@dataclass
 class SpecDecodingStats:
+    """Acceptance of speculative decoding, per request and for the whole engine.
+
+    Counted by the scheduler when a step's verification comes back: ``num_drafts`` steps
+    verified drafts, proposing ``num_draft_tokens`` of them in all, of which
+    ``num_accepted_tokens`` were accepted; ``accepted_per_position[j]`` counts how often the
+    draft at position ``j`` (0-based; with a draft tree, depth ``j + 1``) was accepted.
+    Names follow vLLM's ``vllm:spec_decode_*`` metrics."""
+
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from octavo.sched.request import Request
+    from octavo.request import Request
 
 BlockHash = bytes
 

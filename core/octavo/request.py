@@ -1,4 +1,7 @@
-"""``Request``: one generation request as the scheduler sees it."""
+"""``Request``: one generation request as the scheduler sees it, and its status.
+
+Plain data: the scheduler, the KV manager and KV connectors read and advance it; the
+workers never see it (they get ``NewRequestData`` / ``CachedRequestData``)."""
 
 from __future__ import annotations
 
@@ -6,10 +9,9 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from octavo.kv.hashing import BlockHash
-from octavo.sample.params import SamplingParams
-from octavo.sched.engine_output import EngineCoreEvent
-from octavo.spec.stats import SpecDecodingStats
+from octavo.outputs import EngineCoreEvent
+from octavo.sampling_params import SamplingParams
+from octavo.stats import SpecDecodingStats
 
 
 class RequestStatus(enum.Enum):
@@ -45,9 +47,9 @@ class Request:
     num_preemptions: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | None = None  # the stop_token_ids entry that finished the request
-    # Chained hashes of the full blocks of known tokens, extended as tokens arrive
-    # (octavo.kv.hashing.update_block_hashes).
-    block_hashes: list[BlockHash] = field(default_factory=list, repr=False)
+    # Chained hashes (``octavo.block_hash.BlockHash``) of the full blocks of known tokens,
+    # extended as tokens arrive (``octavo.block_hash.update_block_hashes``).
+    block_hashes: list[bytes] = field(default_factory=list, repr=False)
     # Timestamped events not yet reported in an EngineCoreOutput.
     events: list[EngineCoreEvent] = field(default_factory=list, repr=False)
     lora_name: str | None = None  # the LoRA adapter computing this request; None: base model
