@@ -29,6 +29,7 @@ from typing import Any
 
 from peak_rss import PeakRss, ProcessPeak
 
+from octavo import paths
 from octavo.bench.workloads import build_workload, load_specs
 from octavo.config import parse_memory
 from octavo.entrypoints.table import format_table
@@ -122,7 +123,7 @@ def model_paths(model: str | None) -> tuple[Path, Path | None]:
     entry = gguf_cache.lookup(path)
     if entry is None:
         raise SystemExit(f"no conversion cache entry for {path}: is "
-                         f"${gguf_cache.CACHE_DIR_ENV} ({gguf_cache.cache_root()}) writable?")
+                         f"${paths.CACHE_DIR_ENV} ({paths.cache_root()}) writable?")
     return entry, path
 
 

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from octavo.block_hash import update_block_hashes
-from octavo.kv_transfer import KVTransferConfig
+from octavo.config import KVTransferConfig
 from octavo.outputs import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
 from octavo.request import Request, RequestStatus
 from octavo.sampling_params import SamplingParams
-from octavo.sched.config import SchedulerConfig
 from octavo.sched.scheduler import Scheduler
 from octavo_connectors.prefix_store import done_blob
 from octavo_connectors.shared_storage import DirectoryStore
+from tests.core.scheduler_fakes import make_scheduler
 
 BLOCK = 16
 NUM_BLOCKS = 64
@@ -33,9 +33,9 @@ def make_request(request_id: str, num_tokens: int, rng: np.random.Generator) -> 
 
 
 def consumer(store: Path) -> Scheduler:
-    return Scheduler(SchedulerConfig(
+    return make_scheduler(
         num_blocks=NUM_BLOCKS, max_model_len=256, block_size=BLOCK,
-        kv_transfer=KVTransferConfig("shared_storage", "consumer", {"path": str(store)})))
+        kv_transfer=KVTransferConfig("shared_storage", "consumer", {"path": str(store)}))
 
 
 def store_prefix(store: Path, request: Request) -> int:

@@ -13,13 +13,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
+from octavo.config import EngineConfig, KVTransferConfig
+from octavo.engine.components import build_scheduler
 from octavo.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
+from octavo.plugins import get_registries
 from octavo.request import Request
 from octavo.sampling_params import SamplingParams
 from octavo.sched.scheduler import Scheduler
 
+if TYPE_CHECKING:
+    from octavo.structured.manager import StructuredOutputManager
+
 VOCAB = 1000
+
+
+def make_scheduler(num_blocks: int, max_model_len: int, *,
+                   kv_transfer: KVTransferConfig | None = None,
+                   structured_output: StructuredOutputManager | None = None,
+                   **engine_kwargs: Any) -> Scheduler:
+    """A scheduler built as the engine builds one (its names resolved in the registries),
+    over a KV cache of ``num_blocks`` blocks; ``engine_kwargs`` are ``LLM(...)`` keywords
+    (``block_size``, ``max_num_seqs``, ``scheduling_policy``, ...)."""
+    config = EngineConfig.from_kwargs(max_model_len=max_model_len, **engine_kwargs)
+    config.kv_transfer = kv_transfer
+    config.cache.num_gpu_blocks = num_blocks
+    scheduler = build_scheduler(config, get_registries(), structured_output)
+    assert isinstance(scheduler, Scheduler)
+    return scheduler
 _MOD = (1 << 61) - 1
 
 

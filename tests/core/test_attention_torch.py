@@ -16,7 +16,8 @@ import torch
 
 from octavo.attention.base import AttentionMetadata
 from octavo.attention.torch_backend import TorchAttentionBackend
-from octavo.kernels import cpu as cpu_kernels
+from octavo.cpu import kernels as cpu_kernels
+from octavo.cpu.attention import CpuAttentionBackend
 from octavo.plugins import get_registries
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -121,17 +122,17 @@ def dense_reference(case: Case, requests: list[tuple[int, int]], scale: float,
 
 
 def run_backend(case: Case, num_heads: int, head_dim: int,
-                sliding_window: int | None = None) -> torch.Tensor:
-    impl = TorchAttentionBackend.make_impl(num_heads, head_dim, head_dim**-0.5, NUM_KV_HEADS,
-                                           sliding_window)
+                sliding_window: int | None = None,
+                backend: type[TorchAttentionBackend] = TorchAttentionBackend) -> torch.Tensor:
+    impl = backend.make_impl(num_heads, head_dim, head_dim**-0.5, NUM_KV_HEADS, sliding_window)
     return impl.forward(case.query, case.key, case.value, case.kv_cache, case.metadata)
 
 
 def check(requests, num_heads, head_dim, block_size, dtype=torch.float32, sliding_window=None,
-          atol=1e-5) -> None:
+          atol=1e-5, backend=TorchAttentionBackend) -> None:
     seed = fresh_seed()
     case = make_case(requests, num_heads, head_dim, block_size, dtype, seed)
-    out = run_backend(case, num_heads, head_dim, sliding_window)
+    out = run_backend(case, num_heads, head_dim, sliding_window, backend)
     expected = dense_reference(case, requests, head_dim**-0.5, sliding_window)
     assert out.dtype == dtype and out.shape == case.query.shape
     diff = (out.double() - expected).abs().max().item()
@@ -164,13 +165,13 @@ def test_sliding_window_matches_dense_reference(sliding_window, block_size):
 
 @pytest.mark.parametrize("fused_kernels", ["1", "0"])
 def test_bf16_matches_dense_reference(fused_kernels: str, monkeypatch: pytest.MonkeyPatch):
-    """bf16 on the CPU: KV writes and decodes by the fused kernels (octavo.kernels.cpu),
-    or with them off, all in PyTorch."""
+    """bf16 on the CPU platform's backend: KV writes and decodes by the fused kernels
+    (octavo.cpu.kernels), or with them off, all in PyTorch."""
     monkeypatch.setenv(cpu_kernels.ENABLE_ENV, fused_kernels)
     cpu_kernels.library.cache_clear()
     try:
         check(MIXED_BATCH + DECODE_BATCH, NUM_KV_HEADS * 4, 64, 16, dtype=torch.bfloat16,
-              atol=3e-2)
+              atol=3e-2, backend=CpuAttentionBackend)
     finally:
         monkeypatch.undo()
         cpu_kernels.library.cache_clear()
@@ -188,5 +189,6 @@ def test_padding_tokens_past_num_actual_tokens_are_ignored():
     assert torch.count_nonzero(out[-3:]) == 0
 
 
-def test_backend_is_registered_as_torch():
+def test_backends_are_registered_as_torch_and_cpu():
     assert get_registries().attention_backends.get("torch") is TorchAttentionBackend
+    assert get_registries().attention_backends.get("cpu") is CpuAttentionBackend

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from octavo.platforms import BackendError, resolve_platform
-from octavo.platforms.cpu import CpuPlatform
+from octavo.cpu.platform import CpuPlatform
+from octavo.plugins.resolve import BackendError, resolve_platform
 
 from ..helpers import run_octavo
 

@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from octavo.attention.torch_backend import TorchAttentionBackend
-from octavo.kernels import cpu as cpu_kernels
+from octavo.cpu import kernels as cpu_kernels
+from octavo.cpu.gemm import LARGE_ROWS, CpuGemm, cpu_gemm_supported
+from octavo.cpu.platform import CpuPlatform
 from octavo.models.build import build_model
-from octavo.models.layers.cpu_gemm import LARGE_ROWS, CpuGemm, cpu_gemm_supported
 from octavo.models.layers.linear import LinearBase
 from octavo.models.loader import load_model_files
 
@@ -50,8 +51,10 @@ def test_bf16_model_on_cpu_uses_them(tmp_path: Path) -> None:
     save_tiny_model("qwen3", tmp_path, seed=0)  # tied embeddings: the head too
     files = load_model_files(str(tmp_path))
     model = build_model(files, torch.bfloat16, TorchAttentionBackend)
+    CpuPlatform.prepare_model(model, torch.bfloat16)
     linears = [m for m in model.modules() if isinstance(m, LinearBase)]
     assert linears and all(m.cpu_gemm is not None for m in linears)
     assert model.lm_head.cpu_gemm is not None
     fp32 = build_model(files, torch.float32, TorchAttentionBackend)
+    CpuPlatform.prepare_model(fp32, torch.float32)
     assert all(m.cpu_gemm is None for m in fp32.modules() if isinstance(m, LinearBase))

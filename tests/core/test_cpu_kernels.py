@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from octavo.attention.base import AttentionMetadata
-from octavo.attention.torch_backend import TorchAttentionBackend
-from octavo.kernels import cpu
-from octavo.kernels.cpu_layers import CpuRMSNorm, use_cpu_layers
+from octavo.cpu import kernels as cpu
+from octavo.cpu.attention import CpuAttentionBackend
+from octavo.cpu.layers import CpuRMSNorm, use_cpu_layers
+from octavo.cpu.platform import CpuPlatform
 from octavo.models.base import CausalLM
 from octavo.models.build import build_model
 from octavo.models.config import RopeConfig
@@ -181,7 +182,8 @@ def test_a_bf16_cpu_model_runs_its_layers_on_the_kernels(
     to bf16, the kernel keeps them in fp32."""
     seed, gen = generator()
     save_tiny_model("llama", tmp_path, seed=seed % 1000)
-    model = build_model(load_model_files(str(tmp_path)), BF16, TorchAttentionBackend)
+    model = build_model(load_model_files(str(tmp_path)), BF16, CpuAttentionBackend)
+    CpuPlatform.prepare_model(model, BF16)
     assert sum(isinstance(m, CpuRMSNorm) for m in model.modules()) == 2 * model.num_layers + 1
     ids = torch.randint(0, model.config.vocab_size, (12,), generator=gen)
     fused = prefill_then_decode(model, ids)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from octavo import paths
 from octavo.models.loader import gguf_cache, gguf_file, load_model_files
 from tests.core.loader_helpers import TinyGguf, fresh_seed
 from tests.core.test_loader_gguf import ALL_TYPES
@@ -23,7 +24,7 @@ TEXT = "<|bos|>user\nhé 🙂 the<|eos|>"
 @pytest.fixture
 def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "cache"
-    monkeypatch.setenv(gguf_cache.CACHE_DIR_ENV, str(folder))
+    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(folder))
     return folder
 
 
@@ -123,7 +124,7 @@ def test_an_unwritable_cache_falls_back_to_reading_the_gguf(
         caplog: pytest.LogCaptureFixture) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("the cache folder cannot be made under a file")
-    monkeypatch.setenv(gguf_cache.CACHE_DIR_ENV, str(blocker / "cache"))
+    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(blocker / "cache"))
     path, seed = gguf
     with caplog.at_level(logging.WARNING, logger=gguf_cache.__name__):
         assert_same_model(path, seed)

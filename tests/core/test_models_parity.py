@@ -16,6 +16,8 @@ import torch
 
 from octavo.attention.base import AttentionMetadata
 from octavo.attention.torch_backend import TorchAttentionBackend
+from octavo.cpu.attention import CpuAttentionBackend
+from octavo.cpu.platform import CpuPlatform
 from octavo.models.base import CausalLM
 from octavo.models.build import build_model
 from octavo.models.loader import load_model_files
@@ -191,7 +193,8 @@ def test_greedy_decode_matches_hf_generate(models):
 def test_bf16_close_to_hf_bf16(models):
     """bf16 weights and KV cache: within bf16 rounding of HF's own bf16 run."""
     arch, hf_model, _, weight_seed, folder = models
-    ours = build_model(load_model_files(folder), torch.bfloat16, TorchAttentionBackend)
+    ours = build_model(load_model_files(folder), torch.bfloat16, CpuAttentionBackend)
+    CpuPlatform.prepare_model(ours, torch.bfloat16)  # as the engine does on the CPU
     assert {param.dtype for param in ours.parameters()} == {torch.bfloat16}
     hf_bf16 = copy.deepcopy(hf_model).to(torch.bfloat16)
     seed = fresh_seed()

@@ -3,18 +3,24 @@ installed with pip into a throw-away folder, and the ``octavo`` CLI in subproces
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
-from octavo.plugins import PluginHost, Registries, Registry, RegistryError
+from octavo.plugins import PluginHost, Registries, Registry, RegistryError, hookimpl
+from octavo.plugins.api_version import PLUGIN_API_VERSION
 from octavo.plugins.manager import core_version_problem
 from octavo.request import Request
 from octavo.sampling_params import SamplingParams
 
 from ..helpers import run_octavo
+from .tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.needs_plugins
 
@@ -25,12 +31,14 @@ DISTRIBUTIONS = ["octavo", "octavo-triton", "octavo-cuda", "octavo-rocm", "octav
 
 @pytest.fixture(scope="session")
 def fixture_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The broken, future-version and failing-hook plugins, pip-installed into their own
-    folder so they are discovered only by the tests that put it on PYTHONPATH."""
+    """The broken, future-version, old-plugin-API, failing-hook and custom-scheduler plugins,
+    pip-installed into their own folder so they are discovered only by the tests that put it
+    on PYTHONPATH."""
     target = tmp_path_factory.mktemp("fixture-site")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--target", str(target), *(str(FIXTURES / n) for n in ("broken", "future", "badhook"))],
+         "--target", str(target),
+         *(str(FIXTURES / n) for n in ("broken", "future", "badhook", "oldapi", "custom"))],
         check=True,
     )
     return target
@@ -134,3 +142,92 @@ def test_registry_rejects_silent_override() -> None:
     assert registry.entry("x").plugin == "b" and registry.get("x") == 3
     with pytest.raises(RegistryError, match="unknown thing 'y'; registered: x"):
         registry.get("y")
+
+
+def test_plugin_api_range_excludes_plugin_before_import(
+    fixture_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = host_with(fixture_site, monkeypatch, env={})
+    record = host.record("oldapi")
+    assert not record.loaded
+    assert "written for plugin API >=0.1,<1" in record.reason
+    assert f"this core provides plugin API {PLUGIN_API_VERSION}" in record.reason
+    assert "octavo_fixture_oldapi.plugin" not in sys.modules
+    assert host.record("custom").loaded  # same site, a compatible range
+
+
+def test_in_repo_plugins_declare_the_current_api() -> None:
+    host = PluginHost(env={})
+    for name in ("triton", "cuda", "rocm", "tpu", "neuron", "connectors", "spec_decode", "hello"):
+        assert host.record(name).loaded, host.record(name).reason
+
+
+def test_scheduler_and_kv_manager_named_by_the_config_are_used(
+    fixture_site: Path, tmp_path: Path
+) -> None:
+    save_tiny_model("llama", tmp_path, seed=int(np.random.default_rng().integers(1 << 30)))
+    result = run_octavo("generate", "--raw", "hello", "--model", str(tmp_path),
+                        "--max-tokens", "4", "--scheduler-cls", "counting",
+                        "--kv-manager", "counting", site=fixture_site)
+    assert result.returncode == 0, result.stderr
+    assert "octavo-fixture-custom: KV manager built with" in result.stderr
+    assert "octavo-fixture-custom: scheduler built with CountingKVManager" in result.stderr
+    planned = re.search(r"scheduler planned (\d+) steps", result.stderr)
+    assert planned is not None and int(planned.group(1)) >= 4, result.stderr
+    default = run_octavo("generate", "--raw", "hello", "--model", str(tmp_path),
+                         "--max-tokens", "4", site=fixture_site)
+    assert default.returncode == 0 and "octavo-fixture-custom" not in default.stderr
+
+
+@pytest.mark.parametrize(("flag", "value", "kind", "known"), [
+    ("--scheduler-cls", "countng", "scheduler", "default, counting"),
+    ("--kv-manager", "countng", "KV manager", "default, counting"),
+    ("--scheduling-policy", "lifo", "scheduling policy", "fcfs, priority"),
+    ("--attention-backend", "flash", "attention backend", "torch, cpu, triton"),
+])
+def test_misspelt_names_are_refused_with_the_registered_ones(
+    fixture_site: Path, flag: str, value: str, kind: str, known: str
+) -> None:
+    result = run_octavo("generate", "hello", flag, value, site=fixture_site)
+    assert result.returncode == 2, result.stderr
+    assert f"unknown {kind} {value!r}; registered: {known}" in result.stderr
+    assert "Loading" not in result.stderr  # refused before any model load
+
+
+def test_trace_plugins_prints_hook_calls_and_registrations() -> None:
+    env = {**os.environ, "OCTAVO_TRACE_PLUGINS": "1"}
+    result = subprocess.run([sys.executable, "-c", "from octavo.plugins import get_registries;"
+                             " get_registries()"], capture_output=True, text=True, env=env,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "octavo plugins: octavo registered platform 'cpu'" in result.stderr
+    assert "octavo plugins: cuda registered platform 'cuda'" in result.stderr
+    assert "octavo_register_platforms" in result.stderr  # pluggy's own trace of the hook call
+
+
+def test_hook_wrappers_of_other_plugins_wrap_each_call() -> None:
+    """Hooks go through pluggy's machinery: another plugin's wrapper sees every plugin's call."""
+    seen: list[str] = []
+
+    class Wrapper:
+        @hookimpl(wrapper=True)
+        def octavo_register_platforms(self, registry: Registry[Any]) -> Any:
+            seen.append(registry.current_plugin)
+            return (yield)
+
+    host = PluginHost(env={"OCTAVO_PLUGINS": "cuda"})
+    host.pm.register(Wrapper(), name="wrapper")
+    host.fill(Registries())
+    assert "octavo" in seen and "cuda" in seen
+
+
+def test_a_deprecated_plugin_api_name_warns_and_still_works(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import octavo.plugin_api as api
+
+    monkeypatch.setitem(api._DEPRECATED, "OldPlatform", ("Platform", "2.0"))
+    with pytest.warns(DeprecationWarning, match="use octavo.plugin_api.Platform"):
+        assert api.OldPlatform is api.Platform
+    with pytest.raises(AttributeError, match="plugin API 1.0"):
+        api.NoSuchName  # noqa: B018

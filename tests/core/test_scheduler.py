@@ -7,13 +7,14 @@ import random
 
 import pytest
 
+from octavo.config import ConfigError, SchedulerConfig
+from octavo.engine.core import check_kv_fits
 from octavo.outputs import EngineCoreEventType, SchedulerOutput
 from octavo.plugins import RegistryError, get_registries
 from octavo.request import RequestStatus
-from octavo.sched.config import SchedulerConfig
 from octavo.sched.policy import PriorityPolicy
 from octavo.sched.scheduler import Scheduler
-from tests.core.scheduler_fakes import FakeRunner, make_request, run_to_completion
+from tests.core.scheduler_fakes import FakeRunner, make_request, make_scheduler, run_to_completion
 
 BS = 4
 
@@ -22,7 +23,7 @@ def _scheduler(**overrides) -> Scheduler:
     config = dict(num_blocks=256, max_model_len=256, block_size=BS, max_num_seqs=8,
                   max_num_batched_tokens=64)
     config.update(overrides)
-    return Scheduler(SchedulerConfig(**config))
+    return make_scheduler(**config)
 
 
 def _fresh_rng() -> tuple[int, random.Random]:
@@ -44,7 +45,7 @@ def _random_requests(rng: random.Random, n: int, max_prompt: int, max_output: in
 def _run(scheduler: Scheduler, requests, check=None):
     for request in requests:
         scheduler.add_request(request)
-    return run_to_completion(scheduler, FakeRunner(scheduler.config.block_size), check=check)
+    return run_to_completion(scheduler, FakeRunner(scheduler.config.cache.block_size), check=check)
 
 
 def test_token_budget_and_max_num_seqs_hold_every_step() -> None:
@@ -64,7 +65,7 @@ def test_token_budget_and_max_num_seqs_hold_every_step() -> None:
         assert len(result.tokens[request.request_id]) == params.max_tokens, f"seed={seed}"
     # Requests were actually batched together, up to the cap.
     assert max(len(so.num_scheduled_tokens) for so in result.schedules) == 5, f"seed={seed}"
-    assert scheduler.kv_manager.num_free_blocks == scheduler.config.num_blocks
+    assert scheduler.kv_manager.num_free_blocks == scheduler.config.cache.num_gpu_blocks
 
 
 def test_a_prompt_longer_than_the_budget_is_chunked() -> None:
@@ -118,7 +119,7 @@ def test_preemption_gives_the_same_outputs_as_an_ample_pool(policy: str) -> None
         copies = [make_request(r.request_id, r.prompt_token_ids,
                                max_tokens=r.sampling_params.max_tokens, priority=r.priority,
                                arrival_time=r.arrival_time) for r in requests]
-        scheduler = _scheduler(num_blocks=num_blocks, max_model_len=80, policy=policy,
+        scheduler = _scheduler(num_blocks=num_blocks, max_model_len=80, scheduling_policy=policy,
                                enable_prefix_caching=caching, max_num_batched_tokens=32)
         results[num_blocks, caching] = _run(scheduler, copies).tokens
         preemptions = sum(r.num_preemptions for r in copies)
@@ -130,7 +131,7 @@ def test_preemption_gives_the_same_outputs_as_an_ample_pool(policy: str) -> None
 
 def test_preemption_takes_the_least_valued_request_and_reports_it() -> None:
     # 4 requests of 8 prompt tokens fill 8 of 9 blocks; the next block runs out.
-    scheduler = _scheduler(num_blocks=9, max_model_len=36, policy="priority")
+    scheduler = _scheduler(num_blocks=9, max_model_len=36, scheduling_policy="priority")
     for i, (name, priority) in enumerate((("a", 1), ("b", 3), ("c", 0), ("d", 2))):
         scheduler.add_request(make_request(name, list(range(10 * i, 10 * i + 8)),
                                            max_tokens=20, priority=priority))
@@ -157,7 +158,7 @@ def test_preemption_takes_the_least_valued_request_and_reports_it() -> None:
 
 def test_a_higher_priority_request_admitted_later_is_not_the_victim() -> None:
     # L and H hold 2 blocks each; at step 3 both need a third and one block is free.
-    scheduler = _scheduler(num_blocks=5, max_model_len=20, policy="priority")
+    scheduler = _scheduler(num_blocks=5, max_model_len=20, scheduling_policy="priority")
     runner = FakeRunner(BS)
     low = make_request("L", list(range(7)), max_tokens=10, priority=5)
     high = make_request("H", list(range(50, 58)), max_tokens=10, priority=0)
@@ -174,7 +175,8 @@ def test_a_higher_priority_request_admitted_later_is_not_the_victim() -> None:
 def test_nothing_is_admitted_in_a_step_that_preempted() -> None:
     """Preempting frees blocks; they must not go to a waiting request in the same step (that
     would just trade one request for another and thrash)."""
-    scheduler = _scheduler(num_blocks=9, max_model_len=36, max_num_seqs=2, policy="priority")
+    scheduler = _scheduler(num_blocks=9, max_model_len=36, max_num_seqs=2,
+                           scheduling_policy="priority")
     runner = FakeRunner(BS)
     scheduler.add_request(make_request("A", list(range(8)), max_tokens=10, priority=0))
     scheduler.add_request(make_request("B", list(range(50, 74)), max_tokens=10, priority=2))
@@ -208,7 +210,7 @@ def test_victims_are_never_requests_already_scheduled_this_step() -> None:
 @pytest.mark.parametrize("policy, expected", [("priority", ["d", "b", "c", "a"]),
                                               ("fcfs", ["a", "b", "c", "d"])])
 def test_waiting_requests_are_served_in_policy_order(policy: str, expected: list[str]) -> None:
-    scheduler = _scheduler(max_num_seqs=1, policy=policy)
+    scheduler = _scheduler(max_num_seqs=1, scheduling_policy=policy)
     for i, (name, priority) in enumerate((("a", 3), ("b", 1), ("c", 2), ("d", 0))):
         scheduler.add_request(make_request(name, [i + 1] * 5, max_tokens=2, priority=priority,
                                            arrival_time=float(i)))
@@ -224,13 +226,13 @@ def test_abort_frees_blocks_and_tells_the_workers() -> None:
     for _ in range(3):
         so = scheduler.schedule()
         scheduler.update_from_output(so, runner.execute(so))
-    assert scheduler.kv_manager.num_free_blocks < scheduler.config.num_blocks
+    assert scheduler.kv_manager.num_free_blocks < scheduler.config.cache.num_gpu_blocks
     scheduler.finish_requests(["r0", "r3", "unknown"], RequestStatus.FINISHED_ABORTED)
-    assert scheduler.get_num_unfinished_requests() == 2
+    assert len(scheduler.requests) == 2
     scheduler.finish_requests("r1", RequestStatus.FINISHED_ABORTED)
     scheduler.finish_requests(["r2"], RequestStatus.FINISHED_ABORTED)
-    assert not scheduler.has_unfinished_requests() and scheduler.has_finished_requests()
-    assert scheduler.kv_manager.num_free_blocks == scheduler.config.num_blocks
+    assert not scheduler.has_unfinished_requests() and scheduler.finished_req_ids
+    assert scheduler.kv_manager.num_free_blocks == scheduler.config.cache.num_gpu_blocks
     so = scheduler.schedule()
     assert so.finished_req_ids == {"r0", "r1", "r2", "r3"} and so.num_scheduled_tokens == {}
     with pytest.raises(ValueError, match="needs a finished status"):
@@ -312,12 +314,12 @@ def test_default_scheduler_and_kv_manager_are_registered() -> None:
 
 
 def test_bad_config_and_requests_are_refused_with_clear_errors() -> None:
-    with pytest.raises(ValueError, match="max_num_seqs must be a positive integer"):
-        SchedulerConfig(num_blocks=8, max_model_len=16, max_num_seqs=0)
-    with pytest.raises(ValueError, match="needs 4 blocks: raise --kv-cache-memory"):
-        SchedulerConfig(num_blocks=2, max_model_len=64, block_size=16)
+    with pytest.raises(ConfigError, match="max_num_seqs must be a positive integer"):
+        SchedulerConfig(max_num_seqs=0)
+    with pytest.raises(ConfigError, match="needs 4 blocks: raise --kv-cache-memory"):
+        check_kv_fits(num_blocks=2, block_size=16, max_model_len=64)
     with pytest.raises(RegistryError, match="unknown scheduling policy 'lifo'"):
-        _scheduler(policy="lifo")
+        _scheduler(scheduling_policy="lifo")
     scheduler = _scheduler(max_model_len=16, num_blocks=8)
     scheduler.add_request(make_request("a", [1]))
     with pytest.raises(ValueError, match="'a' is already in the scheduler"):

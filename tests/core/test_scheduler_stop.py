@@ -6,9 +6,7 @@ import numpy as np
 import pytest
 
 from octavo.outputs import LogprobsLists
-from octavo.sched.config import SchedulerConfig
-from octavo.sched.scheduler import Scheduler
-from tests.core.scheduler_fakes import FakeRunner, make_request, run_to_completion
+from tests.core.scheduler_fakes import FakeRunner, make_request, make_scheduler, run_to_completion
 
 BS = 4
 EOS = 2
@@ -17,8 +15,7 @@ SCRIPT = [7, EOS, 9, 11, EOS, 13, 15, 17, 19, 21]
 
 def _generate(max_model_len: int = 64, prompt_len: int = 5, **params):
     """The tokens and final output of one request whose runner samples ``SCRIPT``."""
-    scheduler = Scheduler(SchedulerConfig(num_blocks=32, max_model_len=max_model_len,
-                                          block_size=BS))
+    scheduler = make_scheduler(num_blocks=32, max_model_len=max_model_len, block_size=BS)
     params.setdefault("max_tokens", len(SCRIPT))
     scheduler.add_request(make_request("r", list(range(100, 100 + prompt_len)),
                                        eos_token_id=EOS, **params))
@@ -75,8 +72,8 @@ def test_logprobs_follow_the_tokens_kept() -> None:
                         np.ones(4, dtype=np.int64))
             return output
 
-    scheduler = Scheduler(SchedulerConfig(num_blocks=32, max_model_len=64, block_size=BS,
-                                          max_num_batched_tokens=4))
+    scheduler = make_scheduler(num_blocks=32, max_model_len=64, block_size=BS,
+                               max_num_batched_tokens=4)
     scheduler.add_request(make_request("r", list(range(100, 106)), max_tokens=10,
                                        stop_token_ids=[11]))
     result = run_to_completion(scheduler, TwoTokensWithLogprobs(BS))

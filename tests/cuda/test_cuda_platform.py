@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from octavo.plugins import get_registries
+from octavo.qualname import resolve_qualname
 from octavo_cuda.platform import CudaPlatform
 
 from ..helpers import assert_backend_unavailable, run_octavo
@@ -40,4 +41,5 @@ def test_runs_models_with_the_triton_backend_and_gpu_worker() -> None:
     assert CudaPlatform.missing_kernels == ""
     backends = get_registries().attention_backends
     assert backends.get(CudaPlatform.attention_backend) is TritonAttentionBackend
-    assert CudaPlatform.worker_class() is GpuWorker
+    assert CudaPlatform.worker_cls == "octavo_triton.gpu_worker.GpuWorker"
+    assert resolve_qualname(CudaPlatform.worker_cls) is GpuWorker

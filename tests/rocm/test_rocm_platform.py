@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from octavo.plugins import get_registries
+from octavo.qualname import resolve_qualname
 from octavo_rocm.platform import RocmPlatform
 
 from ..helpers import assert_backend_unavailable, run_octavo
@@ -37,4 +38,5 @@ def test_runs_models_with_the_triton_backend_and_gpu_worker() -> None:
     assert RocmPlatform.missing_kernels == ""
     backends = get_registries().attention_backends
     assert backends.get(RocmPlatform.attention_backend) is TritonAttentionBackend
-    assert RocmPlatform.worker_class() is GpuWorker
+    assert RocmPlatform.worker_cls == "octavo_triton.gpu_worker.GpuWorker"
+    assert resolve_qualname(RocmPlatform.worker_cls) is GpuWorker

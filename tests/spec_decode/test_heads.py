@@ -15,9 +15,9 @@ from safetensors.torch import load_file, save_file
 
 from octavo import LLM, SamplingParams
 from octavo.attention.torch_backend import TorchAttentionBackend
-from octavo.kernels import cpu
-from octavo.models.build import use_cpu_kernels
-from octavo.models.layers.cpu_gemm import cpu_gemm_supported
+from octavo.cpu import kernels as cpu
+from octavo.cpu.gemm import cpu_gemm_supported
+from octavo.cpu.platform import CpuPlatform
 from octavo_spec_decode.eagle import load_eagle, save_eagle
 from octavo_spec_decode.heads_io import HeadCheckpointError
 from octavo_spec_decode.medusa import MedusaConfig, MedusaHeads, load_medusa, save_medusa
@@ -194,7 +194,7 @@ def test_eagle_head_on_the_cpu_kernels_matches_the_portable_head(eagle_folder: P
         param.data.normal_(0.0, 0.15, generator=generator)
     portable = portable.to(torch.bfloat16).eval()
     fast = copy.deepcopy(portable)
-    use_cpu_kernels(fast, torch.bfloat16, torch.device("cpu"))
+    CpuPlatform.prepare_model(fast, torch.bfloat16)
     assert all(m.cpu_gemm is not None for m in fast.modules() if hasattr(m, "cpu_gemm"))
     lengths = [7, 12]
     features = torch.randn(sum(lengths), HIDDEN, generator=generator).to(torch.bfloat16)

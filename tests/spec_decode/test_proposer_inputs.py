@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from octavo import LLM, SamplingParams
-from octavo.spec.proposer import ProposeInputs, Proposer
+from octavo.worker.spec.proposer import ProposeInputs, Proposer
 from octavo_spec_decode.ngram import find_ngram_drafts
 from tests.core.tiny_models import save_tiny_model
 

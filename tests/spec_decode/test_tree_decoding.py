@@ -18,9 +18,10 @@ import torch
 from octavo import LLM, SamplingParams
 from octavo.attention.base import AttentionBackend
 from octavo.config import ConfigError
-from octavo.spec.config import SpeculativeConfig
-from octavo.spec.decoder import SpecDecoder
-from octavo.spec.proposer import ProposeInputs, Proposer
+from octavo.config.speculative import SpeculativeConfig
+from octavo.spec.tree import DraftTree
+from octavo.worker.spec.proposer import ProposeInputs, Proposer
+from octavo.worker.spec.verifier import SpecVerifier
 from octavo_spec_decode.medusa import save_medusa
 from octavo_spec_decode.train.data import load_target
 from tests.core.tiny_models import VOCAB_SIZE
@@ -43,7 +44,7 @@ class OracleTreeProposer(Proposer):
     accepted_off_first_branch: ClassVar[int] = 0
 
     def propose(self, inputs: ProposeInputs) -> list[list[int]]:
-        tree = self.config.tree
+        tree = DraftTree.of(self.config)
         assert tree is not None and inputs.hidden_states is not None
         last = inputs.hidden_states[inputs.last_token_indices]
         predicted = self.context.target.compute_logits(last).argmax(-1).tolist()
@@ -194,7 +195,7 @@ def test_trees_need_a_proposer_and_backend_that_draw_them(target: Path) -> None:
                                       "num_speculative_tokens": 3,
                                       "speculative_token_tree": TREE})
     with pytest.raises(ConfigError, match="'chainonly' attention backend cannot verify"):
-        SpecDecoder._checked_tree(config, OracleTreeProposer, ChainOnlyBackend)
+        SpecVerifier._checked_tree(config, OracleTreeProposer, ChainOnlyBackend)
 
 
 class ChainOnlyBackend(AttentionBackend):

@@ -12,10 +12,9 @@ import pytest
 from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.request import RequestStatus
 from octavo.sampling_params import StructuredOutputsParams
-from octavo.sched.config import SchedulerConfig
 from octavo.sched.scheduler import Scheduler
 from octavo.structured.manager import StructuredOutputManager
-from tests.core.scheduler_fakes import make_request
+from tests.core.scheduler_fakes import make_request, make_scheduler
 from tests.core.tiny_models import EOS_ID, VOCAB_SIZE, tiny_tokenizer
 
 from .bits import allowed_ids
@@ -35,9 +34,9 @@ def digit_ids(tokenizer) -> list[int]:  # type: ignore[no-untyped-def]
 
 def _scheduler(tokenizer) -> tuple[Scheduler, StructuredOutputManager]:  # type: ignore[no-untyped-def]
     manager = StructuredOutputManager(tokenizer, VOCAB_SIZE, [EOS_ID])
-    config = SchedulerConfig(num_blocks=64, max_model_len=64, block_size=4, max_num_seqs=8,
-                             max_num_batched_tokens=64)
-    return Scheduler(config, structured_output=manager), manager
+    scheduler = make_scheduler(num_blocks=64, max_model_len=64, block_size=4, max_num_seqs=8,
+                               max_num_batched_tokens=64, structured_output=manager)
+    return scheduler, manager
 
 
 def _allowed(output: SchedulerOutput, request_id: str) -> set[int]:

@@ -7,10 +7,10 @@ tensors (its fused kernels; 3-D inputs fall back to a much slower path):
 - requests with one query token (decodes) together: their contexts are read through the
   block tables into one padded ``[batch, kv_heads, max_len, head_dim]`` tensor, and each
   key/value head's group of query heads is folded into the query length, so one call
-  attends all of them with no repeated keys (bf16 on the CPU: the fused decode kernel,
-  straight from the cache). A request with a few new tokens over a cached context (a
-  speculative verification) joins them as one decode row per query token, each over the
-  cache positions it may see;
+  attends all of them with no repeated keys (``octavo.cpu.attention`` decodes bf16 with
+  a fused kernel straight from the cache instead). A request with a few new tokens over a
+  cached context (a speculative verification) joins them as one decode row per query
+  token, each over the cache positions it may see;
 - requests with several query tokens (a prompt or a chunk of one) in groups of consecutive
   requests with equal query and context lengths, one call per group, so no request is
   padded to the longest. A fresh prompt attends its own new keys directly; a chunk over a
@@ -34,7 +34,6 @@ import torch
 import torch.nn.functional as F
 
 from octavo.attention.base import AttentionBackend, AttentionImpl, AttentionMetadata
-from octavo.kernels import cpu as cpu_kernels
 
 # Requests with at most this many new tokens over a cached context attend as that many
 # decode rows (the fused decode kernel reads the cache in place); longer ones as prefills.
@@ -175,9 +174,9 @@ class TorchAttentionImpl(AttentionImpl):
         cache_rows = kv_cache.view(2, -1, self.num_kv_heads * self.head_dim)
         native = self._native(query, kv_cache)
         if native:
-            cpu_kernels.write_kv(cache_rows, key[:num_tokens].flatten(1),
-                                 value[:num_tokens].flatten(1),
-                                 metadata.slot_mapping[:num_tokens])
+            self._write_kv_native(cache_rows, key[:num_tokens].flatten(1),
+                                  value[:num_tokens].flatten(1),
+                                  metadata.slot_mapping[:num_tokens])
         else:
             write_kv(kv_cache[0], kv_cache[1], key[:num_tokens], value[:num_tokens],
                      metadata.slot_mapping[:num_tokens])
@@ -247,15 +246,27 @@ class TorchAttentionImpl(AttentionImpl):
         return plan.masks[cache_key]
 
     def _native(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-        """Whether the fused CPU kernels serve this layer (bf16 on the CPU, no window)."""
-        return self.sliding_window is None and cpu_kernels.usable(query, kv_cache)
+        """Whether a fused kernel writes this layer's KV and decodes it. The portable backend
+        has none; a device's subclass (``octavo.cpu.attention``) overrides this and the two
+        ``_native`` methods below."""
+        del query, kv_cache
+        return False
+
+    def _write_kv_native(self, cache_rows: torch.Tensor, keys: torch.Tensor,
+                         values: torch.Tensor, slots: torch.Tensor) -> None:
+        """``write_kv`` by the fused kernel: ``cache_rows`` [2, slots, kv_heads * head_dim],
+        ``keys`` / ``values`` [T, kv_heads * head_dim]."""
+        raise NotImplementedError
+
+    def _decode_native(self, query: torch.Tensor, cache_rows: torch.Tensor,
+                       decode: DecodeBatch) -> torch.Tensor:
+        """The decode rows' attention by the fused kernel, straight from the cache."""
+        raise NotImplementedError
 
     def _decode(self, query: torch.Tensor, cache_rows: torch.Tensor, decode: DecodeBatch,
                 plan: StepPlan, native: bool) -> torch.Tensor:
-        if native:  # the same attention, straight from the cache
-            return cpu_kernels.decode_attention(query, cache_rows, decode.slots,
-                                                decode.seq_lens.view(-1), decode.max_len,
-                                                self.num_kv_heads, self.scale)
+        if native:
+            return self._decode_native(query, cache_rows, decode)
         return self._decode_sdpa(query, cache_rows, decode, plan)
 
     def _decode_sdpa(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from octavo.config import ConfigError, EngineConfig
+from octavo.engine.components import build_scheduler, worker_classes, worker_cls
 from octavo.models.config import eos_token_ids
 from octavo.models.loader import ModelFiles
 from octavo.outputs import EngineCoreOutput
@@ -25,17 +26,18 @@ class EngineCore:
     def __init__(self, config: EngineConfig, platform: type[Platform], files: ModelFiles,
                  max_model_len: int) -> None:
         self.config = config
-        self.worker = platform.worker_class()(config, platform, files, max_model_len)
+        config.model.max_model_len = max_model_len
+        registries = get_registries()
+        self.worker = worker_cls(platform)(config, platform, files,
+                                           worker_classes(config, platform, registries))
         num_blocks = self.worker.determine_num_blocks()
+        check_kv_fits(num_blocks, config.cache.block_size, max_model_len)
         self.worker.initialize_kv_cache(num_blocks)
-        try:
-            sched_config = config.scheduler_config(num_blocks, max_model_len)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        scheduler_cls = get_registries().schedulers.get("default")
+        config.cache.num_gpu_blocks = num_blocks
         self.structured_output = StructuredOutputManager(
-            files.tokenizer, int(files.hf_config["vocab_size"]), eos_token_ids(files.hf_config))
-        self.scheduler = scheduler_cls(sched_config, structured_output=self.structured_output)
+            files.tokenizer, int(files.hf_config["vocab_size"]), eos_token_ids(files.hf_config),
+            config.structured_outputs)
+        self.scheduler = build_scheduler(config, registries, self.structured_output)
         block_tokens = num_blocks * config.cache.block_size
         logger.info("KV cache: %d blocks of %d tokens (%d tokens); max concurrency at "
                     "max_model_len=%d: %.2fx", num_blocks, config.cache.block_size,
@@ -59,3 +61,15 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         runner_output = self.worker.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+
+def check_kv_fits(num_blocks: int, block_size: int, max_model_len: int) -> None:
+    """One request of ``max_model_len`` tokens must fit the cache: otherwise it could never
+    run, even with every other request preempted, and would wait or be preempted forever."""
+    needed_blocks = -(-max_model_len // block_size)
+    if num_blocks < needed_blocks:
+        raise ConfigError(
+            f"the KV cache has {num_blocks} blocks of {block_size} tokens "
+            f"({num_blocks * block_size} tokens), but one request of max_model_len "
+            f"({max_model_len}) tokens needs {needed_blocks} blocks: raise --kv-cache-memory "
+            "or lower --max-model-len")

@@ -45,7 +45,8 @@ from octavo.engine.serial import (
     UtilityResult,
 )
 from octavo.outputs import EngineCoreOutput, SchedulerStats
-from octavo.platforms import BackendError, resolve_platform
+from octavo.plugins import get_registries
+from octavo.plugins.resolve import BackendError, check_names, resolve_platform
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,8 @@ class EngineCoreProc:
         from octavo.engine.llm_engine import resolve_max_model_len
         from octavo.models.loader import load_model_files
 
-        platform = resolve_platform(config.backend)
+        platform = resolve_platform(config.device.backend)
+        check_names(config, get_registries(), platform)  # before the model load, not after
         files = load_model_files(config.model.model)
         max_model_len = resolve_max_model_len(config, files)
         self.core = EngineCore(config, platform, files, max_model_len)

@@ -20,8 +20,9 @@ class LLM:
     """An engine in this process. Keywords follow vLLM's ``LLM(...)``: ``model``,
     ``dtype``, ``seed``, ``max_model_len``, ``max_num_seqs``, ``max_num_batched_tokens``,
     ``block_size``, ``enable_prefix_caching``, ``kv_cache_memory`` (bytes),
-    ``speculative_config`` (a dict or JSON text, see ``octavo.spec.config``), plus Octavo's
-    ``backend`` ("auto", "cpu", ...)."""
+    ``speculative_config`` and ``kv_transfer_config`` (a dict or JSON text), and every other
+    field of the config's parts (``octavo.config``), plus Octavo's ``backend`` ("auto",
+    "cpu", ...)."""
 
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model=model, **kwargs))

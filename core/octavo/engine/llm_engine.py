@@ -15,7 +15,8 @@ from octavo.engine.outputs import RequestOutput
 from octavo.engine.processor import Processor, PromptType
 from octavo.models.config import eos_token_ids
 from octavo.models.loader import ModelFiles, load_model_files
-from octavo.platforms import resolve_platform
+from octavo.plugins import get_registries
+from octavo.plugins.resolve import check_names, resolve_platform
 from octavo.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ def build_processor(tokenizer: Any, hf_config: dict[str, Any], max_model_len: in
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        platform = resolve_platform(config.backend)
+        platform = resolve_platform(config.device.backend)
+        check_names(config, get_registries(), platform)  # before the model load, not after
         files = load_model_files(config.model.model)
         self.model_files = files
         self.tokenizer = files.tokenizer

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from octavo.platforms import BackendError, Platform, resolve_platform
+from octavo.platforms import Platform
+from octavo.plugins.resolve import BackendError, resolve_platform
 
 
 class BackendUnusable(click.ClickException):

@@ -46,7 +46,7 @@ def make_engine(config: EngineConfig) -> Any:
     from octavo.engine.llm_engine import LLMEngine
     from octavo.models.loader import ModelLoadError
 
-    resolve_backend_or_exit(config.backend)
+    resolve_backend_or_exit(config.device.backend)
     try:
         return LLMEngine(config)
     except (ModelLoadError, ConfigError) as exc:

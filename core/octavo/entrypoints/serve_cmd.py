@@ -33,9 +33,9 @@ def serve(host: str, port: int, api_key: str | None, served_model_name: str | No
     from octavo.entrypoints.openai.api_server import run_server
 
     config = build_config(kwargs)
-    if config.backend != "auto":  # "auto" always resolves (the CPU at least); checking it
+    if config.device.backend != "auto":  # "auto" always resolves (the CPU at least); checking it
         # here would import the whole model stack before the engine core is even spawned
-        resolve_backend_or_exit(config.backend)
+        resolve_backend_or_exit(config.device.backend)
     settings = ServerSettings(
         host=host, port=port, api_key=api_key,
         served_model_name=served_model_name or config.model.model or DEFAULT_MODEL_NAME,

@@ -1,1 +1,3 @@
-"""Paged KV-cache bookkeeping: blocks, the free-block queue, prefix hashes, KVCacheManager."""
+"""Paged KV-cache bookkeeping on the scheduler side: blocks, the free-block queue, the block
+pool with its prefix cache, and ``KVCacheManager`` (the default ``KVCacheManagerInterface``).
+Imports the plain data below it (requests, block hashes, stats) and nothing else."""

@@ -19,11 +19,14 @@ from collections.abc import Sequence
 from octavo.block_hash import update_block_hashes
 from octavo.kv.block import KVBlock
 from octavo.kv.block_pool import BlockPool
+from octavo.kv.interface import KVCacheManagerInterface
 from octavo.request import Request
 from octavo.stats import PrefixCacheStats
 
 
-class KVCacheManager:
+class KVCacheManager(KVCacheManagerInterface):
+    """The default manager: one pool of blocks, prefix caching by chained block hashes."""
+
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")

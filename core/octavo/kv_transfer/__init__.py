@@ -1,8 +1,8 @@
 """KV transfer between engines (disaggregated prefill/decode): the two-sided ``KVConnector``
-interface, its config, and the glue that calls it from the scheduler and the model runner.
-Connectors themselves live in plugins (``octavo-connectors``)."""
+interface. Its config is ``octavo.config.kv_transfer``; the scheduler side's glue is
+``octavo.sched.kv_transfer``, the worker side's ``octavo.worker.kv_transfer``. Connectors
+themselves live in plugins (``octavo-connectors``)."""
 
 from octavo.kv_transfer.base import KVConnector, KVConnectorRole
-from octavo.kv_transfer.config import KVTransferConfig
 
-__all__ = ["KVConnector", "KVConnectorRole", "KVTransferConfig"]
+__all__ = ["KVConnector", "KVConnectorRole"]

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from octavo.attention.base import AttentionMetadata
-    from octavo.kv_transfer.config import KVTransferConfig
+    from octavo.config.kv_transfer import KVTransferConfig
     from octavo.outputs import KVConnectorOutput, SchedulerOutput
     from octavo.request import Request
 

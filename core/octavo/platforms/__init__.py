@@ -1,7 +1,8 @@
-"""Hardware platforms: the ``Platform`` interface, the built-in CPU platform and backend
-resolution for ``--backend``."""
+"""The ``Platform`` interface (``Platform``, ``Availability``). Implementations live with
+their kernels: the built-in CPU platform in ``octavo.cpu``, the others in plugins. Turning
+``--backend NAME`` into a platform class is the plugin system's job
+(``octavo.plugins.resolve``). Imports only torch."""
 
 from octavo.platforms.base import Availability, Platform
-from octavo.platforms.resolve import BACKEND_CHOICES, BackendError, resolve_platform
 
-__all__ = ["BACKEND_CHOICES", "Availability", "BackendError", "Platform", "resolve_platform"]
+__all__ = ["Availability", "Platform"]

@@ -1,17 +1,20 @@
 """The ``Platform`` interface: one class per kind of hardware.
 
 A platform says whether its hardware is usable here (and why not), which distributed
-backend and dtype suit it, how much memory it has, and which attention backend and
-worker run on it. Platforms are registered through ``octavo_register_platforms``.
+backend and dtype suit it, how much memory it has, which attention backend and worker run
+on it, and how a loaded model is specialised for it (fused kernels, prepacked weights).
+Platforms are registered through ``octavo_register_platforms``; the classes themselves are
+used (no instances), so every method is a classmethod.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-if TYPE_CHECKING:
-    from octavo.worker.worker import Worker
+import torch
+from torch import nn
 
 
 @dataclass(frozen=True)
@@ -30,43 +33,57 @@ class Availability:
         return cls(False, reason)
 
 
-class Platform:
-    """Base class of hardware platforms. Subclasses set the class attributes and
-    implement :meth:`check_available`."""
+class Platform(ABC):
+    """Base class of hardware platforms.
+
+    Contract for subclasses:
+
+    - set ``name`` (what ``--backend`` takes) and ``device_type`` (torch's device type, or
+      the framework's name for a non-torch worker);
+    - :meth:`check_available` probes the hardware cheaply and never raises: ``--backend
+      auto`` and ``octavo plugins`` call it for every installed platform;
+    - :meth:`total_memory` / :meth:`free_memory` answer in bytes for the device (host RAM
+      for the CPU); the worker sizes the KV cache from them;
+    - ``worker_cls`` is the qualified name of the worker class, imported only when a worker
+      starts (:func:`octavo.qualname.resolve_qualname`);
+    - :meth:`prepare_model` may swap a loaded model's layers onto the platform's kernels,
+      computing the same thing; the worker calls it once after loading, and so do
+      proposers for the heads they build.
+    """
 
     name: ClassVar[str]
-    device_type: ClassVar[str]  # torch device type ("cpu", "cuda", ...) or the framework's name
+    device_type: ClassVar[str]
     priority: ClassVar[int] = 0  # ``--backend auto`` picks the available platform with the highest
     dist_backend: ClassVar[str] = "gloo"  # torch.distributed backend between workers
     default_dtype: ClassVar[str] = "float32"
     attention_backend: ClassVar[str] = "torch"  # name in the attention-backend registry
+    worker_cls: ClassVar[str] = "octavo.worker.worker.Worker"
     distribution: ClassVar[str] = "octavo"  # what to install to get this platform
     # Why the platform cannot run models yet even with its hardware present, or "" when it can.
     missing_kernels: ClassVar[str] = ""
 
     @classmethod
+    @abstractmethod
     def check_available(cls) -> Availability:
         """Probe the hardware and runtime. Must be cheap and never raise."""
-        raise NotImplementedError
 
     @classmethod
     def is_available(cls) -> bool:
         return cls.check_available().available
 
     @classmethod
-    def worker_class(cls) -> type[Worker]:
-        """The worker that loads and runs the model on this platform. Imported when asked
-        for: platforms are registered in processes that never build a worker."""
-        from octavo.worker.worker import Worker
-
-        return Worker
-
-    @classmethod
+    @abstractmethod
     def total_memory(cls) -> int:
         """Bytes of device memory (host RAM for the CPU)."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def free_memory(cls) -> int:
         """Bytes of device memory free now."""
-        raise NotImplementedError
+
+    @classmethod
+    def prepare_model(cls, model: nn.Module, dtype: torch.dtype) -> int:
+        """Specialise a loaded ``model`` (weights in place) for this platform; returns how
+        many layers were changed. The portable default changes nothing."""
+        del model, dtype
+        return 0

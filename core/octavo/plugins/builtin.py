@@ -2,21 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from octavo.plugins.hookspecs import hookimpl
 from octavo.plugins.registry import Registry
 
+if TYPE_CHECKING:
+    from torch import nn
+
+    from octavo.attention.base import AttentionBackend
+    from octavo.kv.interface import KVCacheManagerInterface
+    from octavo.platforms.base import Platform
+    from octavo.sched.interface import SchedulerInterface
+    from octavo.sched.policy import SchedulingPolicy
+
 
 @hookimpl
-def octavo_register_platforms(registry: Registry[Any]) -> None:
-    from octavo.platforms.cpu import CpuPlatform
+def octavo_register_platforms(registry: Registry[type[Platform]]) -> None:
+    from octavo.cpu.platform import CpuPlatform
 
     registry.register(CpuPlatform.name, CpuPlatform)
 
 
 @hookimpl
-def octavo_register_scheduling_policies(registry: Registry[Any]) -> None:
+def octavo_register_scheduling_policies(registry: Registry[type[SchedulingPolicy]]) -> None:
     from octavo.sched.policy import FcfsPolicy, PriorityPolicy
 
     for policy in (FcfsPolicy, PriorityPolicy):
@@ -24,36 +33,31 @@ def octavo_register_scheduling_policies(registry: Registry[Any]) -> None:
 
 
 @hookimpl
-def octavo_register_schedulers(registry: Registry[Any]) -> None:
+def octavo_register_schedulers(registry: Registry[type[SchedulerInterface]]) -> None:
     from octavo.sched.scheduler import Scheduler
 
     registry.register("default", Scheduler)
 
 
 @hookimpl
-def octavo_register_kv_managers(registry: Registry[Any]) -> None:
+def octavo_register_kv_managers(registry: Registry[type[KVCacheManagerInterface]]) -> None:
     from octavo.kv.manager import KVCacheManager
 
     registry.register("default", KVCacheManager)
 
 
 @hookimpl
-def octavo_register_attention_backends(registry: Registry[Any]) -> None:
+def octavo_register_attention_backends(registry: Registry[type[AttentionBackend]]) -> None:
     from octavo.attention.torch_backend import TorchAttentionBackend
+    from octavo.cpu.attention import CpuAttentionBackend
 
-    registry.register(TorchAttentionBackend.name, TorchAttentionBackend)
+    for backend in (TorchAttentionBackend, CpuAttentionBackend):
+        registry.register(backend.name, backend)
 
 
 @hookimpl
-def octavo_register_models(registry: Registry[Any]) -> None:
-    from octavo.models.llama import (
-        LlamaForCausalLM,
-        MistralForCausalLM,
-        Qwen2ForCausalLM,
-        Qwen3ForCausalLM,
-    )
-    from octavo.models.mixtral import MixtralForCausalLM
+def octavo_register_models(registry: Registry[type[nn.Module]]) -> None:
+    from octavo.models.architectures import BUILTIN_ARCHITECTURES
 
-    for model in (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-                  MixtralForCausalLM):
-        registry.register(model.__name__, model)
+    for name, model in BUILTIN_ARCHITECTURES.items():
+        registry.register(name, model)

@@ -61,7 +61,7 @@ def octavo_register_kv_connectors(registry: Registry[Any]) -> None:
 def octavo_register_proposers(registry: Registry[Any]) -> None:
     """Register speculative-decoding proposers (``--speculative-config '{"method": NAME}'``).
 
-    The object is a subclass of :class:`octavo.spec.proposer.Proposer`, registered under its
+    The object is a subclass of :class:`octavo.worker.spec.proposer.Proposer`, registered under its
     method name (``registry.register("ngram", NgramProposer)``).
     Called in workers, where proposers run next to the target model.
     """

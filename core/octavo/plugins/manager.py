@@ -1,30 +1,51 @@
 """Discovering, vetting and loading plugins, and filling the registries from their hooks.
 
-Plugins are entry points in the group ``octavo``. Before a plugin module is imported its
-distribution's declared requirement on ``octavo`` is checked against this core's version;
+Plugins are entry points in the group ``octavo``. Before a plugin module is imported, its
+distribution's declared requirement on ``octavo`` is checked against this core's version
+and its module's ``OCTAVO_PLUGIN_API`` range against ``PLUGIN_API_VERSION``;
 ``OCTAVO_PLUGINS=a,b`` keeps only the named entry points. A plugin that fails any step
-(version range, import, a hook that raises) is recorded with the reason and skipped: the
-core and the other plugins keep working.
+(a version range, its import, a hook that raises) is recorded with the reason and skipped:
+the core and the other plugins keep working.
+
+Hooks are called through pluggy (``pm.hook``), one plugin at a time, so one plugin's
+failure can be rolled back alone: each call keeps the hook wrappers other plugins
+registered (they wrap each plugin's call) and goes through pluggy's tracing, which
+``OCTAVO_TRACE_PLUGINS=1`` turns on, together with a line for every registration.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import sys
 from dataclasses import dataclass, field
 from importlib.metadata import Distribution, EntryPoint, entry_points
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
 from octavo.plugins import hookspecs
+from octavo.plugins.api_version import api_version_problem
 from octavo.plugins.registry import Registry
 from octavo.version import __version__
 
+if TYPE_CHECKING:
+    import click
+    from torch import nn
+
+    from octavo.attention.base import AttentionBackend
+    from octavo.kv.interface import KVCacheManagerInterface
+    from octavo.kv_transfer.base import KVConnector
+    from octavo.platforms.base import Platform
+    from octavo.sched.interface import SchedulerInterface
+    from octavo.sched.policy import SchedulingPolicy
+    from octavo.worker.spec.proposer import Proposer
+
 ENTRY_POINT_GROUP = "octavo"
+TRACE_ENV = "OCTAVO_TRACE_PLUGINS"
 BUILTIN_PLUGIN = "octavo"
 BUILTIN_MODULE = "octavo.plugins.builtin"
 
@@ -59,19 +80,28 @@ class PluginRecord:
 class Registries:
     """All named registries, filled once per process from every loaded plugin."""
 
-    platforms: Registry[Any] = field(default_factory=lambda: Registry("platform"))
-    attention_backends: Registry[Any] = field(
-        default_factory=lambda: Registry("attention backend")
-    )
-    kv_connectors: Registry[Any] = field(default_factory=lambda: Registry("KV connector"))
-    proposers: Registry[Any] = field(default_factory=lambda: Registry("proposer"))
-    schedulers: Registry[Any] = field(default_factory=lambda: Registry("scheduler"))
-    scheduling_policies: Registry[Any] = field(
-        default_factory=lambda: Registry("scheduling policy")
-    )
-    kv_managers: Registry[Any] = field(default_factory=lambda: Registry("KV manager"))
-    models: Registry[Any] = field(default_factory=lambda: Registry("model architecture"))
-    cli_commands: Registry[Any] = field(default_factory=lambda: Registry("CLI command"))
+    trace: bool = False
+    platforms: Registry[type[Platform]] = field(init=False)
+    attention_backends: Registry[type[AttentionBackend]] = field(init=False)
+    kv_connectors: Registry[type[KVConnector]] = field(init=False)
+    proposers: Registry[type[Proposer]] = field(init=False)
+    schedulers: Registry[type[SchedulerInterface]] = field(init=False)
+    scheduling_policies: Registry[type[SchedulingPolicy]] = field(init=False)
+    kv_managers: Registry[type[KVCacheManagerInterface]] = field(init=False)
+    models: Registry[type[nn.Module]] = field(init=False)
+    cli_commands: Registry[click.Command] = field(init=False)
+
+    def __post_init__(self) -> None:
+        kinds = {"platforms": "platform", "attention_backends": "attention backend",
+                 "kv_connectors": "KV connector", "proposers": "proposer",
+                 "schedulers": "scheduler", "scheduling_policies": "scheduling policy",
+                 "kv_managers": "KV manager", "models": "model architecture",
+                 "cli_commands": "CLI command"}
+        for attr, kind in kinds.items():
+            setattr(self, attr, Registry(kind, trace=self.trace))
+
+    def all(self) -> list[Registry[Any]]:
+        return [getattr(self, attr) for attr in REGISTRY_HOOKS]
 
 
 def core_version_problem(dist: Distribution | None, core_version: str = __version__) -> str:
@@ -106,6 +136,10 @@ class PluginHost:
         env = dict(os.environ) if env is None else env
         self.pm = pluggy.PluginManager(hookspecs.PROJECT)
         self.pm.add_hookspecs(hookspecs)
+        self.trace = env.get(TRACE_ENV, "") not in ("", "0")
+        if self.trace:
+            self.pm.trace.root.setwriter(lambda text: print(text, end="", file=sys.stderr))
+            self.pm.enable_tracing()
         self.records: list[PluginRecord] = []
         self._register_builtins()
         self._load_entry_points(_selected(env.get("OCTAVO_PLUGINS")))
@@ -126,7 +160,8 @@ class PluginHost:
             if selected is not None and ep.name not in selected:
                 record.reason = "not selected by OCTAVO_PLUGINS"
                 continue
-            record.reason = core_version_problem(ep.dist)
+            record.reason = (core_version_problem(ep.dist)
+                             or api_version_problem(ep.value.partition(":")[0]))
             if record.reason:
                 continue
             self._import_and_register(ep, record)
@@ -170,27 +205,33 @@ class PluginHost:
         for record in self.records:
             if not record.loaded:
                 continue
-            plugin = self.pm.get_plugin(record.name)
-            snapshot = {attr: getattr(registries, attr).snapshot() for attr in REGISTRY_HOOKS}
             try:
-                self._call_hooks(plugin, record.name, registries)
+                self._call_hooks(record.name, registries)
             except Exception as exc:
-                for attr, saved in snapshot.items():
-                    getattr(registries, attr).restore(saved)
+                for registry in registries.all():
+                    registry.drop_plugin(record.name)
                 record.loaded = False
                 record.reason = f"a registration hook raised {type(exc).__name__}: {exc}"
 
-    def _call_hooks(self, plugin: object, name: str, registries: Registries) -> None:
+    def _call_hooks(self, name: str, registries: Registries) -> None:
+        plugin = self.pm.get_plugin(name)
         for attr, hook_name in REGISTRY_HOOKS.items():
-            function = getattr(plugin, hook_name, None)
-            if function is None:
+            if hook_name not in self._hook_names(plugin):
                 continue
             registry: Registry[Any] = getattr(registries, attr)
             registry.current_plugin = name
             try:
-                function(registry=registry)
+                self._caller_for(hook_name, plugin)(registry=registry)
             finally:
                 registry.current_plugin = "<unknown>"
+
+    def _caller_for(self, hook_name: str, plugin: object) -> Any:
+        """``pm.hook.<hook_name>`` narrowed to ``plugin``'s implementation and every other
+        plugin's hook wrappers."""
+        hook = getattr(self.pm.hook, hook_name)
+        others = [impl.plugin for impl in hook.get_hookimpls()
+                  if impl.plugin is not plugin and not (impl.hookwrapper or impl.wrapper)]
+        return self.pm.subset_hook_caller(hook_name, remove_plugins=others)
 
     def record(self, plugin: str) -> PluginRecord:
         for record in self.records:

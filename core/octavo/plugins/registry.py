@@ -1,12 +1,14 @@
 """Named registries that the registration hooks fill.
 
 Each registry maps a user-facing name (``"cpu"``, ``"fcfs"``, ``"LlamaForCausalLM"``) to
-the object a plugin provides, and remembers which plugin provided it so that conflicts
-and ``octavo plugins`` can name the owner.
+the object a plugin provides, and remembers which plugin provided it so that conflicts,
+``octavo plugins`` and ``OCTAVO_TRACE_PLUGINS=1`` can name the owner, and so that a plugin
+whose hook fails can be taken out again (:meth:`Registry.drop_plugin`).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -23,13 +25,15 @@ class Entry(Generic[T]):
     name: str
     obj: T
     plugin: str
+    replaced: Entry[T] | None = None  # the entry this one overrode
 
 
 class Registry(Generic[T]):
     """An ordered name -> object map for one kind of extension (platforms, models, ...)."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, trace: bool = False) -> None:
         self.kind = kind
+        self.trace = trace  # print each registration to stderr (OCTAVO_TRACE_PLUGINS=1)
         self._entries: dict[str, Entry[T]] = {}
         # Set by the plugin host while it calls one plugin's hook, so entries know their owner.
         self.current_plugin = "<unknown>"
@@ -42,7 +46,10 @@ class Registry(Generic[T]):
                 f"{self.kind} {name!r} is already registered by plugin {old.plugin!r}; "
                 f"plugin {self.current_plugin!r} must pass override=True to replace it"
             )
-        self._entries[name] = Entry(name, obj, self.current_plugin)
+        self._entries[name] = Entry(name, obj, self.current_plugin, old)
+        if self.trace:
+            print(f"octavo plugins: {self.current_plugin} registered {self.kind} {name!r}"
+                  + (f" (overriding {old.plugin})" if old else ""), file=sys.stderr)
 
     def get(self, name: str) -> T:
         return self.entry(name).obj
@@ -60,12 +67,25 @@ class Registry(Generic[T]):
     def entries(self) -> Iterator[Entry[T]]:
         return iter(self._entries.values())
 
-    def snapshot(self) -> dict[str, Entry[T]]:
-        """A copy of the entries, to roll back a plugin whose hook failed half-way."""
-        return dict(self._entries)
+    def as_dict(self) -> dict[str, T]:
+        """A plain ``name -> object`` copy, for code below the plugin system."""
+        return {name: entry.obj for name, entry in self._entries.items()}
 
-    def restore(self, snapshot: dict[str, Entry[T]]) -> None:
-        self._entries = dict(snapshot)
+    def drop_plugin(self, plugin: str) -> None:
+        """Take out everything ``plugin`` registered, putting back what it overrode."""
+        for name, top in list(self._entries.items()):
+            chain: list[Entry[T]] = []
+            entry: Entry[T] | None = top
+            while entry is not None:
+                chain.append(entry)
+                entry = entry.replaced
+            rebuilt: Entry[T] | None = None
+            for kept in reversed([e for e in chain if e.plugin != plugin]):
+                rebuilt = Entry(kept.name, kept.obj, kept.plugin, rebuilt)
+            if rebuilt is None:
+                del self._entries[name]
+            else:
+                self._entries[name] = rebuilt
 
     def __contains__(self, name: object) -> bool:
         return name in self._entries

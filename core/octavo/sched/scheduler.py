@@ -7,7 +7,7 @@ running requests (``max_num_seqs``). A prompt gets chunks of what the budget lea
 (chunked prefill, always on); a decode gets 1.
 
 Order: running requests first, in policy order; with speculative decoding a decode gets
-1 + its drafts (see ``octavo.spec.scheduling``); when the KV pool cannot hold a running
+1 + its drafts (see ``octavo.sched.spec``); when the KV pool cannot hold a running
 request's new tokens, the policy's least valued running request that has not been
 scheduled this step is preempted (its blocks are freed and it goes back to waiting, to
 be recomputed later - cheaply, since its full blocks stay in the prefix cache until
@@ -28,26 +28,27 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from octavo.config import EngineConfig
 from octavo.kv.block import KVBlock
-from octavo.kv_transfer.base import KVConnectorRole
-from octavo.kv_transfer.factory import make_connector
+from octavo.kv.interface import KVCacheManagerInterface
+from octavo.kv_transfer.base import KVConnector
 from octavo.outputs import (
     CachedRequestData,
     EngineCoreEvent,
     EngineCoreEventType,
     EngineCoreOutput,
-    KVConnectorOutput,
     LogprobsLists,
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
     SchedulerStats,
 )
-from octavo.plugins import get_registries
 from octavo.request import Request, RequestStatus
-from octavo.sched.config import SchedulerConfig
+from octavo.sched.interface import SchedulerInterface
+from octavo.sched.kv_transfer import KVTransferScheduling
+from octavo.sched.policy import FcfsPolicy, SchedulingPolicy
+from octavo.sched.spec import SpecScheduling
 from octavo.sched.stop import check_stop
-from octavo.spec.scheduling import SpecScheduling
 from octavo.stats import KVTransferStats
 
 logger = logging.getLogger(__name__)
@@ -70,42 +71,43 @@ class _Step:
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
 
 
-class Scheduler:
-    def __init__(self, config: SchedulerConfig,
+class Scheduler(SchedulerInterface):
+    """The default scheduler. Its parts come built (the engine resolves their names in the
+    plugin registries): the KV-cache manager, the waiting-queue policy, the scheduler side
+    of a KV connector, the grammars of guided decoding."""
+
+    def __init__(self, config: EngineConfig, kv_manager: KVCacheManagerInterface, *,
+                 policy: SchedulingPolicy | None = None,
+                 kv_connector: KVConnector | None = None,
                  structured_output: StructuredOutputManager | None = None) -> None:
+        if config.model.max_model_len is None:
+            raise ValueError("the scheduler needs config.model.max_model_len resolved")
         self.config = config
+        self.max_model_len: int = config.model.max_model_len
+        self.max_num_seqs = config.scheduler.max_num_seqs
+        self.max_num_batched_tokens = config.scheduler.max_num_batched_tokens
+        self.kv_manager = kv_manager
+        self.policy = policy if policy is not None else FcfsPolicy()
         # Grammars of guided decoding; None: the engine takes no constrained requests.
         self.structured_output = structured_output
-        registries = get_registries()
-        self.policy = registries.scheduling_policies.get(config.policy)()
-        kv_manager_cls = registries.kv_managers.get(config.kv_manager)
-        self.kv_manager = kv_manager_cls(
-            config.num_blocks, config.block_size, enable_caching=config.enable_prefix_caching
-        )
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting: list[Request] = []  # kept in policy order
         self.running: list[Request] = []
         # Finished, aborted or preempted since the last step: the workers drop their state.
         self.finished_req_ids: set[str] = set()
-        # KV transfer (octavo.kv_transfer), inert without a connector: requests whose prompt
-        # KV is being loaded (with the number of computed tokens once it is), and finished
-        # requests whose blocks stay allocated until the worker has saved their KV.
-        self.connector = make_connector(config.kv_transfer, KVConnectorRole.SCHEDULER,
-                                        config.block_size)
-        self.loading: dict[str, tuple[Request, int]] = {}
-        self.sending: dict[str, Request] = {}
-        self.kv_transfer_stats = KVTransferStats()
-        self.spec = SpecScheduling(config, self.kv_manager) if config.num_speculative_tokens \
-            else None
+        self.kv_transfer = (KVTransferScheduling(kv_connector, kv_manager)
+                            if kv_connector is not None else None)
+        k = config.num_speculative_tokens
+        self.spec = SpecScheduling(k, self.max_model_len, kv_manager) if k else None
 
     def add_request(self, request: Request) -> None:
         request_id = request.request_id
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the scheduler")
-        if not 0 < request.num_prompt_tokens <= self.config.max_model_len:
+        if not 0 < request.num_prompt_tokens <= self.max_model_len:
             raise ValueError(
                 f"request {request_id!r}: the prompt has {request.num_prompt_tokens} tokens; "
-                f"it must have between 1 and max_model_len ({self.config.max_model_len})"
+                f"it must have between 1 and max_model_len ({self.max_model_len})"
             )
         if request.sampling_params.structured_outputs is not None:
             self._add_structured(request)
@@ -114,7 +116,7 @@ class Scheduler:
         bisect.insort(self.waiting, request, key=self.policy.sort_key)
 
     def schedule(self) -> SchedulerOutput:
-        step = _Step(token_budget=self.config.max_num_batched_tokens)
+        step = _Step(token_budget=self.max_num_batched_tokens)
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_waiting(step)
@@ -130,8 +132,8 @@ class Scheduler:
             structured_output_request_ids=grammar_ids,
             grammar_bitmask=grammar_bitmask,
         )
-        if self.connector is not None:
-            output.kv_connector_metadata = self.connector.build_connector_meta(output)
+        if self.kv_transfer is not None:
+            self.kv_transfer.attach_metadata(output)
         self.finished_req_ids = set()
         return output
 
@@ -139,8 +141,9 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         """Append the sampled tokens, finish the requests that stop, report to the front end."""
-        if model_runner_output.kv_connector_output is not None:
-            self._update_kv_transfers(model_runner_output.kv_connector_output)
+        if model_runner_output.kv_connector_output is not None and self.kv_transfer is not None:
+            for request in self.kv_transfer.update(model_runner_output.kv_connector_output):
+                bisect.insort(self.waiting, request, key=self.policy.sort_key)
         sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
         index = ({req_id: i for i, req_id in enumerate(model_runner_output.req_ids)}
                  if self.spec else {})
@@ -189,14 +192,7 @@ class Scheduler:
                 self._finish(request, status)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests) or bool(self.sending)
-
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.requests)
-
-    def has_finished_requests(self) -> bool:
-        """Whether the next step has finished ids to tell the workers (even with no work)."""
-        return bool(self.finished_req_ids)
+        return bool(self.requests) or bool(self.kv_transfer and self.kv_transfer.sending)
 
     def reset_prefix_cache(self) -> None:
         self.kv_manager.reset_prefix_cache()
@@ -207,7 +203,8 @@ class Scheduler:
             num_waiting_reqs=len(self.waiting),
             kv_cache_usage=self.kv_manager.usage,
             prefix_cache=dataclasses.replace(self.kv_manager.prefix_stats),
-            kv_transfer=dataclasses.replace(self.kv_transfer_stats),
+            kv_transfer=(dataclasses.replace(self.kv_transfer.stats) if self.kv_transfer
+                         else KVTransferStats()),
             spec_decoding=self.spec.snapshot() if self.spec else None,
         )
 
@@ -255,19 +252,21 @@ class Scheduler:
 
     def _schedule_waiting(self, step: _Step) -> None:
         while (self.waiting and step.token_budget > 0
-               and len(self.running) < self.config.max_num_seqs):
+               and len(self.running) < self.max_num_seqs):
             request = self._next_waiting()
             if request is None:
                 break  # every waiting request waits for its grammar
-            if self.connector is not None and self.kv_manager.get_block_ids(request.request_id):
-                hit_blocks, num_hit_tokens = [], request.num_computed_tokens  # back from a load
+            transfer = self.kv_transfer
+            if transfer is not None and transfer.back_from_load(request):
+                hit_blocks, num_hit_tokens = [], request.num_computed_tokens
             else:
                 hit_blocks, num_hit_tokens = self.kv_manager.get_computed_blocks(request)
-                if self.connector is not None and request.status is RequestStatus.WAITING:
-                    started = self._start_kv_load(request, hit_blocks, num_hit_tokens)
+                if transfer is not None and request.status is RequestStatus.WAITING:
+                    started = transfer.start_load(request, hit_blocks, num_hit_tokens)
                     if started is None:
                         break  # no room for it; keep policy order
                     if started:
+                        self.waiting.remove(request)
                         continue
             num_new_tokens = min(request.num_tokens - num_hit_tokens, step.token_budget)
             lookahead = (self.spec.lookahead(request, num_new_tokens, num_hit_tokens)
@@ -291,53 +290,6 @@ class Scheduler:
                 output_token_ids=list(request.output_token_ids),
             ))
             self._grant(request, num_new_tokens, step)
-
-    def _start_kv_load(self, request: Request, hit_blocks: list[KVBlock],
-                       num_hit_tokens: int) -> bool | None:
-        """Let the connector load what it holds of the prompt beyond the local prefix hit:
-        the request waits, holding its blocks, until the worker reports the load. ``False``
-        when there is nothing to load, ``None`` when its blocks do not fit now."""
-        assert self.connector is not None
-        num_external, _ = self.connector.get_num_new_matched_tokens(request, num_hit_tokens)
-        if num_external == 0:
-            return False
-        if self.kv_manager.allocate_slots(request, num_external, hit_blocks,
-                                          delay_cache_blocks=True) is None:
-            return None
-        self.waiting.remove(request)
-        request.num_computed_tokens = num_hit_tokens
-        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
-        self.loading[request.request_id] = (request, num_hit_tokens + num_external)
-        self.connector.update_state_after_alloc(
-            request, self.kv_manager.get_block_ids(request.request_id), num_external)
-        return True
-
-    def _update_kv_transfers(self, output: KVConnectorOutput) -> None:
-        """Free the blocks of requests whose KV is saved; send requests whose load finished
-        back to waiting - from the loaded tokens, or from their local prefix when the load
-        failed (nothing was computed on top of it, so recomputing is safe)."""
-        assert self.connector is not None
-        self.connector.update_connector_output(output)
-        stats = self.kv_transfer_stats
-        stats.saves += len(output.finished_sending)
-        for request_id in output.finished_sending:
-            finished = self.sending.pop(request_id, None)
-            if finished is not None:
-                self.kv_manager.free(finished)
-        for request_id in output.finished_recving:
-            request, num_loaded = self.loading.pop(request_id, (None, 0))
-            if request is None:
-                continue  # aborted while loading
-            if request_id in output.failed_recving:
-                stats.failed_loads += 1
-                logger.warning("request %s: loading its prompt KV failed; computing it instead",
-                               request_id)
-            else:
-                stats.loads += 1
-                stats.loaded_tokens += num_loaded - request.num_computed_tokens
-                request.num_computed_tokens = num_loaded
-            request.status = RequestStatus.WAITING
-            bisect.insort(self.waiting, request, key=self.policy.sort_key)
 
     @staticmethod
     def _grant(request: Request, num_new_tokens: int, step: _Step) -> None:
@@ -365,7 +317,7 @@ class Scheduler:
             appended.append(token_id)
             if request.num_output_tokens == 1:
                 request.events.append(EngineCoreEvent.now(EngineCoreEventType.FIRST_TOKEN))
-            stop = check_stop(request, self.config.max_model_len)
+            stop = check_stop(request, self.max_model_len)
             if stop is not None:
                 status, request.stop_reason = stop
                 self._finish(request, status)
@@ -374,7 +326,8 @@ class Scheduler:
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         if request.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
-            del self.loading[request.request_id]
+            assert self.kv_transfer is not None
+            del self.kv_transfer.loading[request.request_id]
         else:
             queue = self.running if request.status is RequestStatus.RUNNING else self.waiting
             queue.remove(request)
@@ -430,12 +383,8 @@ class Scheduler:
     def _free_finished(self, request: Request) -> None:
         """Free a finished request's blocks - unless the connector is still saving its KV
         from them; then once the worker reports the save done."""
-        if self.connector is not None:
-            block_ids = self.kv_manager.get_block_ids(request.request_id)
-            delay_free, _ = self.connector.request_finished(request, block_ids)
-            if delay_free:
-                self.sending[request.request_id] = request
-                return
+        if self.kv_transfer is not None and self.kv_transfer.keeps_blocks(request):
+            return
         self.kv_manager.free(request)
 
 

@@ -22,9 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-
-class TreeError(ValueError):
-    """A token tree that is not one (the message names the node)."""
+from octavo.config.speculative import SpeculativeConfig, tree_paths
 
 
 @dataclass(frozen=True)
@@ -35,31 +33,20 @@ class DraftTree:
 
     @classmethod
     def from_paths(cls, paths: Any, max_depth: int) -> DraftTree:
-        """From a list of rank paths like ``[[0], [1], [0, 0]]``, checked: ranks are
-        non-negative integers, no path is longer than ``max_depth`` or repeated, and every
-        path's parent path is in the tree."""
-        if not isinstance(paths, (list, tuple)) or not paths:
-            raise TreeError(f"must be a non-empty list of paths like [[0], [1], [0, 0]], "
-                            f"got {paths!r}")
-        nodes: list[tuple[int, ...]] = []
-        for path in paths:
-            if not isinstance(path, (list, tuple)) or not path or not all(
-                    isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in path):
-                raise TreeError(f"node {path!r} is not a non-empty list of ranks >= 0")
-            if len(path) > max_depth:
-                raise TreeError(f"node {list(path)} is deeper than num_speculative_tokens "
-                                f"({max_depth})")
-            nodes.append(tuple(path))
-        if len(set(nodes)) != len(nodes):
-            raise TreeError("a node is listed twice")
-        ordered = tuple(sorted(nodes, key=lambda p: (len(p), p)))
+        """From a list of rank paths like ``[[0], [1], [0, 0]]``, checked by
+        :func:`octavo.config.speculative.tree_paths` (``TreeError`` names the bad node)."""
+        ordered = tree_paths(paths, max_depth)
         index = {path: i for i, path in enumerate(ordered)}
-        for path in ordered:
-            if len(path) > 1 and path[:-1] not in index:
-                raise TreeError(f"node {list(path)} has no parent {list(path[:-1])} in the tree")
         parents = np.array([index[p[:-1]] if len(p) > 1 else -1 for p in ordered],
                            dtype=np.int64)
         return cls(ordered, parents, np.array([len(p) for p in ordered], dtype=np.int64))
+
+    @classmethod
+    def of(cls, config: SpeculativeConfig) -> DraftTree | None:
+        """The tree of ``speculative_token_tree``, or None for plain chains of drafts."""
+        if config.speculative_token_tree is None:
+            return None
+        return cls.from_paths(config.speculative_token_tree, config.num_speculative_tokens)
 
     @classmethod
     def chain(cls, length: int) -> DraftTree:

@@ -18,12 +18,12 @@ import xgrammar as xgr
 
 from octavo.structured.grammar import build_grammar
 
-MAX_CACHED_GRAMMARS = 256  # compiled grammars hold token tables of a few MB at most
-
 
 class GrammarCache:
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
-                 max_workers: int = 2) -> None:
+                 max_cached: int = 256, max_workers: int = 2) -> None:
+        # Compiled grammars hold token tables of a few MB at most.
+        self.max_cached = max_cached
         """``vocab_size`` is the width of the model's logits, which may exceed the
         tokenizer's vocabulary (padded embeddings): xgrammar never allows the extra ids.
         ``stop_token_ids`` are what ends a finished grammar (the model's EOS)."""
@@ -42,7 +42,7 @@ class GrammarCache:
         if future is None:
             future = self._executor.submit(self._compile, kind, spec)
             self._futures[key] = future
-            if len(self._futures) > MAX_CACHED_GRAMMARS:
+            if len(self._futures) > self.max_cached:
                 self._futures.popitem(last=False)
         else:
             self._futures.move_to_end(key)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import xgrammar as xgr
 
+from octavo.config import StructuredOutputsConfig
 from octavo.request import Request
 from octavo.sampling_params import StructuredOutputsParams
 from octavo.structured.cache import GrammarCache
@@ -25,8 +26,12 @@ logger = logging.getLogger(__name__)
 
 
 class StructuredOutputManager:
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
-        self.cache = GrammarCache(tokenizer, vocab_size, stop_token_ids)
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
+                 config: StructuredOutputsConfig | None = None) -> None:
+        config = config or StructuredOutputsConfig()
+        self.cache = GrammarCache(tokenizer, vocab_size, stop_token_ids,
+                                  max_cached=config.max_cached_grammars,
+                                  max_workers=config.compile_threads)
         self.num_words = -(-vocab_size // 32)  # one bit per token id, 32 to an int32
         self._compiling: dict[str, Future[xgr.CompiledGrammar]] = {}
         self._matchers: dict[str, xgr.GrammarMatcher] = {}

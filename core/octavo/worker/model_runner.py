@@ -10,7 +10,6 @@ import numpy as np
 import torch
 
 from octavo.attention import AttentionBackend
-from octavo.kv_transfer.worker_side import WorkerKVTransfer
 from octavo.models.base import CausalLM
 from octavo.outputs import (
     LogprobsLists,
@@ -28,9 +27,9 @@ from octavo.sample.metadata import (
     padded_token_ids,
 )
 from octavo.sample.sampler import Sampler, SamplerOutput
-from octavo.spec.config import SpeculativeConfig
-from octavo.spec.decoder import SpecDecoder
 from octavo.worker.input_batch import CachedRequestState, InputBatch, new_generator
+from octavo.worker.kv_transfer import WorkerKVTransfer
+from octavo.worker.spec.verifier import SpecVerifier
 from octavo.worker.step_inputs import StepInputs, prepare_step
 
 
@@ -46,7 +45,6 @@ class ModelRunner:
         vocab_size: int,
         eos_token_ids: frozenset[int],
         device: torch.device,
-        speculative_config: SpeculativeConfig | None = None,
     ) -> None:
         self.model = model
         self.attn_backend = attn_backend
@@ -58,7 +56,8 @@ class ModelRunner:
         self.sampler = Sampler()
         self.kv_caches: list[torch.Tensor] = []
         self.kv_transfer: WorkerKVTransfer | None = None  # set by the worker with a KV connector
-        self.spec = SpecDecoder(speculative_config, self) if speculative_config else None
+        # Set by the worker when speculative decoding is on.
+        self.spec: SpecVerifier | None = None
 
     # -- KV cache ---------------------------------------------------------------------
     def kv_cache_bytes_per_block(self) -> int:
@@ -91,12 +90,12 @@ class ModelRunner:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         drafts = scheduler_output.scheduled_spec_decode_tokens
         if drafts:
-            SpecDecoder.place_drafts(self.batch, drafts)
+            SpecVerifier.place_drafts(self.batch, drafts)
         step = prepare_step(self.batch, scheduler_output.num_scheduled_tokens, self.block_size,
                             self.device)
         if drafts:
             assert self.spec is not None, "drafts were scheduled without a proposer"
-            verify_mask = SpecDecoder.draft_mask(step, self.batch, drafts)
+            verify_mask = SpecVerifier.draft_mask(step, self.batch, drafts)
             self.spec.mark_trees(step, verify_mask)
         hidden = self.run_model(step)
         prompt_logprobs = self._prompt_logprobs(step, hidden)

@@ -1,21 +1,32 @@
 """``Worker``: owns one device - loads the model onto it, sizes and allocates the KV cache,
-and runs the model runner for each step."""
+and runs the model runner for each step.
+
+Its parts come resolved (``WorkerClasses``): the engine, or a worker process's entry,
+looks the config's names up in the plugin registries; the worker imports no registry.
+Platforms name their worker class by qualified name (``Platform.worker_cls``); a device's
+worker subclasses this one and keeps its constructor.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import torch
 
+from octavo.attention.base import AttentionBackend
 from octavo.config import EngineConfig
-from octavo.kv_transfer.base import KVConnectorRole
-from octavo.kv_transfer.factory import make_connector
-from octavo.kv_transfer.worker_side import WorkerKVTransfer
+from octavo.kv_transfer.base import KVConnector, KVConnectorRole
+from octavo.models.base import CausalLM
 from octavo.models.build import build_model
 from octavo.models.config import eos_token_ids
 from octavo.models.loader import ModelFiles
 from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
-from octavo.plugins import get_registries
+from octavo.worker.kv_transfer import WorkerKVTransfer
 from octavo.worker.model_runner import ModelRunner
+from octavo.worker.spec.proposer import Proposer
+from octavo.worker.spec.verifier import SpecVerifier
 
 # The CPU default KV budget. The cache is allocated untouched (no memory until a block is
 # written), but a long-running server does come to touch all of it: with prefix caching a
@@ -27,29 +38,45 @@ CPU_DEFAULT_KV_BYTES = 1 * 2**30
 CPU_DEFAULT_KV_FRACTION = 0.4  # of the RAM available at start-up
 
 
+@dataclass(frozen=True)
+class WorkerClasses:
+    """What the config names for a worker, resolved in the plugin registries."""
+
+    attn_backend: type[AttentionBackend]
+    architectures: Mapping[str, type[CausalLM]]  # HF ``architectures`` name -> model class
+    proposer: type[Proposer] | None = None  # speculative decoding's, when it is on
+    kv_connector: type[KVConnector] | None = None  # a KV connector's, when one is set
+
+
 class Worker:
     runner_class: type[ModelRunner] = ModelRunner  # device workers bring their own runner
 
     def __init__(self, config: EngineConfig, platform: type[Platform], files: ModelFiles,
-                 max_model_len: int) -> None:
+                 classes: WorkerClasses) -> None:
+        if config.model.max_model_len is None:
+            raise ValueError("the worker needs config.model.max_model_len resolved")
         self.config = config
         self.platform = platform
+        self.classes = classes
         self.device = torch.device(platform.device_type)
         torch.manual_seed(config.model.seed)
         dtype = config.model.torch_dtype(platform.default_dtype)
-        backend_name = config.attention_backend or platform.attention_backend
-        attn_backend = get_registries().attention_backends.get(backend_name)
-        model = build_model(files, dtype, attn_backend, device=self.device)
+        model = build_model(files, dtype, classes.attn_backend, device=self.device,
+                            architectures=classes.architectures)
+        platform.prepare_model(model, dtype)
         self.runner = self.runner_class(
-            model, attn_backend,
+            model, classes.attn_backend,
             block_size=config.cache.block_size,
-            max_num_reqs=config.max_num_seqs,
-            max_model_len=max_model_len,
+            max_num_reqs=config.scheduler.max_num_seqs,
+            max_model_len=config.model.max_model_len,
             vocab_size=int(files.hf_config["vocab_size"]),
             eos_token_ids=frozenset(eos_token_ids(files.hf_config)),
             device=self.device,
-            speculative_config=config.speculative_config,
         )
+        if config.speculative is not None:
+            assert classes.proposer is not None, "speculative decoding without a proposer"
+            self.runner.spec = SpecVerifier(config.speculative, self.runner, classes.proposer,
+                                            platform, classes.architectures)
 
     def determine_num_blocks(self) -> int:
         """KV blocks that fit the budget: ``--kv-cache-memory`` when given, else (on the CPU)
@@ -67,9 +94,11 @@ class Worker:
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.runner.initialize_kv_cache(num_blocks)
-        connector = make_connector(self.config.kv_transfer, KVConnectorRole.WORKER,
-                                   self.config.cache.block_size)
-        if connector is not None:
+        transfer, connector_cls = self.config.kv_transfer, self.classes.kv_connector
+        if transfer is not None:
+            assert connector_cls is not None, "a KV transfer config without its connector"
+            connector = connector_cls(transfer, KVConnectorRole.WORKER,
+                                      self.config.cache.block_size)
             self.runner.kv_transfer = WorkerKVTransfer(connector, self.runner.model,
                                                        self.runner.kv_caches)
 

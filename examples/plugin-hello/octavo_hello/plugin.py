@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from octavo.plugins import Registry, hookimpl
+from octavo.plugin_api import Registry, hookimpl
+
+# The plugin API range this plugin is written for (see octavo.plugin_api).
+OCTAVO_PLUGIN_API = ">=1.0,<2"
 
 
 @hookimpl

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from octavo.request import Request
-from octavo.sched.policy import SchedulingPolicy
+from octavo.plugin_api import Request, SchedulingPolicy
 
 
 class ShortestPromptFirst(SchedulingPolicy):

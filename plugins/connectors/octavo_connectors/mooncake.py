@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any
 
-from octavo.config import ConfigError
+from octavo.plugin_api import ConfigError
 from octavo_connectors.prefix_store import BlobStore, PrefixStoreConnector
 
 DEFAULTS: dict[str, Any] = {

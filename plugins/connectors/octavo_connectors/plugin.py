@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from octavo.plugins import hookimpl
+from octavo.plugin_api import hookimpl
 from octavo_connectors.mooncake import MooncakeConnector
 from octavo_connectors.shared_storage import SharedStorageConnector
+
+# The plugin API range this plugin is written for (see octavo.plugin_api).
+OCTAVO_PLUGIN_API = ">=1.0,<2"
 
 
 @hookimpl

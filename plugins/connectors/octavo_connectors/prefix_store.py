@@ -21,12 +21,16 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from octavo.attention.base import AttentionMetadata
-from octavo.block_hash import update_block_hashes
-from octavo.kv_transfer.base import KVConnector, KVConnectorRole
-from octavo.kv_transfer.config import KVTransferConfig
-from octavo.outputs import KVConnectorOutput, SchedulerOutput
-from octavo.request import Request
+from octavo.plugin_api import (
+    AttentionMetadata,
+    KVConnector,
+    KVConnectorOutput,
+    KVConnectorRole,
+    KVTransferConfig,
+    Request,
+    SchedulerOutput,
+    update_block_hashes,
+)
 
 logger = logging.getLogger(__name__)
 

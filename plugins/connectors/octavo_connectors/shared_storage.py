@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from octavo.config import ConfigError
+from octavo.plugin_api import ConfigError
 from octavo_connectors.prefix_store import BlobStore, PrefixStoreConnector
 
 

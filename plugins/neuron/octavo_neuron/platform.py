@@ -5,7 +5,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 
-from octavo.platforms import Availability, Platform
+from octavo.plugin_api import Availability, Platform
 
 DEVICE_GLOB = "/dev/neuron*"
 RUNTIME_GLOBS = ("/opt/aws/neuron/lib/libnrt.so*", "/usr/lib/libnrt.so*")

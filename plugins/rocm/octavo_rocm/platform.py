@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from octavo.platforms import Availability
+from octavo.plugin_api import Availability
 from octavo_triton.gpu_platform import TritonGpuPlatform
 from octavo_triton.tuning import KernelTuning
 

@@ -19,15 +19,21 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from octavo.config import ConfigError
-from octavo.models.build import build_model
-from octavo.models.loader import load_model_files
-from octavo.spec.draft_step import accepted_step, build_step
-from octavo.spec.proposer import ProposeInputs, Proposer, ProposerContext
+from octavo.plugin_api import (
+    ConfigError,
+    ProposeInputs,
+    Proposer,
+    ProposerContext,
+    accepted_step,
+    build_model,
+    build_step,
+    load_model_files,
+)
 
 
 class DraftModelProposer(Proposer):
     name = "draft_model"
+    requires_model = True
 
     def __init__(self, context: ProposerContext) -> None:
         super().__init__(context)
@@ -38,7 +44,9 @@ class DraftModelProposer(Proposer):
             raise ConfigError(f"speculative_config: model {context.config.model!r} has a "
                               f"vocabulary of {vocab_size} tokens, the target {context.vocab_size}"
                               "; a draft model must share the target's tokenizer")
-        self.model = build_model(files, context.dtype, context.attn_backend, context.device)
+        self.model = build_model(files, context.dtype, context.attn_backend, context.device,
+                                 architectures=context.architectures)
+        context.platform.prepare_model(self.model, context.dtype)
         self.kv_caches: list[torch.Tensor] = []
 
     def kv_cache_bytes_per_block(self) -> int:

@@ -39,14 +39,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from octavo.attention.base import AttentionBackend, AttentionMetadata
-from octavo.models.build import use_cpu_kernels
-from octavo.models.config import ArchConfig
-from octavo.models.layers.weights import WeightShapeError
-from octavo.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
-from octavo.models.loader import ModelLoadError
-from octavo.spec.draft_step import build_step
-from octavo.spec.proposer import ProposeInputs, Proposer, ProposerContext
+from octavo.plugin_api import (
+    ArchConfig,
+    AttentionBackend,
+    AttentionMetadata,
+    LlamaAttention,
+    LlamaDecoderLayer,
+    LlamaForCausalLM,
+    LlamaMLP,
+    ModelLoadError,
+    ProposeInputs,
+    Proposer,
+    ProposerContext,
+    WeightShapeError,
+    build_step,
+)
 from octavo_spec_decode.heads_io import (
     HeadCheckpointError,
     d2t_of,
@@ -221,6 +228,7 @@ class EagleProposer(Proposer):
     verified (their real features), then chain k single-token steps on its own features."""
 
     name = "eagle"
+    requires_model = True
     needs_hidden_states = True
 
     def __init__(self, context: ProposerContext) -> None:
@@ -231,10 +239,10 @@ class EagleProposer(Proposer):
                                target.model.embed_tokens,  # type: ignore[union-attr]
                                hidden_size=target.config.hidden_size)
         self.head.to(device=context.device, dtype=context.dtype).eval()
-        use_cpu_kernels(self.head, context.dtype, context.device)
+        context.platform.prepare_model(self.head, context.dtype)
         self.kv_caches: list[torch.Tensor] = []
         self.projection = DraftProjection(target, self.head.draft_token_ids, context.dtype,
-                                          context.device)
+                                          context.device, context.platform)
 
     def _cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         config = self.head.config

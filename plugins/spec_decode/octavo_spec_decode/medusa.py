@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from octavo.spec.proposer import ProposeInputs, Proposer, ProposerContext
+from octavo.plugin_api import DraftTree, ProposeInputs, Proposer, ProposerContext
 from octavo_spec_decode.heads_io import (
     HeadCheckpointError,
     check_layout,
@@ -130,6 +130,7 @@ class MedusaProposer(Proposer):
     a tree, each node's candidate."""
 
     name = "medusa"
+    requires_model = True
     needs_hidden_states = True
     supports_token_tree = True
 
@@ -150,9 +151,9 @@ class MedusaProposer(Proposer):
                 head[-1].weight = nn.Parameter(lm_head, requires_grad=False)
         self.heads = heads.to(device=context.device, dtype=context.dtype).eval()
         self.projection = DraftProjection(context.target, heads.draft_token_ids,
-                                          context.dtype, context.device) \
+                                          context.dtype, context.device, context.platform) \
             if self.shares_lm_head else None
-        self.tree = context.config.tree
+        self.tree = DraftTree.of(context.config)
 
     @torch.inference_mode()
     def propose(self, inputs: ProposeInputs) -> list[list[int]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from octavo.spec.proposer import ProposeInputs, Proposer
+from octavo.plugin_api import ProposeInputs, Proposer
 
 
 def find_ngram_drafts(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray:

@@ -10,31 +10,38 @@ heads could not have learnt. Without a draft vocabulary the target's LM head is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from octavo.models.base import CausalLM
-from octavo.models.layers.cpu_gemm import CpuGemm, cpu_gemm_supported
+from octavo.plugin_api import CausalLM, Platform
 
 
-class DraftProjection:
+class DraftProjection(nn.Module):
+    """A module only so that the platform can give its weight a faster GEMM
+    (``Platform.prepare_model`` fills ``cpu_gemm`` on the CPU), as it does the target's."""
+
     def __init__(self, target: CausalLM, draft_token_ids: torch.Tensor | None,
-                 dtype: torch.dtype, device: torch.device) -> None:
-        self.target = target
+                 dtype: torch.dtype, device: torch.device, platform: type[Platform]) -> None:
+        super().__init__()
+        self.target = [target]  # in a list: not a submodule of the projection
         # A tensor-parallel LM head holds a slice of the vocabulary: use it whole.
         if getattr(target.lm_head, "tp_size", 1) > 1:
             draft_token_ids = None
         self.token_ids = None if draft_token_ids is None else draft_token_ids.to(device)
         self.weight = None if self.token_ids is None else \
             target.lm_head.weight[self.token_ids].to(dtype).contiguous()
-        self.gemm = CpuGemm(self.weight, None, fp32_for_large=False) \
-            if self.weight is not None and cpu_gemm_supported(dtype, device) else None
+        self.cpu_gemm: Callable[[torch.Tensor], torch.Tensor] | None = None
+        if self.weight is not None:
+            platform.prepare_model(self, dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 ``[N, columns]``; column ``c`` is token ``tokens(c)``."""
         if self.weight is None:
-            return self.target.compute_logits(hidden)
-        return (self.gemm(hidden) if self.gemm is not None
+            return self.target[0].compute_logits(hidden)
+        return (self.cpu_gemm(hidden) if self.cpu_gemm is not None
                 else F.linear(hidden, self.weight)).float()
 
     def tokens(self, columns: torch.Tensor) -> torch.Tensor:

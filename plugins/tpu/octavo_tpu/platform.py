@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from octavo.platforms import Availability, Platform
+from octavo.plugin_api import Availability, Platform
 
 
 class TpuPlatform(Platform):

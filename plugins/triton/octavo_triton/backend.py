@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from octavo.attention.base import AttentionBackend, AttentionImpl, AttentionMetadata
+from octavo.plugin_api import AttentionBackend, AttentionImpl, AttentionMetadata
 from octavo_triton.interpret import interpreting, patch_interpreter
 
 # Cache blocks are the attention kernel's key tiles: a power of two, and tl.dot needs >= 16.

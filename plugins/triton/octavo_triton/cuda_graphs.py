@@ -24,9 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo.attention.base import AttentionMetadata
-from octavo.models.base import CausalLM
-from octavo.worker.step_inputs import StepInputs
+from octavo.plugin_api import AttentionMetadata, CausalLM, StepInputs
 
 LARGEST_CAPTURED_BATCH = 512
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from octavo.worker.model_runner import ModelRunner
-from octavo.worker.step_inputs import StepInputs
+from octavo.plugin_api import ModelRunner, StepInputs
 from octavo_triton.cuda_graphs import DecodeGraphs
 from octavo_triton.memory_profile import profile_step
 

@@ -5,13 +5,17 @@ GPU worker (profiling-based KV sizing, CUDA graphs). Each platform brings its ow
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, ClassVar
 
-from octavo.platforms import Availability, Platform
+from octavo.plugin_api import Availability, Platform
 from octavo_triton.tuning import DEFAULT_TUNING, KernelTuning
 
 if TYPE_CHECKING:
-    from octavo.worker.worker import Worker
+    import torch
+    from torch import nn
+
+logger = logging.getLogger(__name__)
 
 
 class TritonGpuPlatform(Platform):
@@ -19,12 +23,17 @@ class TritonGpuPlatform(Platform):
     default_dtype = "bfloat16"
     attention_backend = "triton"
     kernel_tuning: ClassVar[KernelTuning] = DEFAULT_TUNING
+    worker_cls = "octavo_triton.gpu_worker.GpuWorker"
 
     @classmethod
-    def worker_class(cls) -> type[Worker]:
-        from octavo_triton.gpu_worker import GpuWorker
+    def prepare_model(cls, model: nn.Module, dtype: torch.dtype) -> int:
+        """Switch the model's norm, rotary and activation layers onto the Triton kernels."""
+        from octavo_triton.layers import use_triton_layers
 
-        return GpuWorker
+        switched = use_triton_layers(model)
+        logger.info("%s: %d layers on Triton kernels, tuning %r", cls.name, switched,
+                    cls.kernel_tuning.name)
+        return switched
 
     @classmethod
     def _device_probe(cls) -> Availability:

@@ -1,7 +1,7 @@
 """``GpuWorker``: the worker of the CUDA and ROCm platforms.
 
-On top of the core's worker it makes the platform's kernel tuning active, switches the
-model's norm, rotary and activation layers onto the Triton kernels, sizes the KV cache
+On top of the core's worker it makes the platform's kernel tuning active (the platform's
+``prepare_model`` switches the model's layers onto the Triton kernels), sizes the KV cache
 from ``--gpu-memory-utilization`` after a profiling run (unless ``--kv-cache-memory`` gives
 the size), and captures CUDA graphs for decode batches unless ``--enforce-eager``.
 """
@@ -11,14 +11,11 @@ from __future__ import annotations
 import logging
 import time
 
-from octavo.config import EngineConfig
-from octavo.models.loader import ModelFiles
-from octavo.worker.worker import Worker
+from octavo.plugin_api import EngineConfig, ModelFiles, Worker, WorkerClasses
 from octavo_triton.backend import TritonAttentionBackend
 from octavo_triton.cuda_graphs import capture_sizes
 from octavo_triton.gpu_model_runner import GpuModelRunner
 from octavo_triton.gpu_platform import TritonGpuPlatform
-from octavo_triton.layers import use_triton_layers
 from octavo_triton.memory_profile import (
     GIB,
     kv_cache_budget,
@@ -35,20 +32,19 @@ class GpuWorker(Worker):
     runner: GpuModelRunner
 
     def __init__(self, config: EngineConfig, platform: type[TritonGpuPlatform],
-                 files: ModelFiles, max_model_len: int) -> None:
+                 files: ModelFiles, classes: WorkerClasses) -> None:
         set_tuning(platform.kernel_tuning)
-        super().__init__(config, platform, files, max_model_len)
-        self.max_model_len = max_model_len
-        switched = use_triton_layers(self.runner.model)
-        logger.info("%s: %d layers on Triton kernels, tuning %r", platform.name, switched,
-                    platform.kernel_tuning.name)
+        super().__init__(config, platform, files, classes)
+        assert config.model.max_model_len is not None  # the core worker checked it
+        self.max_model_len = config.model.max_model_len
 
     def determine_num_blocks(self) -> int:
         if self.config.cache.kv_cache_memory is not None:
             return super().determine_num_blocks()
         config = self.config
         profile = measure_memory(lambda: self.runner.profile_run(
-            config.max_num_batched_tokens, config.max_num_seqs, self.max_model_len))
+            config.scheduler.max_num_batched_tokens, config.scheduler.max_num_seqs,
+            self.max_model_len))
         budget = kv_cache_budget(profile, config.cache.gpu_memory_utilization)
         logger.info("memory: %s; KV cache %.2f GiB (gpu_memory_utilization %.2f)",
                     profile.describe(), budget / GIB, config.cache.gpu_memory_utilization)
@@ -56,7 +52,7 @@ class GpuWorker(Worker):
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         super().initialize_kv_cache(num_blocks)
-        if self.config.enforce_eager:
+        if self.config.device.enforce_eager:
             logger.info("--enforce-eager: no CUDA graphs")
             return
         if not issubclass(self.runner.attn_backend, TritonAttentionBackend):
@@ -64,7 +60,7 @@ class GpuWorker(Worker):
             logger.info("attention backend %r: no CUDA graphs",
                         self.runner.attn_backend.name)
             return
-        sizes = capture_sizes(self.config.max_num_seqs)
+        sizes = capture_sizes(self.config.scheduler.max_num_seqs)
         start = time.perf_counter()
         self.runner.capture_graphs(sizes, self.max_model_len)
         logger.info("captured CUDA graphs for %d decode batch sizes (1..%d) in %.1f s",

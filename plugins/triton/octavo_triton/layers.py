@@ -13,10 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from octavo.models.layers.activation import SiluAndMul
-from octavo.models.layers.norm import RMSNorm
-from octavo.models.layers.rotary import RotaryEmbedding
-from octavo.models.layers.switch import switch_layers
+from octavo.plugin_api import RMSNorm, RotaryEmbedding, SiluAndMul, switch_layers
 from octavo_triton.kernels.activation import silu_and_mul
 from octavo_triton.kernels.rms_norm import rms_norm
 from octavo_triton.kernels.rotary import rotary_embedding

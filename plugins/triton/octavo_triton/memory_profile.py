@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from octavo.attention.base import AttentionMetadata
+from octavo.plugin_api import AttentionMetadata
 
 GIB = 2**30
 

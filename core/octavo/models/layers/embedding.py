@@ -7,11 +7,12 @@ range and gathers them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octavo.models.layers.cpu_gemm import CpuGemm
 from octavo.models.layers.parallel import all_gather_last_dim, all_reduce, check_divisible
 from octavo.models.layers.weights import copy_shard, new_parameter
 
@@ -56,7 +57,9 @@ class ParallelLMHead(VocabParallelEmbedding):
     ) -> None:
         tied = None if tie_to is None else tie_to.weight
         super().__init__(vocab_size, hidden_size, tp_rank, tp_size, weight=tied)
-        self.cpu_gemm: CpuGemm | None = None  # set by attach_cpu_gemms for bf16 on the CPU
+        # A faster GEMM on a prepacked copy of the weight, attached by the platform's
+        # prepare_model (the CPU's: octavo.cpu.gemm); None: F.linear.
+        self.cpu_gemm: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[N, vocab_size]`` for hidden states ``[N, hidden_size]``."""

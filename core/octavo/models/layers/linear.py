@@ -10,13 +10,12 @@ shapes and loaders are already those of the sharded layers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octavo.models.layers.cpu_gemm import CpuGemm
 from octavo.models.layers.parallel import all_reduce, check_divisible
 from octavo.models.layers.weights import copy_shard, new_parameter
 
@@ -32,7 +31,9 @@ class LinearBase(nn.Module):
         self.tp_size = tp_size
         self.weight = new_parameter(out_features, in_features, weight_loader=self.weight_loader)
         self.bias = new_parameter(out_features, weight_loader=self.weight_loader) if bias else None
-        self.cpu_gemm: CpuGemm | None = None  # set by attach_cpu_gemms for bf16 on the CPU
+        # A faster GEMM on a prepacked copy of the weight, attached by the platform's
+        # prepare_model (the CPU's: octavo.cpu.gemm); None: F.linear.
+        self.cpu_gemm: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         raise NotImplementedError

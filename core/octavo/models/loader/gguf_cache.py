@@ -25,22 +25,17 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import platformdirs
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from octavo.models.loader.files import ModelFiles
+from octavo.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
-CACHE_DIR_ENV = "OCTAVO_CACHE_DIR"
 FORMAT_VERSION = 1  # bump when what an entry holds, or how it is derived, changes
 MANIFEST = "octavo-cache.json"
 WEIGHTS = "model.safetensors"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get(CACHE_DIR_ENV) or platformdirs.user_cache_dir("octavo"))
 
 
 def entry_path(gguf: Path) -> Path:

@@ -8,10 +8,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from octavo import LLM, SamplingParams
-from octavo.models.base import CausalLM
-from octavo.models.build import build_model
-from octavo.models.loader import load_model_files
+from octavo.plugin_api import LLM, CausalLM, SamplingParams, build_model, load_model_files
 from octavo_spec_decode.train.dense_attention import DenseCausalBackend, full_sequence_metadata
 from octavo_spec_decode.train.errors import TrainingInputError
 from octavo_spec_decode.train.prompts import HELD_OUT_PROMPTS

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from octavo.attention.base import AttentionBackend, AttentionImpl, AttentionMetadata
+from octavo.plugin_api import AttentionBackend, AttentionImpl, AttentionMetadata
 
 
 class DenseCausalAttentionImpl(AttentionImpl):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from octavo.models.base import CausalLM
+from octavo.plugin_api import CausalLM
 from octavo_spec_decode.eagle import EagleHead, head_config
 from octavo_spec_decode.train.data import Sequence
 from octavo_spec_decode.train.dense_attention import DenseCausalBackend, full_sequence_metadata

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from octavo import LLM, SamplingParams
+from octavo.plugin_api import LLM, SamplingParams
 
 
 @dataclass

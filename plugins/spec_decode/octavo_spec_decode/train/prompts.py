@@ -7,7 +7,7 @@ them: acceptance is measured on those.
 
 from __future__ import annotations
 
-from octavo.bench.chat_task import INSTRUCTIONS
+from octavo.plugin_api import CHAT_INSTRUCTIONS as INSTRUCTIONS
 
 TOPICS = (
     "photosynthesis", "the French Revolution", "black holes", "compound interest",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from octavo.models.base import CausalLM
+from octavo.plugin_api import CausalLM
 from octavo_spec_decode.eagle import save_eagle
 from octavo_spec_decode.medusa import save_medusa
 from octavo_spec_decode.train import defaults

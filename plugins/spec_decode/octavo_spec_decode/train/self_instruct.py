@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from octavo import LLM, SamplingParams
+from octavo.plugin_api import LLM, SamplingParams
 from octavo_spec_decode.train.errors import TrainingInputError
 
 # Magpie samples the user turn at temperature 1 with no truncation: lower makes the

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from octavo.attention.base import AttentionMetadata
+from octavo.plugin_api import AttentionMetadata
 from octavo_triton.tuning import KernelTuning, active_tuning
 
 LOG2E = 1.4426950408889634

@@ -1,7 +1,10 @@
 """A plugin whose hook registers one platform and then raises: nothing of it may stay."""
 
-from octavo.platforms.cpu import CpuPlatform
+from octavo.cpu.platform import CpuPlatform
 from octavo.plugins import hookimpl
+
+# The plugin API range this plugin is written for (see octavo.plugin_api).
+OCTAVO_PLUGIN_API = ">=1.0,<2"
 
 
 class HalfPlatform(CpuPlatform):

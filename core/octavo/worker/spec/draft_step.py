@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from octavo.attention.base import AttentionMetadata
-from octavo.spec.proposer import ProposeInputs
+from octavo.worker.spec.proposer import ProposeInputs
 from octavo.worker.step_inputs import StepInputs
 
 

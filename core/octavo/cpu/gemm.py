@@ -4,9 +4,9 @@
 call. Faster paths, chosen per call by the number of rows ``T``:
 
 - one row (a single request's decode step): the fused CPU kernels' GEMV on the plain
-  weight (``octavo.kernels.cpu.gemv``), when they are built here.
+  weight (``octavo.cpu.kernels.gemv``), when they are built here.
 - more rows, with the kernels built for AVX-512: their panel GEMM
-  (``octavo.kernels.cpu.gemm``) on a copy of the weight packed into 32-column panels. It
+  (``octavo.cpu.kernels.gemm``) on a copy of the weight packed into 32-column panels. It
   streams bf16 and multiplies in fp32 FMAs. On CPUs whose bf16 arrives by AVX512-BF16 alone
   (``vdpbf16ps`` does half the multiply-adds per cycle of fp32 FMAs there) it runs at
   1.4-1.7x oneDNN's bf16 GEMM on SmolLM2-135M's layers from T=32 up, and from 0.94x (T=256
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from octavo.kernels import cpu as cpu_kernels
+from octavo.cpu import kernels as cpu_kernels
 
 # Rows from which oneDNN's large-GEMM path beats the blocked bf16 weight (measured ~32 for
 # SmolLM2-135M's layers, weights streamed from memory as in a decode step) or, with AMX,

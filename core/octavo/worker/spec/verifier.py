@@ -1,4 +1,4 @@
-"""``SpecDecoder``: the model runner's speculative-decoding side.
+"""``SpecVerifier``: the model runner's speculative-decoding side.
 
 Each step it (1) writes the scheduled drafts into the persistent batch right after each
 request's known tokens, so ``prepare_step`` flattens ``[last token, d_1..d_n]`` like any
@@ -23,27 +23,44 @@ guided (structured-output) requests: their grammar bitmask covers one position p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from octavo.attention.base import AttentionBackend, TokenTrees
 from octavo.config import ConfigError
-from octavo.plugins import get_registries
+from octavo.config.speculative import SpeculativeConfig
+from octavo.models.base import CausalLM
+from octavo.platforms import Platform
+from octavo.sample.metadata import SamplingMetadata
 from octavo.sample.penalties import apply_penalties
 from octavo.sample.processors import apply_logits_processors
 from octavo.sample.sampler import truncated_probs
 from octavo.sampling_params import SamplingParams
-from octavo.spec.config import SpeculativeConfig
-from octavo.spec.proposer import ProposeInputs, Proposer, ProposerContext
 from octavo.spec.rejection import rejection_sample
 from octavo.spec.tree import DraftTree
 from octavo.worker.input_batch import InputBatch
+from octavo.worker.spec.proposer import ProposeInputs, Proposer, ProposerContext
 from octavo.worker.step_inputs import StepInputs
 
-if TYPE_CHECKING:
-    from octavo.worker.model_runner import ModelRunner
+
+class RunnerState(Protocol):
+    """What the verifier reads of the model runner it serves (``ModelRunner``), named here
+    so that the runner module and this one do not import each other."""
+
+    model: CausalLM
+    attn_backend: type[AttentionBackend]
+    device: torch.device
+    block_size: int
+    vocab_size: int
+    batch: InputBatch
+    kv_caches: list[torch.Tensor]
+
+    def sampling_metadata(self, rows: np.ndarray,
+                          output_token_ids: list[list[int]] | None = None) -> SamplingMetadata:
+        ...
 
 
 def can_speculate(params: SamplingParams) -> bool:
@@ -51,22 +68,24 @@ def can_speculate(params: SamplingParams) -> bool:
     return params.logprobs is None and params.structured_outputs is None
 
 
-class SpecDecoder:
-    def __init__(self, config: SpeculativeConfig, runner: ModelRunner) -> None:
+class SpecVerifier:
+    def __init__(self, config: SpeculativeConfig, runner: RunnerState,
+                 proposer_cls: type[Proposer], platform: type[Platform],
+                 architectures: Mapping[str, type[CausalLM]]) -> None:
         self.config = config
         self.runner = runner
-        proposer_cls: type[Proposer] = get_registries().proposers.get(config.method)
         self.tree = self._checked_tree(config, proposer_cls, runner.attn_backend)
         model = runner.model
         self.proposer = proposer_cls(ProposerContext(
             config=config, target=model, attn_backend=runner.attn_backend,
             device=runner.device, dtype=model.dtype, block_size=runner.block_size,
             max_model_len=runner.batch.max_model_len, max_num_reqs=runner.batch.max_num_reqs,
-            vocab_size=runner.vocab_size))
+            vocab_size=runner.vocab_size, platform=platform,
+            architectures=architectures))
         if self.proposer.needs_prenorm_hidden_states:
             model.model.keep_prenorm_hidden = True
         self.ancestors = self.tree.attention_mask() if self.tree is not None else None
-        self.max_drafts = config.max_drafts  # parses the tree: once, not every step
+        self.max_drafts = config.max_drafts
         # Flat index of the last accepted token of each request verified this step, by its
         # place in the step (in a tree, any node); propose() reads and clears it.
         self._last_accepted: dict[int, int] = {}
@@ -75,7 +94,7 @@ class SpecDecoder:
     def _checked_tree(config: SpeculativeConfig, proposer: type[Proposer],
                       backend: type[AttentionBackend]) -> DraftTree | None:
         """The configured tree, if it is one (a chain-shaped tree is just drafts)."""
-        tree = config.tree
+        tree = DraftTree.of(config)
         if tree is None or tree.is_chain:
             return None
         if not proposer.supports_token_tree:

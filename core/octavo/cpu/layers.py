@@ -1,4 +1,4 @@
-"""The model layers that have a fused CPU kernel (``octavo.kernels.cpu``), switched onto it.
+"""The model layers that have a fused CPU kernel (``octavo.cpu.kernels``), switched onto it.
 
 As with the Triton plugin's layers, :func:`use_cpu_layers` turns each portable ``RMSNorm``,
 ``RotaryEmbedding`` and ``SiluAndMul`` of a built bf16 model into the subclass below: the
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from octavo.kernels import cpu
+from octavo.cpu import kernels
 from octavo.models.layers.activation import SiluAndMul
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.rotary import RotaryEmbedding
@@ -26,9 +26,9 @@ class CpuRMSNorm(RMSNorm):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if x.dim() != 2 or not cpu.usable(x):
+        if x.dim() != 2 or not kernels.usable(x):
             return super().forward(x, residual)
-        out = cpu.rms_norm(x, residual, self.weight, self.eps)
+        out = kernels.rms_norm(x, residual, self.weight, self.eps)
         return out if residual is None else (out, x)
 
 
@@ -40,18 +40,18 @@ class CpuRotaryEmbedding(RotaryEmbedding):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not cpu.usable(q, k) or q.stride(-1) != 1 or k.stride(-1) != 1:
+        if not kernels.usable(q, k) or q.stride(-1) != 1 or k.stride(-1) != 1:
             return super().forward(positions, q, k)
         cos, sin = self.cos_sin(positions, q.dtype)
-        cpu.rope_(q, k, cos, sin)
+        kernels.rope_(q, k, cos, sin)
         return q, k
 
 
 class CpuSiluAndMul(SiluAndMul):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2 or x.stride(-1) != 1 or not cpu.usable(x):
+        if x.dim() != 2 or x.stride(-1) != 1 or not kernels.usable(x):
             return super().forward(x)
-        return cpu.silu_and_mul(x)
+        return kernels.silu_and_mul(x)
 
 
 CPU_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
@@ -64,6 +64,6 @@ CPU_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
 def use_cpu_layers(model: nn.Module) -> int:
     """Switch ``model``'s portable layers onto their CPU kernels; returns how many. Nothing
     is switched when the kernels cannot be built here."""
-    if cpu.library() is None:
+    if kernels.library() is None:
         return 0
     return switch_layers(model, CPU_LAYERS)

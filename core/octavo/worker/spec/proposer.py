@@ -1,7 +1,7 @@
 """``Proposer``: the worker-side interface every speculative-decoding method implements.
 
 A proposer is registered by name through the ``octavo_register_proposers`` hook (the
-octavo-spec-decode plugin registers ngram, draft_model, medusa, eagle and eagle3) and built
+octavo-spec-decode plugin registers ngram, draft_model, medusa and eagle) and built
 once per worker, next to the target model. After each step's sampling the model runner
 calls :meth:`Proposer.propose` with a :class:`ProposeInputs`; the drafts it returns travel
 back to the scheduler, which schedules ``1 + len(drafts)`` tokens for the request in the
@@ -17,15 +17,17 @@ speed, never correctness.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 import torch
 
 from octavo.attention.base import AttentionBackend
+from octavo.config.speculative import SpeculativeConfig
 from octavo.models.base import CausalLM
-from octavo.spec.config import SpeculativeConfig
+from octavo.platforms import Platform
 from octavo.worker.step_inputs import StepInputs
 
 
@@ -42,6 +44,11 @@ class ProposerContext:
     max_model_len: int
     max_num_reqs: int
     vocab_size: int
+    # The worker's platform: heads built from the target's layer classes are specialised
+    # with ``platform.prepare_model`` as the target was.
+    platform: type[Platform]
+    # The registered model architectures, for proposers that build a model of their own.
+    architectures: Mapping[str, type[CausalLM]] = field(default_factory=dict)
 
 
 @dataclass
@@ -89,9 +96,12 @@ class Proposer(ABC):
     # The runner passes the target's hidden states only to proposers that ask for them.
     needs_hidden_states: ClassVar[bool] = False
     needs_prenorm_hidden_states: ClassVar[bool] = False
-    # Whether propose() can return the nodes of ``config.tree`` (octavo.spec.tree) in its
+    # Whether propose() can return the nodes of ``DraftTree.of(config)`` (octavo.spec.tree) in its
     # order instead of a chain; only such proposers accept speculative_token_tree.
     supports_token_tree: ClassVar[bool] = False
+    # Whether the method needs ``SpeculativeConfig.model`` (a draft model or head folder);
+    # checked when the engine is built.
+    requires_model: ClassVar[bool] = False
 
     def __init__(self, context: ProposerContext) -> None:
         self.context = context

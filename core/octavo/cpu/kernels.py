@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from octavo.models.loader.gguf_cache import cache_root
+from octavo.paths import cache_root
 
 logger = logging.getLogger(__name__)
 

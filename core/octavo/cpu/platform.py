@@ -1,9 +1,15 @@
-"""The built-in CPU platform: portable PyTorch, available everywhere."""
+"""The built-in CPU platform: portable PyTorch, available everywhere, with the fused C kernels
+(``octavo.cpu.kernels``) and prepacked GEMMs (``octavo.cpu.gemm``) for bf16 models."""
 
 from __future__ import annotations
 
 import os
 
+import torch
+from torch import nn
+
+from octavo.cpu.gemm import attach_cpu_gemms, cpu_gemm_supported
+from octavo.cpu.layers import use_cpu_layers
 from octavo.platforms.base import Availability, Platform
 
 
@@ -48,7 +54,7 @@ class CpuPlatform(Platform):
     priority = 0
     dist_backend = "gloo"
     default_dtype = "bfloat16" if cpu_flags() & BF16_FLAGS else "float32"
-    attention_backend = "torch"
+    attention_backend = "cpu"
 
     @classmethod
     def check_available(cls) -> Availability:
@@ -61,3 +67,12 @@ class CpuPlatform(Platform):
     @classmethod
     def free_memory(cls) -> int:
         return _meminfo_bytes("MemAvailable")
+
+    @classmethod
+    def prepare_model(cls, model: nn.Module, dtype: torch.dtype) -> int:
+        """For a bf16 model: prepack the loaded weights for the CPU's GEMMs and fuse the
+        element-wise layers; nothing otherwise (fp32 runs PyTorch's own kernels)."""
+        if not cpu_gemm_supported(dtype, torch.device("cpu")):
+            return 0
+        return (attach_cpu_gemms(model, fp32_for_large=not cpu_has_amx())
+                + use_cpu_layers(model))

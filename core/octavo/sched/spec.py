@@ -16,10 +16,9 @@ import dataclasses
 import logging
 import time
 
-from octavo.kv.manager import KVCacheManager
+from octavo.kv.interface import KVCacheManagerInterface
 from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.request import Request
-from octavo.sched.config import SchedulerConfig
 from octavo.stats import SpecDecodingStats
 
 logger = logging.getLogger(__name__)
@@ -27,9 +26,10 @@ LOG_INTERVAL_S = 10.0
 
 
 class SpecScheduling:
-    def __init__(self, config: SchedulerConfig, kv_manager: KVCacheManager) -> None:
-        self.num_speculative_tokens = config.num_speculative_tokens
-        self.max_model_len = config.max_model_len
+    def __init__(self, num_speculative_tokens: int, max_model_len: int,
+                 kv_manager: KVCacheManagerInterface) -> None:
+        self.num_speculative_tokens = num_speculative_tokens
+        self.max_model_len = max_model_len
         self.kv_manager = kv_manager
         self.stats = SpecDecodingStats()
         self._trimmed: dict[str, int] = {}  # for the workers, see SchedulerOutput

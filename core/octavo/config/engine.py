@@ -1,0 +1,84 @@
+"""``EngineConfig``: every part of an engine's configuration, composed.
+
+``EngineConfig.from_kwargs`` takes the flat keywords a vLLM user passes to ``LLM(...)``;
+each keyword is the name of one field of one part (``max_num_seqs`` is
+``SchedulerConfig.max_num_seqs``), and the CLI's engine flags are generated from the same
+fields (:func:`flat_fields`), so every default is written once, in its part.
+"""
+
+from __future__ import annotations
+
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
+
+from octavo.config.cache import CacheConfig
+from octavo.config.device import DeviceConfig
+from octavo.config.errors import ConfigError
+from octavo.config.kv_transfer import KVTransferConfig
+from octavo.config.model import ModelConfig
+from octavo.config.observability import ObservabilityConfig
+from octavo.config.parallel import ParallelConfig
+from octavo.config.parse import check_known_keys, parse_json_object
+from octavo.config.scheduler import SchedulerConfig
+from octavo.config.speculative import SpeculativeConfig
+from octavo.config.structured_outputs import StructuredOutputsConfig
+
+# The parts whose fields are flat keywords, by EngineConfig attribute.
+PARTS: dict[str, type] = {"model": ModelConfig, "cache": CacheConfig,
+                          "scheduler": SchedulerConfig, "parallel": ParallelConfig,
+                          "device": DeviceConfig, "observability": ObservabilityConfig}
+# Parts given as one JSON object each, by their keyword (vLLM's names).
+JSON_PARTS = {"speculative_config": "speculative", "kv_transfer_config": "kv_transfer",
+              "structured_outputs_config": "structured_outputs"}
+
+
+@dataclass
+class EngineConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
+    speculative: SpeculativeConfig | None = None  # None: no speculative decoding
+    kv_transfer: KVTransferConfig | None = None  # None: no KV connector
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Build from flat vLLM-style keywords (``LLM(model=..., max_num_seqs=...)``); the
+        JSON parts (``speculative_config``, ...) take JSON text or a dict."""
+        parts: dict[str, dict[str, Any]] = {name: {} for name in PARTS}
+        owners = {f.name: part for part, f in flat_fields()}
+        json_parts: dict[str, Any] = {}
+        for key, value in kwargs.items():
+            if key in JSON_PARTS:
+                json_parts[JSON_PARTS[key]] = value
+            elif key in owners:
+                parts[owners[key]][key] = value
+            else:
+                raise ConfigError(f"unknown engine argument {key!r}")
+        built = {name: PARTS[name](**values) for name, values in parts.items()}
+        return cls(**built,
+                   speculative=SpeculativeConfig.parse(json_parts.get("speculative")),
+                   kv_transfer=KVTransferConfig.parse(json_parts.get("kv_transfer")),
+                   structured_outputs=_structured(json_parts.get("structured_outputs")))
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """k of speculative decoding; 0 when it is off."""
+        return self.speculative.num_speculative_tokens if self.speculative else 0
+
+
+def flat_fields() -> list[tuple[str, Field[Any]]]:
+    """(part, field) of every flat keyword, in CLI order; fields without help text are
+    keyword-only settings with no flag (``log_stats_interval``)."""
+    return [(part, f) for part, cls in PARTS.items() for f in fields(cls) if f.init]
+
+
+def _structured(value: str | dict[str, Any] | None) -> StructuredOutputsConfig:
+    if value is None:
+        return StructuredOutputsConfig()
+    keys = parse_json_object(value, "structured_outputs_config")
+    check_known_keys(keys, StructuredOutputsConfig, "structured_outputs_config")
+    return StructuredOutputsConfig(**keys)

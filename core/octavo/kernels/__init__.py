@@ -1,1 +1,0 @@
-"""Native kernels of the portable CPU backend."""

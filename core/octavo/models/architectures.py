@@ -1,0 +1,19 @@
+"""The model architectures the core ships, by their HF ``architectures`` name. The built-in
+plugin registers these; plugins add more through ``octavo_register_models``."""
+
+from __future__ import annotations
+
+from octavo.models.base import CausalLM
+from octavo.models.llama import (
+    LlamaForCausalLM,
+    MistralForCausalLM,
+    Qwen2ForCausalLM,
+    Qwen3ForCausalLM,
+)
+from octavo.models.mixtral import MixtralForCausalLM
+
+BUILTIN_ARCHITECTURES: dict[str, type[CausalLM]] = {
+    model.__name__: model for model in (LlamaForCausalLM, MistralForCausalLM,
+                                         Qwen2ForCausalLM, Qwen3ForCausalLM,
+                                         MixtralForCausalLM)
+}

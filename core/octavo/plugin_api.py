@@ -1,0 +1,128 @@
+"""``octavo.plugin_api``: the one module plugins import from the core, versioned.
+
+Every type and helper a plugin needs - to add a platform, an attention backend, a KV
+connector, a proposer, a scheduler, a KV-cache manager, a scheduling policy, a model or a
+CLI command - is re-exported here, and only names listed here are covered by the
+compatibility promise (``PLUGIN_API_VERSION``, see ``octavo.plugins.api_version`` and
+docs/plugins.md): within a major version names are only added; a name that goes keeps
+working for one more minor release, with a ``DeprecationWarning`` naming its replacement.
+Everything else under ``octavo`` is internal and may move in any release.
+
+A plugin's entry-point module declares the range it is written for::
+
+    OCTAVO_PLUGIN_API = ">=1.0,<2"
+
+Names load lazily on first use, so a plugin that imports ``hookimpl`` and ``Registry`` at
+its top level does not pull torch or the models into every process that lists plugins.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from octavo.plugins.api_version import PLUGIN_API_VERSION
+
+if TYPE_CHECKING:
+    from octavo.outputs import CachedRequestData as CachedRequestData
+    from octavo.outputs import NewRequestData as NewRequestData
+
+# Public name -> "module:attribute" it comes from.
+_EXPORTS: dict[str, str] = {
+    # the plugin system
+    "hookimpl": "octavo.plugins:hookimpl",
+    "Registry": "octavo.plugins:Registry",
+    "get_registries": "octavo.plugins:get_registries",
+    "ConfigError": "octavo.config:ConfigError",
+    "EngineConfig": "octavo.config:EngineConfig",
+    "KVTransferConfig": "octavo.config:KVTransferConfig",
+    "SpeculativeConfig": "octavo.config:SpeculativeConfig",
+    # platforms and workers
+    "Platform": "octavo.platforms:Platform",
+    "Availability": "octavo.platforms:Availability",
+    "Worker": "octavo.worker.worker:Worker",
+    "WorkerClasses": "octavo.worker.worker:WorkerClasses",
+    "ModelRunner": "octavo.worker.model_runner:ModelRunner",
+    "StepInputs": "octavo.worker.step_inputs:StepInputs",
+    # attention
+    "AttentionBackend": "octavo.attention.base:AttentionBackend",
+    "AttentionImpl": "octavo.attention.base:AttentionImpl",
+    "AttentionMetadata": "octavo.attention.base:AttentionMetadata",
+    "TokenTrees": "octavo.attention.base:TokenTrees",
+    "TorchAttentionBackend": "octavo.attention.torch_backend:TorchAttentionBackend",
+    "TorchAttentionImpl": "octavo.attention.torch_backend:TorchAttentionImpl",
+    # models
+    "CausalLM": "octavo.models.base:CausalLM",
+    "ArchConfig": "octavo.models.config:ArchConfig",
+    "build_model": "octavo.models.build:build_model",
+    "ModelFiles": "octavo.models.loader:ModelFiles",
+    "ModelLoadError": "octavo.models.loader:ModelLoadError",
+    "load_model_files": "octavo.models.loader:load_model_files",
+    "WeightShapeError": "octavo.models.layers.weights:WeightShapeError",
+    "switch_layers": "octavo.models.layers.switch:switch_layers",
+    "RMSNorm": "octavo.models.layers.norm:RMSNorm",
+    "RotaryEmbedding": "octavo.models.layers.rotary:RotaryEmbedding",
+    "SiluAndMul": "octavo.models.layers.activation:SiluAndMul",
+    "LlamaAttention": "octavo.models.llama:LlamaAttention",
+    "LlamaDecoderLayer": "octavo.models.llama:LlamaDecoderLayer",
+    "LlamaForCausalLM": "octavo.models.llama:LlamaForCausalLM",
+    "LlamaMLP": "octavo.models.llama:LlamaMLP",
+    # scheduling and the KV cache
+    "Request": "octavo.request:Request",
+    "RequestStatus": "octavo.request:RequestStatus",
+    "SchedulerOutput": "octavo.outputs:SchedulerOutput",
+    "NewRequestData": "octavo.outputs:NewRequestData",
+    "CachedRequestData": "octavo.outputs:CachedRequestData",
+    "ModelRunnerOutput": "octavo.outputs:ModelRunnerOutput",
+    "KVConnectorOutput": "octavo.outputs:KVConnectorOutput",
+    "SchedulerInterface": "octavo.sched.interface:SchedulerInterface",
+    "Scheduler": "octavo.sched.scheduler:Scheduler",
+    "SchedulingPolicy": "octavo.sched.policy:SchedulingPolicy",
+    "KVCacheManagerInterface": "octavo.kv.interface:KVCacheManagerInterface",
+    "KVCacheManager": "octavo.kv.manager:KVCacheManager",
+    "KVBlock": "octavo.kv.block:KVBlock",
+    "BlockHash": "octavo.block_hash:BlockHash",
+    "update_block_hashes": "octavo.block_hash:update_block_hashes",
+    # KV connectors
+    "KVConnector": "octavo.kv_transfer.base:KVConnector",
+    "KVConnectorRole": "octavo.kv_transfer.base:KVConnectorRole",
+    # speculative decoding
+    "Proposer": "octavo.worker.spec.proposer:Proposer",
+    "ProposerContext": "octavo.worker.spec.proposer:ProposerContext",
+    "ProposeInputs": "octavo.worker.spec.proposer:ProposeInputs",
+    "build_step": "octavo.worker.spec.draft_step:build_step",
+    "accepted_step": "octavo.worker.spec.draft_step:accepted_step",
+    "DraftTree": "octavo.spec.tree:DraftTree",
+    # the offline API, for plugins that drive an engine (training, benchmarks)
+    "LLM": "octavo.engine.llm:LLM",
+    "SamplingParams": "octavo.sampling_params:SamplingParams",
+    "StructuredOutputsParams": "octavo.sampling_params:StructuredOutputsParams",
+    "CHAT_INSTRUCTIONS": "octavo.bench.chat_task:INSTRUCTIONS",
+}
+
+# Old public name -> (the name to use instead, the release that removes the old one).
+_DEPRECATED: dict[str, tuple[str, str]] = {}
+
+__all__ = ["PLUGIN_API_VERSION", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        new_name, removed_in = _DEPRECATED[name]
+        warnings.warn(f"octavo.plugin_api.{name} is deprecated and goes in plugin API "
+                      f"{removed_in}; use octavo.plugin_api.{new_name}", DeprecationWarning,
+                      stacklevel=2)
+        name = new_name
+    target = _EXPORTS.get(name)
+    if target is None:
+        raise AttributeError(f"module 'octavo.plugin_api' has no attribute {name!r} (plugin "
+                             f"API {PLUGIN_API_VERSION}; see docs/plugins.md)")
+    module_name, _, attr = target.partition(":")
+    value = getattr(importlib.import_module(module_name), attr)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

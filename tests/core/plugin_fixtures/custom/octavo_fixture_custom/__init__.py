@@ -1,0 +1,1 @@
+"""A plugin replacing the scheduler and the KV-cache manager, chosen by config."""

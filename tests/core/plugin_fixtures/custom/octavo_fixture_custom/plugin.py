@@ -1,0 +1,29 @@
+"""Registers a scheduler and a KV-cache manager that say when they are used: the engine
+must build them when ``--scheduler-cls counting`` / ``--kv-manager counting`` name them."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from octavo.plugin_api import Registry, hookimpl
+
+OCTAVO_PLUGIN_API = ">=1.0,<2"
+
+
+@hookimpl
+def octavo_register_schedulers(registry: Registry[Any]) -> None:
+    from octavo_fixture_custom.parts import CountingScheduler
+
+    registry.register("counting", CountingScheduler)
+
+
+@hookimpl
+def octavo_register_kv_managers(registry: Registry[Any]) -> None:
+    from octavo_fixture_custom.parts import CountingKVManager
+
+    registry.register("counting", CountingKVManager)
+
+
+def say(text: str) -> None:
+    print(f"octavo-fixture-custom: {text}", file=sys.stderr, flush=True)

@@ -1,0 +1,1 @@
+"""A plugin written for a plugin API this core does not provide."""
