@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from octavo.models.loader import load_model_files
-from octavo.sample.bitmask import apply_grammar_bitmask
 from octavo.sampling_params import StructuredOutputsParams
-from octavo.structured.manager import StructuredOutputManager
+from octavo.sched.structured_outputs import StructuredOutputManager
+from octavo.worker.grammar_bitmask import apply_grammar_bitmask
 
 NUM_REQUESTS = 64
 VOCAB = 49152

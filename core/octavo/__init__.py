@@ -1,6 +1,10 @@
 """Octavo: an LLM inference and serving engine - minimal core plus plugins.
 
-``from octavo import LLM, SamplingParams`` is the offline API, as in vLLM.
+``from octavo import LLM, SamplingParams`` is the offline API, as in vLLM. The packages read
+bottom-up (docs/architecture.md has the table; ``lint-imports`` checks it): plain data
+(``request``, ``outputs``, ``sampling_params``, ``stats``, ``block_hash``) and ``config`` at
+the bottom, then the features, the scheduler and the worker, the plugin system, the engine,
+the entrypoints, and on top ``plugin_api``, the one module plugins import.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -65,7 +65,7 @@ class SchedulerOutput:
     # released since the last step: workers cut its block table to that many first.
     trimmed_block_tables: dict[str, int] = field(default_factory=dict)
     # Guided decoding: the constrained requests that sample this step, and one row of
-    # allowed tokens each (int32 [len(ids), ceil(V / 32)]; see octavo.sample.bitmask).
+    # allowed tokens each (int32 [len(ids), ceil(V / 32)]; see octavo.worker.grammar_bitmask).
     structured_output_request_ids: list[str] = field(default_factory=list)
     grammar_bitmask: np.ndarray | None = None
 

@@ -24,9 +24,67 @@ from typing import TYPE_CHECKING, Any
 
 from octavo.plugins.api_version import PLUGIN_API_VERSION
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
+    from octavo.attention.base import AttentionBackend as AttentionBackend
+    from octavo.attention.base import AttentionImpl as AttentionImpl
+    from octavo.attention.base import AttentionMetadata as AttentionMetadata
+    from octavo.attention.base import TokenTrees as TokenTrees
+    from octavo.attention.torch_backend import TorchAttentionBackend as TorchAttentionBackend
+    from octavo.attention.torch_backend import TorchAttentionImpl as TorchAttentionImpl
+    from octavo.block_hash import BlockHash as BlockHash
+    from octavo.block_hash import update_block_hashes as update_block_hashes
+    from octavo.config import ConfigError as ConfigError
+    from octavo.config import EngineConfig as EngineConfig
+    from octavo.config import KVTransferConfig as KVTransferConfig
+    from octavo.config import SpeculativeConfig as SpeculativeConfig
+    from octavo.engine.llm import LLM as LLM
+    from octavo.kv.block import KVBlock as KVBlock
+    from octavo.kv.interface import KVCacheManagerInterface as KVCacheManagerInterface
+    from octavo.kv.manager import KVCacheManager as KVCacheManager
+    from octavo.kv_transfer.base import KVConnector as KVConnector
+    from octavo.kv_transfer.base import KVConnectorRole as KVConnectorRole
+    from octavo.models.base import CausalLM as CausalLM
+    from octavo.models.build import build_model as build_model
+    from octavo.models.config import ArchConfig as ArchConfig
+    from octavo.models.layers.activation import SiluAndMul as SiluAndMul
+    from octavo.models.layers.norm import RMSNorm as RMSNorm
+    from octavo.models.layers.rotary import RotaryEmbedding as RotaryEmbedding
+    from octavo.models.layers.switch import switch_layers as switch_layers
+    from octavo.models.layers.weights import WeightShapeError as WeightShapeError
+    from octavo.models.llama import LlamaAttention as LlamaAttention
+    from octavo.models.llama import LlamaDecoderLayer as LlamaDecoderLayer
+    from octavo.models.llama import LlamaForCausalLM as LlamaForCausalLM
+    from octavo.models.llama import LlamaMLP as LlamaMLP
+    from octavo.models.loader import ModelFiles as ModelFiles
+    from octavo.models.loader import ModelLoadError as ModelLoadError
+    from octavo.models.loader import load_model_files as load_model_files
     from octavo.outputs import CachedRequestData as CachedRequestData
+    from octavo.outputs import KVConnectorOutput as KVConnectorOutput
+    from octavo.outputs import ModelRunnerOutput as ModelRunnerOutput
     from octavo.outputs import NewRequestData as NewRequestData
+    from octavo.outputs import SchedulerOutput as SchedulerOutput
+    from octavo.platforms import Availability as Availability
+    from octavo.platforms import Platform as Platform
+    from octavo.plugins import Registry as Registry
+    from octavo.plugins import get_registries as get_registries
+    from octavo.plugins import hookimpl as hookimpl
+    from octavo.request import Request as Request
+    from octavo.request import RequestStatus as RequestStatus
+    from octavo.sampling_params import SamplingParams as SamplingParams
+    from octavo.sampling_params import StructuredOutputsParams as StructuredOutputsParams
+    from octavo.sched.interface import SchedulerInterface as SchedulerInterface
+    from octavo.sched.policy import SchedulingPolicy as SchedulingPolicy
+    from octavo.sched.scheduler import Scheduler as Scheduler
+    from octavo.spec.tree import DraftTree as DraftTree
+    from octavo.worker.model_runner import ModelRunner as ModelRunner
+    from octavo.worker.spec.draft_step import accepted_step as accepted_step
+    from octavo.worker.spec.draft_step import build_step as build_step
+    from octavo.worker.spec.proposer import ProposeInputs as ProposeInputs
+    from octavo.worker.spec.proposer import Proposer as Proposer
+    from octavo.worker.spec.proposer import ProposerContext as ProposerContext
+    from octavo.worker.step_inputs import StepInputs as StepInputs
+    from octavo.worker.worker import Worker as Worker
+    from octavo.worker.worker import WorkerClasses as WorkerClasses
 
 # Public name -> "module:attribute" it comes from.
 _EXPORTS: dict[str, str] = {
@@ -42,7 +100,8 @@ _EXPORTS: dict[str, str] = {
     "Platform": "octavo.platforms:Platform",
     "Availability": "octavo.platforms:Availability",
     "Worker": "octavo.worker.worker:Worker",
-    "WorkerClasses": "octavo.worker.worker:WorkerClasses",
+    "WorkerClasses": "octavo.worker.interface:WorkerClasses",
+    "WorkerInterface": "octavo.worker.interface:WorkerInterface",
     "ModelRunner": "octavo.worker.model_runner:ModelRunner",
     "StepInputs": "octavo.worker.step_inputs:StepInputs",
     # attention

@@ -125,31 +125,40 @@ class MooncakeMaster:
                 self.proc.wait()
 
 
-@pytest.fixture
-def mooncake_master(tmp_path: Path) -> Iterator[MooncakeMaster]:
+def start_mooncake_master(*extra_args: str, log: Any = subprocess.DEVNULL) -> MooncakeMaster:
     """A real mooncake_master on loopback (peers find each other by P2P handshake, so no
-    metadata server), stopped after the test even when it fails."""
+    metadata server), once it listens; ``log`` takes its output."""
     binary = shutil.which("mooncake_master", path=str(Path(sys.executable).parent))
     if binary is None:
         pytest.fail("mooncake_master is not installed: scripts/install.sh installs "
                     "octavo-connectors[mooncake]")
     port = free_port()
-    with open(tmp_path / "mooncake_master.log", "wb") as log:
-        proc = subprocess.Popen(
-            [binary, f"--rpc_port={port}", f"--rpc_address={HOST}",
-             f"--metrics_port={free_port()}", f"--metrics_host={HOST}"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [binary, f"--rpc_port={port}", f"--rpc_address={HOST}",
+         f"--metrics_port={free_port()}", f"--metrics_host={HOST}", *extra_args],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     master = MooncakeMaster(proc, f"{HOST}:{port}")
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, (tmp_path / "mooncake_master.log").read_text()
-            try:
-                socket.create_connection((HOST, port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "mooncake_master did not start listening"
-                time.sleep(0.1)
-        yield master
-    finally:
-        master.stop()
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            master.stop()
+            pytest.fail("mooncake_master exited (see its log)")
+        try:
+            socket.create_connection((HOST, port), timeout=1).close()
+            return master
+        except OSError:
+            if time.monotonic() > deadline:
+                master.stop()
+                pytest.fail("mooncake_master did not start listening")
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def mooncake_master(tmp_path: Path) -> Iterator[MooncakeMaster]:
+    """A mooncake_master for one test, stopped after it even when it fails."""
+    with open(tmp_path / "mooncake_master.log", "wb") as log:
+        master = start_mooncake_master(log=log)
+        try:
+            yield master
+        finally:
+            master.stop()

@@ -24,7 +24,7 @@ from octavo.sampling_params import SamplingParams
 from octavo.sched.scheduler import Scheduler
 
 if TYPE_CHECKING:
-    from octavo.structured.manager import StructuredOutputManager
+    from octavo.sched.structured_outputs import StructuredOutputManager
 
 VOCAB = 1000
 

@@ -12,7 +12,7 @@ import torch
 
 from octavo.attention.base import AttentionBackend, TokenTrees
 from octavo.spec.tree import DraftTree
-from tests.core.test_attention_torch import NUM_KV_HEADS, fresh_seed, make_case, run_backend
+from tests.attention_cases import NUM_KV_HEADS, fresh_seed, make_case, run_backend
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from octavo import LLM, SamplingParams
-from tests.core.test_attention_torch import (
+from tests.attention_cases import (
     DECODE_BATCH,
     MIXED_BATCH,
     NUM_KV_HEADS,

@@ -231,3 +231,10 @@ def test_a_deprecated_plugin_api_name_warns_and_still_works(
         assert api.OldPlatform is api.Platform
     with pytest.raises(AttributeError, match="plugin API 1.0"):
         api.NoSuchName  # noqa: B018
+
+
+def test_every_plugin_api_name_resolves() -> None:
+    import octavo.plugin_api as api
+
+    for name in api.__all__:
+        assert getattr(api, name) is not None, name

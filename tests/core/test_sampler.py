@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import fields
 
 import numpy as np
@@ -19,17 +20,71 @@ from octavo.sample.logprobs import compute_prompt_logprobs
 from octavo.sample.metadata import (
     SamplingArrays,
     SamplingMetadata,
+    allowed_token_ids_mask,
+    check_token_ids,
     make_generator,
+    min_tokens_rows,
     padded_token_ids,
 )
 from octavo.sample.penalties import apply_penalties
 from octavo.sample.processors import apply_logits_processors
 from octavo.sample.sampler import Sampler, draw_tokens
 from octavo.sample.topk_topp import NUM_CANDIDATES, _sort_and_truncate, apply_top_k_top_p
-from octavo.sampling_params import SamplingParams
+from octavo.sampling_params import SamplingParams, SamplingType
 
 NUM_DRAWS = 20_000
 P_VALUE_MIN = 1e-4  # a true distribution fails by chance 0.01% of the time per test
+
+
+def metadata_from_params(
+    params: Sequence[SamplingParams],
+    vocab_size: int,
+    *,
+    output_token_ids: list[list[int]] | None = None,
+    prompt_token_ids: Sequence[Sequence[int]] | None = None,
+    generators: dict[int, torch.Generator] | None = None,
+    eos_token_ids: Iterable[int] = (),
+    device: torch.device | str = "cpu",
+) -> SamplingMetadata:
+    """The sampling metadata of a batch of requests, one row each, built from their params
+    as the model runner builds it from its persistent batch.
+
+    ``generators`` defaults to a fresh one per seeded random row (right for one step;
+    across steps pass the same generators again). ``eos_token_ids`` are suppressed
+    together with ``stop_token_ids`` while a row is under ``min_tokens``, unless the
+    request sets ``ignore_eos``.
+    """
+    num_rows = len(params)
+    outputs = output_token_ids if output_token_ids is not None else [[] for _ in params]
+    arrays = SamplingArrays.empty(num_rows)
+    for row, p in enumerate(params):
+        arrays.set_row(row, p)
+        check_token_ids(row, p, vocab_size)
+    if generators is None:
+        generators = {
+            row: make_generator(p.seed, device)
+            for row, p in enumerate(params)
+            if p.seed is not None and p.sampling_type != SamplingType.GREEDY
+        }
+    num_logprobs = [p.logprobs for p in params if p.logprobs is not None]
+    return SamplingMetadata.from_arrays(
+        arrays,
+        num_rows,
+        vocab_size,
+        output_token_ids=outputs,
+        generators=generators,
+        prompt_token_ids=(
+            None if prompt_token_ids is None
+            else padded_token_ids(prompt_token_ids, vocab_size, device)
+        ),
+        logit_bias=[p.logit_bias or None for p in params],
+        allowed_token_ids_mask=allowed_token_ids_mask(params, vocab_size, device),
+        bad_words_token_ids=[p.bad_words_token_ids for p in params],
+        min_tokens=min_tokens_rows(params, eos_token_ids),
+        max_num_logprobs=max(num_logprobs) if num_logprobs else None,
+        device=device,
+    )
+
 
 
 @pytest.fixture
@@ -220,7 +275,7 @@ def test_rows_with_different_settings_sample_independently(seed: int) -> None:
                 SamplingParams(temperature=0.0)]
     logits = torch.randn(20) * 1.5
     params = [settings[i % 3] for i in range(3 * 5000)]
-    metadata = SamplingMetadata.from_params(params, 20)
+    metadata = metadata_from_params(params, 20)
     sampled = Sampler()(logits.expand(len(params), -1), metadata).sampled_token_ids.numpy()
     for group in range(2):
         counts = np.bincount(sampled[group::3], minlength=20)
@@ -244,7 +299,7 @@ def _seeded_tokens(
     for step_logits in steps:
         logits = torch.randn(len(batch), step_logits.shape[0]) * 3
         logits[row] = step_logits
-        metadata = SamplingMetadata.from_params(batch, logits.shape[1], generators=generators)
+        metadata = metadata_from_params(batch, logits.shape[1], generators=generators)
         tokens.append(int(Sampler()(logits, metadata).sampled_token_ids[row]))
     return tokens
 
@@ -274,13 +329,13 @@ def test_seeded_row_is_independent_of_batch_composition(seed: int) -> None:
 
 def test_greedy_is_argmax_in_greedy_and_mixed_batches(seed: int) -> None:
     logits = torch.randn(8, 100)
-    all_greedy = SamplingMetadata.from_params([SamplingParams(temperature=0.0)] * 8, 100)
+    all_greedy = metadata_from_params([SamplingParams(temperature=0.0)] * 8, 100)
     assert all_greedy.all_greedy
     sampled = Sampler()(logits, all_greedy).sampled_token_ids
     assert torch.equal(sampled, logits.argmax(dim=1)), f"seed {seed}"
 
     mixed = [SamplingParams(temperature=0.0 if i % 2 else 1.0) for i in range(8)]
-    sampled = Sampler()(logits, SamplingMetadata.from_params(mixed, 100)).sampled_token_ids
+    sampled = Sampler()(logits, metadata_from_params(mixed, 100)).sampled_token_ids
     assert torch.equal(sampled[1::2], logits[1::2].argmax(dim=1)), f"seed {seed}"
 
 
@@ -290,7 +345,7 @@ def test_logit_bias_steers_greedy_choice(seed: int) -> None:
     second = int(logits[1].topk(2).indices[1])
     params = [SamplingParams(temperature=0.0, logit_bias={7: 100.0}),
               SamplingParams(temperature=0.0, logit_bias={best: -100.0})]
-    sampled = Sampler()(logits, SamplingMetadata.from_params(params, 50)).sampled_token_ids
+    sampled = Sampler()(logits, metadata_from_params(params, 50)).sampled_token_ids
     assert sampled.tolist() == [7, second], f"seed {seed}"
 
 
@@ -298,7 +353,7 @@ def test_allowed_token_ids_restrict_random_draws(seed: int) -> None:
     allowed = random.Random(seed).sample(range(30), 3)
     params = [SamplingParams(temperature=1.5, allowed_token_ids=allowed)] * 3000
     logits = torch.randn(30).expand(3000, -1)
-    sampled = Sampler()(logits, SamplingMetadata.from_params(params, 30)).sampled_token_ids
+    sampled = Sampler()(logits, metadata_from_params(params, 30)).sampled_token_ids
     assert set(sampled.tolist()) == set(allowed), f"seed {seed}"
 
 
@@ -306,7 +361,7 @@ def test_bad_words_ban_only_the_completing_token(seed: int) -> None:
     bad_words = [[5], [1, 2], [3, 4, 6]]
     outputs = [[9], [9, 1], [3, 4], [4], [1, 2, 3]]
     params = [SamplingParams(_bad_words_token_ids=bad_words) for _ in outputs]
-    metadata = SamplingMetadata.from_params(params, 10, output_token_ids=outputs)
+    metadata = metadata_from_params(params, 10, output_token_ids=outputs)
     logits = apply_logits_processors(torch.randn(len(outputs), 10), metadata)
     banned = {row: set(np.flatnonzero(np.isinf(logits[row].numpy()))) for row in range(5)}
     assert banned == {0: {5}, 1: {5, 2}, 2: {5, 6}, 3: {5}, 4: {5}}, f"seed {seed}"
@@ -331,7 +386,7 @@ def test_min_tokens_suppresses_stop_and_eos_until_reached(seed: int) -> None:
               SamplingParams(min_tokens=3, stop_token_ids=[4]),
               SamplingParams(min_tokens=3, stop_token_ids=[4], ignore_eos=True)]
     outputs = [[1, 1], [1, 1, 1], [1]]
-    metadata = SamplingMetadata.from_params(params, 10, output_token_ids=outputs,
+    metadata = metadata_from_params(params, 10, output_token_ids=outputs,
                                             eos_token_ids=[0])
     logits = apply_logits_processors(torch.randn(3, 10), metadata)
     banned = [set(np.flatnonzero(np.isinf(row.numpy()))) for row in logits]
@@ -372,7 +427,7 @@ def _random_requests(
 def test_processors_and_penalties_match_per_row_reference(seed: int) -> None:
     vocab_size = 40
     params, prompts, outputs = _random_requests(random.Random(seed), 12, vocab_size)
-    metadata = SamplingMetadata.from_params(
+    metadata = metadata_from_params(
         params, vocab_size, prompt_token_ids=prompts, output_token_ids=outputs,
         eos_token_ids=[0],
     )
@@ -388,7 +443,7 @@ def test_processors_and_penalties_match_per_row_reference(seed: int) -> None:
 def test_logprobs_are_log_softmax_of_processed_logits(seed: int) -> None:
     vocab_size = 40
     params, prompts, outputs = _random_requests(random.Random(seed), 12, vocab_size)
-    metadata = SamplingMetadata.from_params(
+    metadata = metadata_from_params(
         params, vocab_size, prompt_token_ids=prompts, output_token_ids=outputs,
         eos_token_ids=[0],
     )
@@ -441,7 +496,7 @@ def test_arrays_follow_rows_moved_by_the_runner(seed: int) -> None:
     prompts = [[3], []]
     got = SamplingMetadata.from_arrays(arrays, 2, 9, output_token_ids=outputs,
                                        prompt_token_ids=padded_token_ids(prompts, 9))
-    want = SamplingMetadata.from_params(kept, 9, output_token_ids=outputs,
+    want = metadata_from_params(kept, 9, output_token_ids=outputs,
                                         prompt_token_ids=prompts)
     for f in fields(SamplingMetadata):
         a, b = getattr(got, f.name), getattr(want, f.name)
@@ -456,12 +511,12 @@ def test_arrays_follow_rows_moved_by_the_runner(seed: int) -> None:
 
 def test_token_ids_outside_the_vocabulary_are_named() -> None:
     with pytest.raises(ValueError, match="row 1: logit_bias .* 50"):
-        SamplingMetadata.from_params([SamplingParams(), SamplingParams(logit_bias={50: 1.0})],
+        metadata_from_params([SamplingParams(), SamplingParams(logit_bias={50: 1.0})],
                                      50)
     with pytest.raises(ValueError, match="row 0: allowed_token_ids"):
-        SamplingMetadata.from_params([SamplingParams(allowed_token_ids=[-1])], 50)
+        metadata_from_params([SamplingParams(allowed_token_ids=[-1])], 50)
 
 
 def test_penalties_require_prompt_token_ids() -> None:
     with pytest.raises(ValueError, match="prompt_token_ids is required"):
-        SamplingMetadata.from_params([SamplingParams(repetition_penalty=1.2)], 50)
+        metadata_from_params([SamplingParams(repetition_penalty=1.2)], 50)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from octavo.sample.bitmask import apply_grammar_bitmask, grammar_rows
+from octavo.worker.grammar_bitmask import apply_grammar_bitmask, grammar_rows
 
 from .bits import allowed_ids
 

@@ -13,7 +13,7 @@ from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.request import RequestStatus
 from octavo.sampling_params import StructuredOutputsParams
 from octavo.sched.scheduler import Scheduler
-from octavo.structured.manager import StructuredOutputManager
+from octavo.sched.structured_outputs import StructuredOutputManager
 from tests.core.scheduler_fakes import make_request, make_scheduler
 from tests.core.tiny_models import EOS_ID, VOCAB_SIZE, tiny_tokenizer
 

@@ -21,7 +21,7 @@ from octavo_triton.cuda_graphs import DecodeGraphs, StaticDecodeInputs
 from octavo_triton.kernels.attention import paged_attention
 from octavo_triton.kernels.kv_cache import reshape_and_cache
 from octavo_triton.layers import use_triton_layers
-from tests.core.test_attention_torch import dense_reference, make_case
+from tests.attention_cases import dense_reference, make_case
 from tests.core.tiny_models import save_tiny_model
 
 from .helpers import DEVICE, fresh_seed

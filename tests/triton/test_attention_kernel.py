@@ -1,8 +1,8 @@
 """The Triton paged-attention kernels against a dense fp64 reference.
 
-The cases are those of the portable backend's test (tests/core/test_attention_torch.py):
-a step of requests laid out in a random, non-contiguous paged cache, each with a cached
-prefix already there and new tokens (whole prompts, chunks over a cached prefix, single
+The cases are the conformance kit's (tests/attention_cases.py): a step of requests laid out
+in a random, non-contiguous paged cache, each with a cached prefix already there and new
+tokens (whole prompts, chunks over a cached prefix, single
 decode tokens), lengths crossing block boundaries, noise in every unused block. The new
 K/V go through ``reshape_and_cache`` first, as the backend does, so the attention reads
 what the cache kernel wrote.
@@ -18,7 +18,7 @@ import torch
 from octavo_triton import tuning
 from octavo_triton.kernels.attention import paged_attention, split_kv_segments
 from octavo_triton.kernels.kv_cache import reshape_and_cache
-from tests.core.test_attention_torch import (
+from tests.attention_cases import (
     MIXED_BATCH,
     NUM_KV_HEADS,
     Case,

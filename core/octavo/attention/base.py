@@ -19,6 +19,7 @@ offset ``s % block_size``.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -66,7 +67,7 @@ class TokenTrees:
     ancestors: torch.Tensor  # bool [1 + N, 1 + N] on the host; q tokens use [:q, :q]
 
 
-class AttentionImpl:
+class AttentionImpl(ABC):
     """One attention layer's computation, built by :meth:`AttentionBackend.make_impl`."""
 
     def __init__(
@@ -86,6 +87,7 @@ class AttentionImpl:
         self.num_kv_heads = num_kv_heads
         self.sliding_window = sliding_window
 
+    @abstractmethod
     def forward(
         self,
         query: torch.Tensor,  # [T, num_heads, head_dim]
@@ -94,12 +96,15 @@ class AttentionImpl:
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         metadata: AttentionMetadata,
     ) -> torch.Tensor:  # [T, num_heads, head_dim]
-        raise NotImplementedError
+        """Write the step's new K/V into their slots (``metadata.slot_mapping``), then return
+        every query token's attention over its request's context (module docstring)."""
 
 
-class AttentionBackend:
+class AttentionBackend(ABC):
     """A family of attention kernels, registered by name through
-    ``octavo_register_attention_backends``."""
+    ``octavo_register_attention_backends``. The contract is the module docstring's; the
+    conformance kit (``octavo.testing.AttentionBackendContract``) checks a backend against a
+    dense reference. The class is used, not instantiated: set ``name`` and ``impl_cls``."""
 
     name: ClassVar[str]
     impl_cls: ClassVar[type[AttentionImpl]]  # what make_impl builds, unless overridden

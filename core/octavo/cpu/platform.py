@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
-
-from octavo.cpu.gemm import attach_cpu_gemms, cpu_gemm_supported
-from octavo.cpu.layers import use_cpu_layers
 from octavo.platforms.base import Availability, Platform
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 def _meminfo_bytes(field: str) -> int:
@@ -38,7 +38,7 @@ def cpu_flags() -> frozenset[str]:
 
 
 # Native bf16 dot products (AVX512-BF16, or AMX tiles): there bf16 weights halve the memory
-# traffic of every decode step (see models/layers/cpu_gemm.py for the GEMMs). Elsewhere
+# traffic of every decode step (see octavo/cpu/gemm.py for the GEMMs). Elsewhere
 # bf16 is emulated and slower than fp32, so fp32 stays the default.
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
@@ -71,7 +71,13 @@ class CpuPlatform(Platform):
     @classmethod
     def prepare_model(cls, model: nn.Module, dtype: torch.dtype) -> int:
         """For a bf16 model: prepack the loaded weights for the CPU's GEMMs and fuse the
-        element-wise layers; nothing otherwise (fp32 runs PyTorch's own kernels)."""
+        element-wise layers; nothing otherwise (fp32 runs PyTorch's own kernels). Imported
+        here: a process that lists platforms does not load torch or build the kernels."""
+        import torch
+
+        from octavo.cpu.gemm import attach_cpu_gemms, cpu_gemm_supported
+        from octavo.cpu.layers import use_cpu_layers
+
         if not cpu_gemm_supported(dtype, torch.device("cpu")):
             return 0
         return (attach_cpu_gemms(model, fp32_for_large=not cpu_has_amx())

@@ -17,11 +17,11 @@ from octavo.plugins.resolve import (
 from octavo.qualname import resolve_qualname
 from octavo.sched.interface import SchedulerInterface
 from octavo.sched.policy import SchedulingPolicy
-from octavo.structured.manager import StructuredOutputManager
-from octavo.worker.worker import Worker, WorkerClasses
+from octavo.sched.structured_outputs import StructuredOutputManager
+from octavo.worker.interface import WorkerClasses, WorkerInterface
 
 
-def worker_cls(platform: type[Platform]) -> type[Worker]:
+def worker_cls(platform: type[Platform]) -> type[WorkerInterface]:
     """The class ``platform.worker_cls`` names, imported now."""
     return resolve_qualname(platform.worker_cls)  # type: ignore[no-any-return]
 

@@ -17,7 +17,7 @@ from octavo.outputs import EngineCoreOutput
 from octavo.platforms import Platform
 from octavo.plugins import get_registries
 from octavo.request import Request, RequestStatus
-from octavo.structured.manager import StructuredOutputManager
+from octavo.sched.structured_outputs import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ itself - nothing was computed on top of the missing KV, so the output stays corr
 from __future__ import annotations
 
 import enum
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ class KVConnectorRole(enum.Enum):
     WORKER = "worker"
 
 
-class KVConnector:
+class KVConnector(ABC):
     """Subclasses implement the side(s) of their role; the scheduler calls only the
     scheduler-side methods on its instance, the worker only the worker-side ones."""
 
@@ -43,28 +44,29 @@ class KVConnector:
         self.block_size = block_size
 
     # -- scheduler side ------------------------------------------------------------------
+    @abstractmethod
     def get_num_new_matched_tokens(
         self, request: Request, num_local_computed_tokens: int
     ) -> tuple[int, bool]:
         """How many prompt tokens after the ``num_local_computed_tokens`` found in the local
         prefix cache can be loaded from outside, and whether the load is asynchronous.
         Must leave at least the last prompt token to compute (its logits are sampled)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def update_state_after_alloc(
         self, request: Request, block_ids: list[int], num_external_tokens: int
     ) -> None:
         """The scheduler gave ``request`` the blocks ``block_ids`` (its whole block table);
         the ``num_external_tokens`` after its local prefix are to be loaded into them."""
-        raise NotImplementedError
 
+    @abstractmethod
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> Any:
         """What the worker side must do this step (loads to start, saves to make): plain
         data, attached to ``scheduler_output.kv_connector_metadata``."""
-        raise NotImplementedError
 
-    def update_connector_output(self, output: KVConnectorOutput) -> None:
-        """The worker's report of the last step (finished sends, receives, failed loads)."""
+    def update_connector_output(self, output: KVConnectorOutput) -> None:  # noqa: B027
+        """The worker's report of the last step (finished sends, receives, failed loads);
+        optional: a connector that keeps no state between steps ignores it."""
 
     def request_finished(
         self, request: Request, block_ids: list[int]
@@ -75,37 +77,37 @@ class KVConnector:
         return False, None
 
     # -- worker side ---------------------------------------------------------------------
+    @abstractmethod
     def register_kv_caches(self, kv_caches: list[torch.Tensor]) -> None:
         """The worker's KV cache, one tensor per layer (layout in ``attention.base``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def bind_connector_metadata(self, metadata: Any) -> None:
         """This step's metadata from the scheduler side; set before ``start_load_kv``."""
-        raise NotImplementedError
 
+    @abstractmethod
     def start_load_kv(self) -> None:
         """Begin this step's loads; called before the forward pass."""
-        raise NotImplementedError
 
-    def wait_for_layer_load(self, layer_index: int) -> None:
+    def wait_for_layer_load(self, layer_index: int) -> None:  # noqa: B027
         """Block until the loads into ``layer_index`` that this step's attention reads are
         done. Connectors whose loads all finish before the request is scheduled for compute
         (the asynchronous case) have nothing to wait for."""
 
+    @abstractmethod
     def save_kv_layer(self, layer_index: int, kv_cache: torch.Tensor,
                       attn_metadata: AttentionMetadata) -> None:
         """Start saving this step's KV of ``layer_index``; called after the layer ran."""
-        raise NotImplementedError
 
+    @abstractmethod
     def wait_for_save(self) -> None:
         """Called after the forward pass: block until saves that must not outlive the step
         are done."""
-        raise NotImplementedError
 
+    @abstractmethod
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         """Requests whose sends and whose receives finished since the last call
         (successfully or not; failures are in ``get_failed_loads``)."""
-        raise NotImplementedError
 
     def get_failed_loads(self) -> set[str]:
         """Requests whose load failed since the last call: they recompute their prompt."""

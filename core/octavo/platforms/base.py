@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch only for annotations: listing platforms must not import it
+    import torch
+    from torch import nn
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ from octavo.plugins.hookspecs import hookimpl
 from octavo.plugins.registry import Registry
 
 if TYPE_CHECKING:
-    from torch import nn
 
     from octavo.attention.base import AttentionBackend
     from octavo.kv.interface import KVCacheManagerInterface
+    from octavo.models.base import CausalLM
     from octavo.platforms.base import Platform
     from octavo.sched.interface import SchedulerInterface
     from octavo.sched.policy import SchedulingPolicy
@@ -56,7 +56,7 @@ def octavo_register_attention_backends(registry: Registry[type[AttentionBackend]
 
 
 @hookimpl
-def octavo_register_models(registry: Registry[type[nn.Module]]) -> None:
+def octavo_register_models(registry: Registry[type[CausalLM]]) -> None:
     from octavo.models.architectures import BUILTIN_ARCHITECTURES
 
     for name, model in BUILTIN_ARCHITECTURES.items():

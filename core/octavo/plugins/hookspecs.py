@@ -1,12 +1,13 @@
 """The public hook contract of Octavo plugins (pluggy project name ``octavo``).
 
 A plugin is a module exposed through the entry-point group ``octavo`` that implements
-some of these hooks with ``@octavo.plugins.hookimpl``. Every hook receives a
+some of these hooks with ``@octavo.plugin_api.hookimpl`` and declares the plugin API range
+it is written for (``OCTAVO_PLUGIN_API = ">=1.0,<2"``). Every hook receives a typed
 :class:`~octavo.plugins.registry.Registry` and calls ``registry.register(name, obj)``;
-nothing is returned.
+nothing is returned. The classes named below are all in ``octavo.plugin_api``.
 
 When and where: the hooks run once per process, the first time that process asks for a
-registry (``octavo.plugins.get_registries()``). That happens in every process that needs
+registry (``octavo.plugin_api.get_registries()``). That happens in every process that needs
 them - the API server, the engine core and each worker - so a plugin must be importable
 and cheap to import everywhere: import heavy libraries (torch kernels, jax) inside the
 objects it registers, not at module top level.
@@ -17,12 +18,22 @@ registered before raising is kept out of the registries too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pluggy
 
 if TYPE_CHECKING:
+    import click
+
+    from octavo.attention.base import AttentionBackend
+    from octavo.kv.interface import KVCacheManagerInterface
+    from octavo.kv_transfer.base import KVConnector
+    from octavo.models.base import CausalLM
+    from octavo.platforms.base import Platform
     from octavo.plugins.registry import Registry
+    from octavo.sched.interface import SchedulerInterface
+    from octavo.sched.policy import SchedulingPolicy
+    from octavo.worker.spec.proposer import Proposer
 
 PROJECT = "octavo"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -30,64 +41,68 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def octavo_register_platforms(registry: Registry[Any]) -> None:
+def octavo_register_platforms(registry: Registry[type[Platform]]) -> None:
     """Register hardware platforms: ``registry.register("cuda", CudaPlatform)``.
 
-    The object is a subclass of :class:`octavo.platforms.Platform`. ``--backend NAME`` looks
+    The object is a subclass of ``Platform``. ``--backend NAME`` looks
     it up by name; ``--backend auto`` picks the available one with the highest ``priority``.
     Called in every process, before the engine is built.
     """
 
 
 @hookspec
-def octavo_register_attention_backends(registry: Registry[Any]) -> None:
+def octavo_register_attention_backends(registry: Registry[type[AttentionBackend]]) -> None:
     """Register attention backends: ``registry.register("torch", TorchAttentionBackend)``.
 
-    The object is a subclass of :class:`octavo.attention.AttentionBackend`. A platform names
+    The object is a subclass of ``AttentionBackend``. A platform names
     its default; ``--attention-backend NAME`` overrides it. Called in workers.
     """
 
 
 @hookspec
-def octavo_register_kv_connectors(registry: Registry[Any]) -> None:
+def octavo_register_kv_connectors(registry: Registry[type[KVConnector]]) -> None:
     """Register KV connectors for disaggregated prefill/decode (``--kv-transfer-config``).
 
-    The object is a KV-connector class with a scheduler side and a worker side. Called in
-    the engine core (scheduler side) and in workers (worker side).
+    The object is a ``KVConnector`` subclass, with a scheduler side and a worker side,
+    registered under the name ``{"connector": NAME}`` takes. Called in the engine core
+    (scheduler side) and in workers (worker side).
     """
 
 
 @hookspec
-def octavo_register_proposers(registry: Registry[Any]) -> None:
+def octavo_register_proposers(registry: Registry[type[Proposer]]) -> None:
     """Register speculative-decoding proposers (``--speculative-config '{"method": NAME}'``).
 
-    The object is a subclass of :class:`octavo.worker.spec.proposer.Proposer`, registered under its
+    The object is a subclass of ``Proposer``, registered under its
     method name (``registry.register("ngram", NgramProposer)``).
     Called in workers, where proposers run next to the target model.
     """
 
 
 @hookspec
-def octavo_register_schedulers(registry: Registry[Any]) -> None:
-    """Register scheduler classes; the engine core builds the one the config names."""
+def octavo_register_schedulers(registry: Registry[type[SchedulerInterface]]) -> None:
+    """Register ``SchedulerInterface`` subclasses; the engine core builds the one
+    ``--scheduler-cls NAME`` names (``default``: the core's ``Scheduler``)."""
 
 
 @hookspec
-def octavo_register_scheduling_policies(registry: Registry[Any]) -> None:
+def octavo_register_scheduling_policies(registry: Registry[type[SchedulingPolicy]]) -> None:
     """Register waiting-queue policies (``--scheduling-policy NAME``).
 
-    The object is a :class:`octavo.sched.policy.SchedulingPolicy` subclass that orders the
+    The object is a ``SchedulingPolicy`` subclass that orders the
     waiting queue and picks preemption victims. Called in the engine core.
     """
 
 
 @hookspec
-def octavo_register_kv_managers(registry: Registry[Any]) -> None:
-    """Register KV-cache manager classes; the scheduler builds the one the config names."""
+def octavo_register_kv_managers(registry: Registry[type[KVCacheManagerInterface]]) -> None:
+    """Register ``KVCacheManagerInterface`` subclasses; the engine core builds the one
+    ``--kv-manager NAME`` names (``default``: the core's ``KVCacheManager``) and hands it to
+    the scheduler."""
 
 
 @hookspec
-def octavo_register_models(registry: Registry[Any]) -> None:
+def octavo_register_models(registry: Registry[type[CausalLM]]) -> None:
     """Register model implementations by HF ``architectures`` name.
 
     ``registry.register("LlamaForCausalLM", LlamaForCausalLM)``. Called in workers, where
@@ -96,7 +111,7 @@ def octavo_register_models(registry: Registry[Any]) -> None:
 
 
 @hookspec
-def octavo_register_cli_commands(registry: Registry[Any]) -> None:
+def octavo_register_cli_commands(registry: Registry[click.Command]) -> None:
     """Register click commands or groups under ``octavo``:
     ``registry.register("spec", spec_group)`` makes ``octavo spec ...``.
 

@@ -20,7 +20,6 @@ import os
 import sys
 from dataclasses import dataclass, field
 from importlib.metadata import Distribution, EntryPoint, entry_points
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -34,11 +33,11 @@ from octavo.version import __version__
 
 if TYPE_CHECKING:
     import click
-    from torch import nn
 
     from octavo.attention.base import AttentionBackend
     from octavo.kv.interface import KVCacheManagerInterface
     from octavo.kv_transfer.base import KVConnector
+    from octavo.models.base import CausalLM
     from octavo.platforms.base import Platform
     from octavo.sched.interface import SchedulerInterface
     from octavo.sched.policy import SchedulingPolicy
@@ -88,7 +87,7 @@ class Registries:
     schedulers: Registry[type[SchedulerInterface]] = field(init=False)
     scheduling_policies: Registry[type[SchedulingPolicy]] = field(init=False)
     kv_managers: Registry[type[KVCacheManagerInterface]] = field(init=False)
-    models: Registry[type[nn.Module]] = field(init=False)
+    models: Registry[type[CausalLM]] = field(init=False)
     cli_commands: Registry[click.Command] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -193,7 +192,7 @@ class PluginHost:
         record.loaded = True
         record.hooks = self._hook_names(module)
 
-    def _hook_names(self, plugin: ModuleType) -> list[str]:
+    def _hook_names(self, plugin: object) -> list[str]:
         return sorted(caller.name for caller in self.pm.get_hookcallers(plugin) or [])
 
     def fill(self, registries: Registries) -> None:

@@ -106,10 +106,6 @@ class SamplingMetadata:
     min_tokens: dict[int, tuple[int, frozenset[int]]]
     max_num_logprobs: int | None  # top-n logprobs to return; None: no logprobs
 
-    @property
-    def no_penalties(self) -> bool:
-        return self.repetition_penalties is None
-
     @classmethod
     def from_arrays(
         cls,
@@ -164,56 +160,6 @@ class SamplingMetadata:
             bad_words_token_ids=bad_words_token_ids or [[] for _ in range(num_rows)],
             min_tokens=min_tokens or {},
             max_num_logprobs=max_num_logprobs,
-        )
-
-    @classmethod
-    def from_params(
-        cls,
-        params: Sequence[SamplingParams],
-        vocab_size: int,
-        *,
-        output_token_ids: list[list[int]] | None = None,
-        prompt_token_ids: Sequence[Sequence[int]] | None = None,
-        generators: dict[int, torch.Generator] | None = None,
-        eos_token_ids: Iterable[int] = (),
-        device: torch.device | str = "cpu",
-    ) -> SamplingMetadata:
-        """Build the metadata for a batch of requests, one row each.
-
-        ``generators`` defaults to a fresh one per seeded random row (right for one step;
-        across steps pass the same generators again). ``eos_token_ids`` are suppressed
-        together with ``stop_token_ids`` while a row is under ``min_tokens``, unless the
-        request sets ``ignore_eos``.
-        """
-        num_rows = len(params)
-        outputs = output_token_ids if output_token_ids is not None else [[] for _ in params]
-        arrays = SamplingArrays.empty(num_rows)
-        for row, p in enumerate(params):
-            arrays.set_row(row, p)
-            check_token_ids(row, p, vocab_size)
-        if generators is None:
-            generators = {
-                row: make_generator(p.seed, device)
-                for row, p in enumerate(params)
-                if p.seed is not None and p.sampling_type != SamplingType.GREEDY
-            }
-        num_logprobs = [p.logprobs for p in params if p.logprobs is not None]
-        return cls.from_arrays(
-            arrays,
-            num_rows,
-            vocab_size,
-            output_token_ids=outputs,
-            generators=generators,
-            prompt_token_ids=(
-                None if prompt_token_ids is None
-                else padded_token_ids(prompt_token_ids, vocab_size, device)
-            ),
-            logit_bias=[p.logit_bias or None for p in params],
-            allowed_token_ids_mask=allowed_token_ids_mask(params, vocab_size, device),
-            bad_words_token_ids=[p.bad_words_token_ids for p in params],
-            min_tokens=min_tokens_rows(params, eos_token_ids),
-            max_num_logprobs=max(num_logprobs) if num_logprobs else None,
-            device=device,
         )
 
 

@@ -23,7 +23,7 @@ from octavo.request import Request, RequestStatus
 from octavo.sched.policy import SchedulingPolicy
 
 if TYPE_CHECKING:
-    from octavo.structured.manager import StructuredOutputManager
+    from octavo.sched.structured_outputs import StructuredOutputManager
 
 
 class SchedulerInterface(ABC):

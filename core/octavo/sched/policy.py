@@ -8,17 +8,23 @@ preempts the largest first. Plugins add policies through
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from octavo.request import Request
 
 
-class SchedulingPolicy:
+class SchedulingPolicy(ABC):
+    """Contract: ``sort_key`` is a pure function of the request (the scheduler keeps the
+    waiting queue sorted by it, so a key must not change while the request waits); the
+    registered ``name`` is what ``--scheduling-policy`` takes; the class is built with no
+    arguments, once per scheduler."""
+
     name: ClassVar[str]
 
+    @abstractmethod
     def sort_key(self, request: Request) -> tuple[Any, ...]:
         """Smaller keys are served first and preempted last."""
-        raise NotImplementedError
 
     def order(self, requests: list[Request]) -> list[Request]:
         return sorted(requests, key=self.sort_key)

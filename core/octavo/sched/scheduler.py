@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 if TYPE_CHECKING:
     import numpy as np
 
-    from octavo.structured.manager import StructuredOutputManager
+    from octavo.sched.structured_outputs import StructuredOutputManager
 
 
 @dataclass
@@ -142,8 +142,8 @@ class Scheduler(SchedulerInterface):
     ) -> list[EngineCoreOutput]:
         """Append the sampled tokens, finish the requests that stop, report to the front end."""
         if model_runner_output.kv_connector_output is not None and self.kv_transfer is not None:
-            for request in self.kv_transfer.update(model_runner_output.kv_connector_output):
-                bisect.insort(self.waiting, request, key=self.policy.sort_key)
+            for loaded in self.kv_transfer.update(model_runner_output.kv_connector_output):
+                bisect.insort(self.waiting, loaded, key=self.policy.sort_key)
         sampled = dict(zip(model_runner_output.req_ids, model_runner_output.sampled_token_ids))
         index = ({req_id: i for i, req_id in enumerate(model_runner_output.req_ids)}
                  if self.spec else {})
@@ -257,6 +257,7 @@ class Scheduler(SchedulerInterface):
             if request is None:
                 break  # every waiting request waits for its grammar
             transfer = self.kv_transfer
+            hit_blocks: list[KVBlock]
             if transfer is not None and transfer.back_from_load(request):
                 hit_blocks, num_hit_tokens = [], request.num_computed_tokens
             else:

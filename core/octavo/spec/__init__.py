@@ -1,5 +1,5 @@
-"""Speculative decoding, the parts both sides share and that need neither: the draft tree
-(``tree``) and the rejection sampler (``rejection``). The config is
-``octavo.config.speculative``, the scheduler side ``octavo.sched.spec``, the worker side
-(proposer interface, verifier) ``octavo.worker.spec``; the proposers themselves (n-gram,
-draft model, Medusa, EAGLE) live in octavo-spec-decode."""
+"""Speculative decoding, the parts both sides share: the draft tree (``tree``) and the
+rejection sampler (``rejection``). The config is ``octavo.config.speculative``, the
+scheduler side ``octavo.sched.spec``, the worker side (proposer interface, verifier)
+``octavo.worker.spec``; the proposers themselves (n-gram, draft model, Medusa, EAGLE) live
+in octavo-spec-decode. Imports sampling, config and the plain data."""

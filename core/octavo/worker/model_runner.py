@@ -17,7 +17,6 @@ from octavo.outputs import (
     NewRequestData,
     SchedulerOutput,
 )
-from octavo.sample.bitmask import apply_grammar_bitmask, grammar_rows
 from octavo.sample.logprobs import compute_prompt_logprobs
 from octavo.sample.metadata import (
     SamplingArrays,
@@ -27,6 +26,7 @@ from octavo.sample.metadata import (
     padded_token_ids,
 )
 from octavo.sample.sampler import Sampler, SamplerOutput
+from octavo.worker.grammar_bitmask import apply_grammar_bitmask, grammar_rows
 from octavo.worker.input_batch import CachedRequestState, InputBatch, new_generator
 from octavo.worker.kv_transfer import WorkerKVTransfer
 from octavo.worker.spec.verifier import SpecVerifier

@@ -9,23 +9,18 @@ worker subclasses this one and keeps its constructor.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-
 import torch
 
-from octavo.attention.base import AttentionBackend
 from octavo.config import EngineConfig
-from octavo.kv_transfer.base import KVConnector, KVConnectorRole
-from octavo.models.base import CausalLM
+from octavo.kv_transfer.base import KVConnectorRole
 from octavo.models.build import build_model
 from octavo.models.config import eos_token_ids
 from octavo.models.loader import ModelFiles
 from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
+from octavo.worker.interface import WorkerClasses, WorkerInterface
 from octavo.worker.kv_transfer import WorkerKVTransfer
 from octavo.worker.model_runner import ModelRunner
-from octavo.worker.spec.proposer import Proposer
 from octavo.worker.spec.verifier import SpecVerifier
 
 # The CPU default KV budget. The cache is allocated untouched (no memory until a block is
@@ -38,17 +33,9 @@ CPU_DEFAULT_KV_BYTES = 1 * 2**30
 CPU_DEFAULT_KV_FRACTION = 0.4  # of the RAM available at start-up
 
 
-@dataclass(frozen=True)
-class WorkerClasses:
-    """What the config names for a worker, resolved in the plugin registries."""
+class Worker(WorkerInterface):
+    """The core's worker: a torch device, the portable model runner."""
 
-    attn_backend: type[AttentionBackend]
-    architectures: Mapping[str, type[CausalLM]]  # HF ``architectures`` name -> model class
-    proposer: type[Proposer] | None = None  # speculative decoding's, when it is on
-    kv_connector: type[KVConnector] | None = None  # a KV connector's, when one is set
-
-
-class Worker:
     runner_class: type[ModelRunner] = ModelRunner  # device workers bring their own runner
 
     def __init__(self, config: EngineConfig, platform: type[Platform], files: ModelFiles,

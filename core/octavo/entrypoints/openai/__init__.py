@@ -1,1 +1,1 @@
-"""The OpenAI-compatible HTTP server (FastAPI): ``octavo serve``."""
+"""The OpenAI-compatible HTTP server (FastAPI): ``octavo serve``. Imports the engine."""

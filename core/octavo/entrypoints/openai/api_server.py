@@ -13,6 +13,7 @@ import logging
 
 from octavo.config import EngineConfig
 from octavo.engine.async_llm import AsyncLLM
+from octavo.engine.stat_logger import LoggingStatLogger
 from octavo.entrypoints.openai.settings import ServerSettings
 from octavo.plugins import get_plugin_host
 
@@ -43,6 +44,8 @@ async def run_server(config: EngineConfig, settings: ServerSettings) -> None:
     from octavo.entrypoints.openai.app import build_app
 
     engine = await starting
+    if not config.observability.disable_log_stats:
+        engine.stat_loggers.append(LoggingStatLogger(config.observability.log_stats_interval))
     try:
         ready = engine.ready
         logger.info("engine core process pid %d: platform %s, model %s, %d KV blocks of %d "

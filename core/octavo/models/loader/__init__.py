@@ -1,4 +1,5 @@
-"""Model loaders: an HF folder (config.json + safetensors) or a GGUF file, as ModelFiles."""
+"""Model loaders: an HF folder (config.json + safetensors) or a GGUF file, as ModelFiles.
+Imports the plain data (the cache folder) only."""
 
 from octavo.models.loader.default_model import default_model_path
 from octavo.models.loader.errors import ModelLoadError

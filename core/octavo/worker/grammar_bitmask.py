@@ -1,7 +1,8 @@
 """Applying a grammar bitmask to logits: every token a grammar forbids gets -inf.
 
-The bitmask is what the scheduler's ``StructuredOutputManager`` sends: int32 words, bit
-``t % 32`` of word ``t // 32`` set when token ``t`` is allowed. xgrammar's kernel applies
+The worker side of guided decoding. The bitmask is what the scheduler's
+``StructuredOutputManager`` sends: int32 words, bit ``t % 32`` of word ``t // 32`` set when
+token ``t`` is allowed. xgrammar's kernel applies
 it (native code on the CPU, a Triton or CUDA kernel on GPUs): several times faster than
 unpacking the bits with tensor ops, and no loop over the vocabulary.
 """

@@ -1,0 +1,73 @@
+"""The config package: parts composed into ``EngineConfig``, flat vLLM keywords, the CLI's
+engine flags generated from the fields, and clear errors for what is not built yet."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from octavo.config import ConfigError, EngineConfig, ParallelConfig
+from octavo.config.engine import flat_fields
+from octavo.entrypoints.engine_args import build_config, engine_options
+
+
+def test_flat_keywords_land_in_their_parts() -> None:
+    config = EngineConfig.from_kwargs(max_num_seqs=8, block_size=32, dtype="bfloat16",
+                                      backend="cpu", scheduler_cls="default",
+                                      kv_transfer_config={"connector": "x"})
+    assert config.scheduler.max_num_seqs == 8
+    assert config.cache.block_size == 32
+    assert config.model.dtype == "bfloat16"
+    assert config.device.backend == "cpu"
+    assert config.kv_transfer is not None and config.kv_transfer.connector == "x"
+    with pytest.raises(ConfigError, match="unknown engine argument 'max_seqs'"):
+        EngineConfig.from_kwargs(max_seqs=8)
+
+
+def test_each_default_is_written_once_and_the_flags_come_from_it() -> None:
+    names = [f.name for _, f in flat_fields()]
+    assert len(names) == len(set(names))  # one owner per keyword
+
+    @click.command()
+    @engine_options
+    def command(**kwargs: object) -> None:
+        config = build_config(dict(kwargs))
+        click.echo(f"{config.scheduler.max_num_seqs} {config.cache.kv_cache_memory} "
+                   f"{config.cache.enable_prefix_caching} {config.device.enforce_eager}")
+
+    runner = CliRunner()
+    assert runner.invoke(command, []).output.split() == ["256", "None", "True", "False"]
+    result = runner.invoke(command, ["--max-num-seqs", "4", "--kv-cache-memory", "1MiB",
+                                     "--no-enable-prefix-caching", "--enforce-eager"])
+    assert result.output.split() == ["4", str(2**20), "False", "True"], result.output
+    help_text = runner.invoke(command, ["--help"]).output
+    for flag in ("--scheduler-cls", "--kv-manager", "-tp, --tensor-parallel-size",
+                 "--distributed-executor-backend", "--disable-log-stats",
+                 "--speculative-config", "--structured-outputs-config"):
+        assert flag in help_text
+    bad = runner.invoke(command, ["--kv-cache-memory", "lots"])
+    assert bad.exit_code == 2 and "cannot read 'lots' as a memory size" in bad.output
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"tensor_parallel_size": 2}, "tensor_parallel_size=2: parallelism is not available yet"),
+    ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2"),
+    ({"data_parallel_size": 3}, "data_parallel_size=3"),
+    ({"enable_expert_parallel": True}, "expert parallelism is not available yet"),
+    ({"distributed_executor_backend": "ray"}, "'ray' is not available yet"),
+    ({"distributed_executor_backend": "slurm"}, "must be one of uni, mp, ray"),
+    ({"tensor_parallel_size": 0}, "tensor_parallel_size must be a positive integer"),
+])
+def test_parallelism_not_built_yet_is_refused_clearly(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        ParallelConfig(**kwargs)
+
+
+def test_structured_outputs_config_is_checked() -> None:
+    config = EngineConfig.from_kwargs(structured_outputs_config='{"max_cached_grammars": 8}')
+    assert config.structured_outputs.max_cached_grammars == 8
+    with pytest.raises(ConfigError, match="unknown key 'cache'"):
+        EngineConfig.from_kwargs(structured_outputs_config={"cache": 1})
+    with pytest.raises(ConfigError, match="backend must be one of xgrammar"):
+        EngineConfig.from_kwargs(structured_outputs_config={"backend": "outlines"})
