@@ -144,6 +144,8 @@ class EngineCoreOutput:
     events: list[EngineCoreEvent] = field(default_factory=list)
     # The request's speculative-decoding acceptance, sent with its final output.
     spec_decoding: SpecDecodingStats | None = None
+    # Why the engine refused the request (it never ran): the client's request fails with this.
+    error: str | None = None
 
     @property
     def finished(self) -> bool:

@@ -10,11 +10,29 @@ engine core; checking that a schema, regex or grammar is well-formed is
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
+# Integers the engine's arrays hold (int64): every integer field must fit.
+INT64_MAX = 2**63 - 1
+
+
+def check_text(name: str, text: str) -> None:
+    """Text must be encodable as UTF-8 (a lone surrogate is not) to reach the engine."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{name} is not valid Unicode text: {exc.reason} at position "
+                         f"{exc.start}") from None
+
+
+def check_int(name: str, value: int | None, low: int = -INT64_MAX - 1,
+              high: int = INT64_MAX) -> None:
+    if value is not None and not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
 
 
 @dataclass
@@ -41,6 +59,8 @@ class StructuredOutputsParams:
             if not self.choice or not all(isinstance(c, str) and c for c in self.choice):
                 raise ValueError("structured choice must be a non-empty list of non-empty "
                                  f"strings, got {self.choice!r}")
+            for choice in self.choice:
+                check_text("a structured choice", choice)
         for kind in ("regex", "grammar"):
             value = getattr(self, kind)
             if value is not None and (not isinstance(value, str) or not value):
@@ -123,9 +143,11 @@ class SamplingParams:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
-        self._validate()
+        self.validate()
 
-    def _validate(self) -> None:
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first field out of range (the front end calls it
+        again once it has filled in the defaults)."""
         checks = [
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
             (-2.0 <= self.presence_penalty <= 2.0,
@@ -153,6 +175,22 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        self._check_engine_limits()
+
+    def _check_engine_limits(self) -> None:
+        """Values the engine's arrays and encodings can hold: int64 integers (a seed leaves
+        room for ``n`` children's ``seed + i``), finite logit biases, UTF-8 stop strings."""
+        for name in ("top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"):
+            check_int(name, getattr(self, name), low=-1)
+        check_int("n", self.n, low=1, high=2**31 - 1)
+        check_int("seed", self.seed, high=INT64_MAX - self.n)
+        for token_id in [*self.stop_token_ids, *(self.allowed_token_ids or []),
+                         *(self.logit_bias or {})]:
+            check_int("a token id", token_id)
+        if any(not math.isfinite(bias) for bias in (self.logit_bias or {}).values()):
+            raise ValueError("logit_bias values must be finite numbers")
+        for text in [*self.stop, *self.bad_words]:
+            check_text("a stop string or bad word", text)
 
     @property
     def sampling_type(self) -> SamplingType:

@@ -219,6 +219,16 @@ def prefill_then_decode(model: CausalLM, ids: torch.Tensor) -> list[torch.Tensor
     return logits
 
 
+def test_loading_the_kernels_keeps_subnormal_floats() -> None:
+    """-ffast-math at link time would add crtfastmath.o, which turns on flush-to-zero for the
+    whole process on load: a request's top_p=1e-310 then read as 0 and killed the engine
+    (RELIABILITY-PROBE D4). The library is linked without it."""
+    if cpu.library() is None:
+        pytest.skip("the CPU kernels cannot be built here")
+    tiny = float("1e-310")
+    assert tiny * 1.0 != 0.0 and tiny / 2 != 0.0
+
+
 def test_without_the_kernels_nothing_is_switched(monkeypatch: pytest.MonkeyPatch,
                                                  caplog: pytest.LogCaptureFixture) -> None:
     """OCTAVO_CPU_KERNELS=0, or a compiler that fails: the portable layers stay."""

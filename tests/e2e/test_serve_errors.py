@@ -3,11 +3,12 @@ healthy: a normal request right after each one succeeds."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import TinyModel
+from .conftest import TinyModel, start_tiny_server
 from .server import API_KEY, Server
 
 OK_COMPLETION = {"prompt": "hello", "max_tokens": 2}
@@ -63,6 +64,29 @@ CASES: list[tuple[str, str, Any, int, str | None, str]] = [
      "does not exist"),
     ("chat-beyond-context", CHAT, {"messages": USER, "max_completion_tokens": 5000}, 400,
      None, "exceeds the context length"),
+    # Values that passed the front end and killed the engine core at bbec36b (RELIABILITY-PROBE
+    # D2, D3, D5, D9): each is now refused in the front end, and the engine lives on.
+    ("top-k-past-int64", COMPLETIONS, {"prompt": "hi", "top_k": 2**63}, 400, None,
+     "top_k must be between -1 and 9223372036854775807"),
+    ("top-k-past-uint64", COMPLETIONS, {"prompt": "hi", "top_k": 2**64}, 400, None, "top_k"),
+    ("chat-min-tokens-past-room", CHAT, {"messages": USER, "min_tokens": 10**9}, 400, None,
+     "min_tokens (1000000000) must not exceed max_tokens"),
+    ("completion-min-tokens-past-room", COMPLETIONS,
+     {"prompt": "hi", "max_tokens": None, "min_tokens": 8500}, 400, None, "min_tokens"),
+    ("stop-lone-surrogate", COMPLETIONS, {"prompt": "hi", "stop": ["\ud800"]}, 400, None,
+     "not valid Unicode text"),
+    ("choice-lone-surrogate", COMPLETIONS, {"prompt": "hi", "guided_choice": ["a\ud800"]},
+     400, None, "not valid Unicode text"),
+    ("prompt-lone-surrogate", COMPLETIONS, {"prompt": "hi \ud800"}, 400, None,
+     "the prompt is not valid Unicode text"),
+    ("chat-lone-surrogate", CHAT, {"messages": [{"role": "user", "content": "hi \ud800"}]},
+     400, "messages", "not valid Unicode text"),
+    ("priority-past-int64", COMPLETIONS, {"prompt": "hi", "priority": 2**64}, 400, None,
+     "priority must be between"),
+    ("seed-past-int64", COMPLETIONS, {"prompt": "hi", "seed": 2**64 - 1, "n": 2}, 400, None,
+     "seed must be between"),
+    ("logit-bias-nan", COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": float("nan")}}, 400,
+     None, "logit_bias"),
     ("tokenize-neither", "/tokenize", {"model": None}, 400, None, "prompt or messages"),
     ("detokenize-outside-vocab", "/detokenize", {"tokens": [99999]}, 400, "tokens",
      "outside the vocabulary"),
@@ -102,3 +126,22 @@ def test_api_key_is_required(tiny_server: Server, headers: dict[str, str]) -> No
 def test_unknown_route_is_404_in_openai_shape(tiny_server: Server) -> None:
     status, _, payload = tiny_server.request("GET", "/v1/nothing", api_key=API_KEY)
     assert status == 404 and payload["error"]["message"] == "Not Found"
+
+
+def test_refused_requests_leave_nothing_waiting(tiny_model: TinyModel,
+                                                tmp_path: Path) -> None:
+    """RELIABILITY-PROBE D5: requests that failed after registration leaked their state, and
+    with --max-waiting-requests N, N of them made the server answer 503 to everyone."""
+    server = start_tiny_server(tiny_model, tmp_path, "--max-waiting-requests", "2")
+    try:
+        server.wait_ready(timeout=180)
+        bad_bodies = [{"prompt": "hi", "stop": ["\ud800"]}, {"prompt": "hi", "top_k": 2**64},
+                      {"prompt": "hi", "priority": 2**64},
+                      {"prompt": "hi", "guided_choice": ["\ud800"]}] * 2
+        for body in bad_bodies:
+            assert server.request("POST", COMPLETIONS, body)[0] == 400, body
+        status, _, answer = server.request("POST", COMPLETIONS, OK_COMPLETION)
+        assert status == 200, answer
+        assert server.metrics()["octavo:num_requests_waiting"] == 0
+    finally:
+        server.stop()

@@ -56,6 +56,18 @@ def test_greedy_output_equals_offline_llm(smol_server: Server) -> None:
     assert ".gguf" in smol_server.log()  # the start-up log names the model file
 
 
+def test_a_prompt_the_tokenizer_empties_is_refused(smol_server: Server) -> None:
+    """RELIABILITY-PROBE D1: SmolLM2's tokenizer drops "\u0004"; that prompt of no tokens
+    killed the engine core at bbec36b. Now a 400, and the engine serves on."""
+    smol_server.wait_ready(timeout=600)
+    status, _, payload = smol_server.request("POST", "/v1/completions",
+                                             {"prompt": "\u0004", "max_tokens": 4})
+    assert status == 400 and "no tokens once tokenized" in payload["error"]["message"], payload
+    status, _, payload = smol_server.request("POST", "/v1/completions",
+                                             {"prompt": "Hello", "max_tokens": 4})
+    assert status == 200, payload
+
+
 def test_sigterm_stops_server_and_engine_and_frees_the_port(smol_server: Server) -> None:
     smol_server.wait_ready(timeout=600)
     children = smol_server.processes()[1:]

@@ -37,7 +37,11 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_ops.c")
 ENABLE_ENV = "OCTAVO_CPU_KERNELS"
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared"]
+FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
+# Linked apart, without -ffast-math: given at link time it adds crtfastmath.o, whose
+# constructor sets flush-to-zero and denormals-are-zero for the whole process on load, so
+# every subnormal float in the engine (a request's top_p=1e-310, say) would read as 0.
+LINK_FLAGS = ["-fopenmp", "-shared"]
 LIBS = ["-lmvec", "-lm"]  # -ffast-math vectorises expf through glibc's libmvec
 
 _i64 = ctypes.c_int64
@@ -71,7 +75,8 @@ def _compiler() -> str | None:
 
 def _library_path(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = "\0".join([SOURCE.read_text(), version, " ".join(FLAGS + LIBS), _cpu_identity()])
+    key = "\0".join([SOURCE.read_text(), version, " ".join(FLAGS + LINK_FLAGS + LIBS),
+                     _cpu_identity()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_root() / "kernels" / f"cpu_ops-{digest}.so"
 
@@ -81,11 +86,13 @@ def _build(compiler: str, target: Path) -> None:
     never load a half-written library."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), *LIBS],
-                                capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"{compiler} failed on {SOURCE.name}:\n{result.stderr[-2000:]}")
+        built, obj = Path(tmp) / target.name, Path(tmp) / "cpu_ops.o"
+        for command in ([compiler, *FLAGS, "-c", str(SOURCE), "-o", str(obj)],
+                        [compiler, *LINK_FLAGS, str(obj), "-o", str(built), *LIBS]):
+            result = subprocess.run(command, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"{compiler} failed on {SOURCE.name}:\n"
+                                   f"{result.stderr[-2000:]}")
         built.replace(target)
 
 

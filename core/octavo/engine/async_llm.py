@@ -150,8 +150,13 @@ class AsyncLLM:
         state = _RequestState(children[0].arrival_time)
         self.output_processor.add_request(request_id, processed.prompt, children)
         self._states[request_id] = state
-        for child in children:
-            self.client.add_request(child)
+        try:
+            for child in children:
+                self.client.add_request(child)
+        except Exception as exc:  # cannot be encoded for the core: nothing of it stays
+            self.abort(request_id)
+            raise InvalidRequestError(f"the request cannot be sent to the engine: "
+                                      f"{type(exc).__name__}: {exc}") from None
         return self._outputs(request_id, state)
 
     def abort(self, request_id: str) -> None:
@@ -196,6 +201,8 @@ class AsyncLLM:
 
     def _process(self, message: EngineCoreOutputs) -> None:
         now = time.monotonic()
+        for refused in [out for out in message.outputs if out.error is not None]:
+            self._fail_request(refused.request_id, InvalidRequestError(refused.error))
         outputs, to_abort = self.output_processor.process_outputs(message.outputs)
         stats = IterationStats()
         for output in outputs:
@@ -210,6 +217,17 @@ class AsyncLLM:
         self.client.abort_requests(to_abort)  # ended by a stop string
         for stat_logger in self.stat_loggers:
             stat_logger.record(message.scheduler_stats, stats)
+
+    def _fail_request(self, engine_request_id: str, error: Exception) -> None:
+        """The user request of a refused engine request fails with ``error``; its other
+        samples (n > 1) are aborted."""
+        parent = self.output_processor.parent_of(engine_request_id)
+        if parent is None:
+            return
+        state = self._states.pop(parent, None)
+        self.client.abort_requests(self.output_processor.abort_request(parent))
+        if state is not None:
+            state.put(error)
 
     def _fail_all(self, error: Exception) -> None:
         for state in self._states.values():

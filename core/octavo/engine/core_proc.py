@@ -47,6 +47,7 @@ from octavo.engine.serial import (
 from octavo.outputs import EngineCoreOutput, SchedulerStats
 from octavo.plugins import get_registries
 from octavo.plugins.resolve import BackendError, check_names, resolve_platform
+from octavo.request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class EngineCoreProc:
             if kind is RequestKind.SHUTDOWN:
                 return False
             if kind is RequestKind.ADD:
-                self.core.add_request(payload)
+                self._add_request(payload)
             elif kind is RequestKind.ABORT:
                 self.core.abort_requests(payload)
             elif kind is RequestKind.UTILITY:
@@ -132,6 +133,16 @@ class EngineCoreProc:
         if applied and not self.core.has_unfinished_requests():
             self._report([])
         return True
+
+    def _add_request(self, request: Request) -> None:
+        """A request the engine refuses fails alone, with the reason, and the engine runs on."""
+        try:
+            self.core.add_request(request)
+        except Exception as exc:
+            logger.warning("request %s refused: %s", request.request_id, exc)
+            refused = EngineCoreOutput(request.request_id, [], finish_reason="abort",
+                                       error=str(exc))
+            self.outputs.put(EngineCoreOutputs([refused], self.core.scheduler.make_stats()))
 
     def _report(self, outputs: list[EngineCoreOutput]) -> None:
         """Send the outputs and the scheduler's state; nothing when neither is news (a step
@@ -157,7 +168,11 @@ class EngineCoreProc:
         decoder = Decoder(RequestKind)
         while True:
             frames = socket.recv_multipart(copy=False)
-            kind, payload = decoder.decode([frame.buffer for frame in frames])
+            try:
+                kind, payload = decoder.decode([frame.buffer for frame in frames])
+            except Exception as exc:  # a bad frame is dropped, never the engine's death
+                logger.error("dropped an input frame that does not decode: %s", exc)
+                continue
             self.inputs.put((kind, payload))
             if kind is RequestKind.SHUTDOWN:
                 socket.close()

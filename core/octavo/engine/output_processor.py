@@ -118,6 +118,11 @@ class OutputProcessor:
                 del self.parents[parent.request_id]
         return results, to_abort
 
+    def parent_of(self, engine_request_id: str) -> str | None:
+        """The user request an engine request belongs to (None once it is gone)."""
+        entry = self.sequences.get(engine_request_id)
+        return None if entry is None else entry[0].request_id
+
     def abort_request(self, request_id: str) -> list[str]:
         """Forget a user request; returns its engine request ids for the core to abort."""
         parent = self.parents.pop(request_id, None)

@@ -11,7 +11,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from octavo.request import Request
-from octavo.sampling_params import SamplingParams, StructuredOutputsParams
+from octavo.sampling_params import (
+    SamplingParams,
+    StructuredOutputsParams,
+    check_int,
+    check_text,
+)
 
 # A prompt: text, token ids, or vLLM's dict forms {"prompt": str} / {"prompt_token_ids": [...]}.
 PromptType = str | list[int] | dict[str, Any]
@@ -46,7 +51,15 @@ class Processor:
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequestError("the prompt is empty")
-            return ProcessedPrompt(prompt, self.tokenizer.encode(prompt))
+            try:
+                check_text("the prompt", prompt)
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc)) from None
+            ids = self.tokenizer.encode(prompt)
+            if not ids:
+                raise InvalidRequestError("the prompt has no tokens once tokenized (the "
+                                          "tokenizer drops every character of it)")
+            return ProcessedPrompt(prompt, ids)
         if isinstance(prompt, list):
             return self._token_prompt(prompt)
         raise InvalidRequestError(f"a prompt must be a string or a list of token ids, "
@@ -77,7 +90,14 @@ class Processor:
             raise InvalidRequestError(
                 f"prompt ({num_prompt} tokens) plus max_tokens ({params.max_tokens}) exceeds "
                 f"the context length {self.max_model_len}")
-        params.update_from_tokenizer(self.tokenizer)
+        try:
+            params.update_from_tokenizer(self.tokenizer)
+            # Again, with every default filled in: the engine gets exactly what was checked
+            # (min_tokens against a max_tokens the context decided, say).
+            params.validate()
+            check_int("priority", priority)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
         from octavo.sample.metadata import check_token_ids  # torch: not before spawning
 
         if params.structured_outputs is not None:

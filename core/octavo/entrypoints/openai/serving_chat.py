@@ -4,6 +4,7 @@ forced to call tools comes back as ``tool_calls`` (see ``tool_calls``)."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -45,7 +46,7 @@ from octavo.entrypoints.openai.serving_engine import (
     usage_of,
 )
 from octavo.entrypoints.openai.tool_calls import new_call_id, parse_tool_calls, tool_call_constraint
-from octavo.sampling_params import StructuredOutputsParams
+from octavo.sampling_params import StructuredOutputsParams, check_text
 
 
 class OpenAIServingChat(OpenAIServing):
@@ -178,8 +179,13 @@ def apply_chat_template(tokenizer: Any, messages: list[ChatMessage],
     if not getattr(tokenizer, "chat_template", None):
         raise OpenAIError(400, "this model has no chat template; use /v1/completions",
                           param="messages")
+    conversation = [m.template_dict() for m in messages]
     try:
-        ids = tokenizer.apply_chat_template([m.template_dict() for m in messages],
+        check_text("messages", json.dumps(conversation, ensure_ascii=False))
+    except ValueError as exc:  # a lone surrogate: the tokenizer would raise a TypeError
+        raise OpenAIError(400, str(exc), param="messages") from None
+    try:
+        ids = tokenizer.apply_chat_template(conversation,
                                             add_generation_prompt=add_generation_prompt,
                                             tokenize=True,
                                             return_dict=False, tools=tools)
