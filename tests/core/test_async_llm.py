@@ -158,3 +158,36 @@ def test_reset_prefix_cache_is_a_utility_call(harness: Harness) -> None:
     assert harness.run(cached_tokens("p3")) == 0
     with pytest.raises(RuntimeError, match="no method 'no_such_method'"):
         harness.run(harness.engine.client.call_utility("no_such_method"))
+
+
+def test_a_request_the_core_refuses_fails_alone(harness: Harness,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """What slips past the front end (here: a front end that believes the context is longer
+    than the core's) is refused by the core with a per-request error; the core lives on."""
+    from octavo.engine.processor import InvalidRequestError
+
+    engine = harness.engine
+    too_long = [7] * (engine.max_model_len + 5)
+    monkeypatch.setattr(engine.processor, "max_model_len", 10 * engine.max_model_len)
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    with pytest.raises(InvalidRequestError, match="max_model_len"):
+        harness.run(final(engine, {"prompt_token_ids": too_long}, params, "refused"))
+    assert "refused" not in engine._states
+    monkeypatch.undo()
+    ok = harness.run(final(engine, {"prompt_token_ids": [1, 2, 3]}, params, "after"))
+    assert len(ok.outputs[0].token_ids) == 2
+
+
+def test_an_undecodable_frame_is_dropped(harness: Harness) -> None:
+    """A frame that is not a message (a local process writing to the socket, say) is logged
+    and dropped; it is never a reason for the core to die."""
+    engine = harness.engine
+
+    async def send_garbage() -> None:
+        await engine.client._input.send_multipart([b"\x00not msgpack", b"\xff"])
+
+    harness.run(send_garbage())
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+    ok = harness.run(final(engine, {"prompt_token_ids": [4, 5, 6]}, params, "after-garbage"))
+    assert len(ok.outputs[0].token_ids) == 2
+    engine.check_health()
