@@ -72,7 +72,9 @@ def test_ngram_is_greedy_identical_in_a_mixed_batch(target: Path, seed: int,
     tokens, llm, _ = run(target, prompts, params, NGRAM)
     assert tokens == reference, f"seed={seed}"
     stats = spec_stats(llm)
-    assert stats.num_accepted_tokens > 0, f"seed={seed}: {stats}"
+    # Drafts were verified. Whether any is accepted depends on the random model: with seed
+    # 714999828 its greedy text never repeats the prompt, here and at bbec36b alike.
+    assert stats.num_draft_tokens > 0, f"seed={seed}: {stats}"
     outputs = llm.generate(prompts[2:3], params[2:3], use_tqdm=False)  # a logprobs request
     assert len(outputs[0].outputs[0].logprobs) == 24
 
@@ -110,7 +112,10 @@ def test_preemption_in_a_small_pool_keeps_outputs(target: Path, seed: int, metho
                                **{**SMALL_KV, "kv_cache_memory": kv})
     assert tokens == plain, f"seed={seed}"
     assert sum(o.metrics.num_preemptions for o in outputs) > 0, f"seed={seed}"
-    assert spec_stats(llm).num_accepted_tokens > 0
+    stats = spec_stats(llm)
+    assert stats.num_draft_tokens > 0, f"seed={seed}: {stats}"
+    if method == "draft_model":  # the target drafting for itself: its drafts are right
+        assert stats.num_accepted_tokens > 0, f"seed={seed}: {stats}"
 
 
 def test_seeded_sampling_with_drafts_is_reproducible(target: Path, seed: int) -> None:
