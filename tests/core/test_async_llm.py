@@ -147,7 +147,7 @@ def test_closing_or_aborting_a_stream_frees_its_blocks(harness: Harness) -> None
 
 def test_reset_prefix_cache_is_a_utility_call(harness: Harness) -> None:
     prompt = {"prompt_token_ids": list(range(1, 70))}  # four full blocks
-    params = SamplingParams(temperature=0.0, max_tokens=2)
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
 
     async def cached_tokens(request_id: str) -> int:
         return (await final(harness.engine, prompt, params, request_id)).num_cached_tokens
@@ -169,7 +169,7 @@ def test_a_request_the_core_refuses_fails_alone(harness: Harness,
     engine = harness.engine
     too_long = [7] * (engine.max_model_len + 5)
     monkeypatch.setattr(engine.processor, "max_model_len", 10 * engine.max_model_len)
-    params = SamplingParams(temperature=0.0, max_tokens=2)
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     with pytest.raises(InvalidRequestError, match="max_model_len"):
         harness.run(final(engine, {"prompt_token_ids": too_long}, params, "refused"))
     assert "refused" not in engine._states
@@ -187,7 +187,7 @@ def test_an_undecodable_frame_is_dropped(harness: Harness) -> None:
         await engine.client._input.send_multipart([b"\x00not msgpack", b"\xff"])
 
     harness.run(send_garbage())
-    params = SamplingParams(temperature=0.0, max_tokens=2)
+    params = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     ok = harness.run(final(engine, {"prompt_token_ids": [4, 5, 6]}, params, "after-garbage"))
     assert len(ok.outputs[0].token_ids) == 2
     engine.check_health()
