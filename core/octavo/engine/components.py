@@ -10,8 +10,9 @@ from octavo.platforms import Platform
 from octavo.plugins import Registries
 from octavo.plugins.resolve import (
     attention_backend,
-    check_names,
+    kv_connector_cls,
     kv_manager_cls,
+    proposer_cls,
     scheduler_cls,
 )
 from octavo.qualname import resolve_qualname
@@ -29,14 +30,11 @@ def worker_cls(platform: type[Platform]) -> type[WorkerInterface]:
 def worker_classes(config: EngineConfig, platform: type[Platform],
                    registries: Registries) -> WorkerClasses:
     """What a worker of ``platform`` runs, from ``config``'s names."""
-    check_names(config, registries, platform)
     return WorkerClasses(
         attn_backend=attention_backend(config, platform, registries),
         architectures=registries.models.as_dict(),
-        proposer=(registries.proposers.get(config.speculative.method)
-                  if config.speculative is not None else None),
-        kv_connector=(registries.kv_connectors.get(config.kv_transfer.connector)
-                      if config.kv_transfer is not None else None),
+        proposer=proposer_cls(config, registries),
+        kv_connector=kv_connector_cls(config, registries),
     )
 
 
@@ -53,9 +51,10 @@ def build_scheduler(config: EngineConfig, registries: Registries,
     policy_cls: type[SchedulingPolicy] = registries.scheduling_policies.get(
         config.scheduler.scheduling_policy)
     connector: KVConnector | None = None
-    if config.kv_transfer is not None:
-        connector_cls = registries.kv_connectors.get(config.kv_transfer.connector)
-        connector = connector_cls(config.kv_transfer, KVConnectorRole.SCHEDULER, block_size)
+    connector_class = kv_connector_cls(config, registries)
+    if connector_class is not None:
+        assert config.kv_transfer is not None
+        connector = connector_class(config.kv_transfer, KVConnectorRole.SCHEDULER, block_size)
     return scheduler_cls(config, registries)(
         config, kv_manager, policy=policy_cls(), kv_connector=connector,
         structured_output=structured_output)

@@ -21,7 +21,9 @@ from octavo.qualname import resolve_qualname
 if TYPE_CHECKING:
     from octavo.attention.base import AttentionBackend
     from octavo.kv.interface import KVCacheManagerInterface
+    from octavo.kv_transfer.base import KVConnector
     from octavo.sched.interface import SchedulerInterface
+    from octavo.worker.spec.proposer import Proposer
 
 T = TypeVar("T")
 
@@ -106,22 +108,17 @@ def check_names(config: EngineConfig, registries: Registries,
                 platform: type[Platform] | None = None) -> None:
     """Every name in ``config`` is registered (the attention backend too when the platform
     is known); raises ``ConfigError`` at the first that is not. Cheap: no class is built."""
-    backend = config.device.attention_backend or (platform.attention_backend if platform
-                                                  else None)
-    if backend is not None:
-        lookup(registries.attention_backends, backend, "attention_backend")
+    if platform is not None:
+        attention_backend(config, platform, registries)
+    elif config.device.attention_backend is not None:
+        lookup(registries.attention_backends, config.device.attention_backend,
+               "attention_backend")
     scheduler_cls(config, registries)
     kv_manager_cls(config, registries)
     lookup(registries.scheduling_policies, config.scheduler.scheduling_policy,
            "scheduling_policy")
-    if config.kv_transfer is not None:
-        lookup(registries.kv_connectors, config.kv_transfer.connector, "kv_transfer_config")
-    if config.speculative is not None:
-        proposer = lookup(registries.proposers, config.speculative.method,
-                          "speculative_config: method")
-        if proposer.requires_model and not config.speculative.model:
-            raise ConfigError(f"speculative_config: method {config.speculative.method!r} "
-                              "needs \"model\" (a folder)")
+    kv_connector_cls(config, registries)
+    proposer_cls(config, registries)
 
 
 def attention_backend(config: EngineConfig, platform: type[Platform],
@@ -137,3 +134,24 @@ def scheduler_cls(config: EngineConfig, registries: Registries) -> type[Schedule
 def kv_manager_cls(config: EngineConfig, registries: Registries,
                    ) -> type[KVCacheManagerInterface]:
     return lookup_class(registries.kv_managers, config.scheduler.kv_manager, "kv_manager")
+
+
+def kv_connector_cls(config: EngineConfig, registries: Registries,
+                     ) -> type[KVConnector] | None:
+    """The connector ``kv_transfer_config`` names; None without one."""
+    if config.kv_transfer is None:
+        return None
+    return lookup(registries.kv_connectors, config.kv_transfer.connector, "kv_transfer_config")
+
+
+def proposer_cls(config: EngineConfig, registries: Registries) -> type[Proposer] | None:
+    """The proposer ``speculative_config`` names, checked to have the model it needs; None
+    without speculative decoding."""
+    speculative = config.speculative
+    if speculative is None:
+        return None
+    proposer = lookup(registries.proposers, speculative.method, "speculative_config: method")
+    if proposer.requires_model and not speculative.model:
+        raise ConfigError(f"speculative_config: method {speculative.method!r} needs "
+                          "\"model\" (a folder)")
+    return proposer
