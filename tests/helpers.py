@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -28,3 +29,14 @@ def assert_backend_unavailable(backend: str, looked_for: str) -> None:
     assert result.returncode == 2, result.stderr
     assert f"the {backend!r} backend is installed but cannot run here" in result.stderr
     assert looked_for in result.stderr, result.stderr
+
+
+class Records(logging.Handler):
+    """Keeps every log record it is given, for tests that check what was logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)

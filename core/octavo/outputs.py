@@ -136,7 +136,9 @@ class EngineCoreOutput:
 
     request_id: str
     new_token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" (a finished RequestStatus's value)
+    # "stop" | "length" | "abort" (a finished RequestStatus's value), or "error": a step it
+    # was in failed.
+    finish_reason: str | None = None
     stop_reason: int | None = None  # the stop token id, when a stop_token_ids entry finished it
     new_logprobs: LogprobsLists | None = None  # one row per new token
     new_prompt_logprobs: LogprobsLists | None = None  # the prompt positions computed this step
@@ -144,7 +146,8 @@ class EngineCoreOutput:
     events: list[EngineCoreEvent] = field(default_factory=list)
     # The request's speculative-decoding acceptance, sent with its final output.
     spec_decoding: SpecDecodingStats | None = None
-    # Why the engine refused the request (it never ran): the client's request fails with this.
+    # Why the engine ended the request: it refused it (it never ran; "abort", the client's
+    # fault) or a step it was in failed ("error", the engine's). The client's request fails.
     error: str | None = None
 
     @property

@@ -3,6 +3,12 @@
 It knows nothing of text: requests arrive as token ids with sampling params, and each
 ``step()`` returns per-request ``EngineCoreOutput``s (new token ids, finish reasons). The
 offline ``LLM`` drives it in-process; the server drives it in its own process.
+
+A step that raises (in the scheduler, the model or the sampler) aborts the requests it
+held through the scheduler's normal finish path, which frees their KV blocks and tells the
+workers to drop them in the next step, so scheduler and workers agree again and the other
+requests run on; ``StepError`` then says which requests were lost. Whether to go on is the
+caller's decision.
 """
 
 from __future__ import annotations
@@ -43,12 +49,16 @@ class EngineCore:
                     "max_model_len=%d: %.2fx", num_blocks, config.cache.block_size,
                     block_tokens, max_model_len, block_tokens / max_model_len)
         self.num_blocks = num_blocks
+        # Every unfinished request: what a step whose plan failed half-made may have touched.
+        self._request_ids: set[str] = set()
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)
+        self._request_ids.add(request.request_id)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        self._request_ids.difference_update(request_ids)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -58,9 +68,37 @@ class EngineCore:
         self.scheduler.reset_prefix_cache()
 
     def step(self) -> list[EngineCoreOutput]:
-        scheduler_output = self.scheduler.schedule()
-        runner_output = self.worker.execute_model(scheduler_output)
-        return self.scheduler.update_from_output(scheduler_output, runner_output)
+        """Schedule, execute, update; raises ``StepError`` (from the cause) once the
+        requests of a step that failed are aborted."""
+        try:
+            scheduler_output = self.scheduler.schedule()
+        except Exception as exc:  # the plan may have changed any request's state
+            raise self._abort_step(sorted(self._request_ids), exc) from exc
+        try:
+            runner_output = self.worker.execute_model(scheduler_output)
+            outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        except Exception as exc:
+            raise self._abort_step(list(scheduler_output.num_scheduled_tokens), exc) from exc
+        self._request_ids.difference_update(out.request_id for out in outputs if out.finished)
+        return outputs
+
+    def _abort_step(self, request_ids: list[str], cause: Exception) -> StepError:
+        """Abort the failed step's requests. Every one of them is reported, even those the
+        scheduler finished before the failure: their final outputs were lost with it. If
+        the abort fails too, the scheduler's state is broken and that error propagates."""
+        self.abort_requests(request_ids)
+        return StepError(request_ids, cause)
+
+
+class StepError(RuntimeError):
+    """A step failed; its requests (``request_ids``) were aborted, and the engine can serve
+    the others."""
+
+    def __init__(self, request_ids: list[str], cause: Exception) -> None:
+        super().__init__(f"a step of {len(request_ids)} request(s) failed: "
+                         f"{type(cause).__name__}: {cause}")
+        self.request_ids = request_ids
+        self.cause = cause
 
 
 def check_kv_fits(num_blocks: int, block_size: int, max_model_len: int) -> None:

@@ -4,6 +4,10 @@ It starts the process, sends it requests over ZMQ (asyncio sockets, so sending n
 blocks the event loop) and gathers what comes back: step outputs into one queue for the
 output handler, utility results to the futures of their callers.
 
+The sockets are private and authenticated (``octavo.engine.ipc``): ``ipc://`` paths in a
+directory of mode 0700, CURVE servers that accept only this launch's core. A frame that
+does not decode is dropped and logged, never taken for the engine's death.
+
 Engine death is noticed at once, not by a timeout: the process's sentinel (a pipe that
 closes when it exits) is watched by the event loop, and from then on every call raises
 ``EngineDeadError``.
@@ -21,7 +25,14 @@ import zmq
 import zmq.asyncio
 
 from octavo.config import EngineConfig
-from octavo.engine.core_proc import EngineReady, read_handshake, start_engine_core_process
+from octavo.engine.core_proc import (
+    STEP_FAILED,
+    EngineReady,
+    read_handshake,
+    start_engine_core_process,
+)
+from octavo.engine.ipc import EngineSockets
+from octavo.engine.processor import InvalidRequestError
 from octavo.engine.serial import (
     Decoder,
     Encoder,
@@ -30,12 +41,13 @@ from octavo.engine.serial import (
     RequestKind,
     UtilityCall,
     UtilityResult,
+    log_dropped_frame,
 )
+from octavo.outputs import EngineCoreOutput
 from octavo.request import Request
 
 logger = logging.getLogger(__name__)
 
-LOOPBACK = "tcp://127.0.0.1"
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
@@ -43,19 +55,38 @@ class EngineDeadError(RuntimeError):
     """The engine core process is gone; no request can be served any more."""
 
 
+class EngineStepError(RuntimeError):
+    """A step of the request failed inside the engine core: the engine's fault, not the
+    client's (a 500, where a refused request is a 400). The core aborted the request and
+    serves the others."""
+
+
+def request_error(output: EngineCoreOutput) -> Exception:
+    """What a request the core ended with ``output.error`` fails with: ``EngineStepError``
+    when a step it was in failed, else ``InvalidRequestError`` (the core refused it)."""
+    message = output.error or "the engine ended the request"
+    if output.finish_reason == STEP_FAILED:
+        return EngineStepError(message)
+    return InvalidRequestError(message)
+
+
 class EngineCoreClient:
     def __init__(self, config: EngineConfig) -> None:
         """Bind the sockets and spawn the core process; ``start()`` waits for it."""
         self._loop = asyncio.get_running_loop()
         self._context = zmq.asyncio.Context()
-        self._input = self._context.socket(zmq.PUSH)
-        self._output = self._context.socket(zmq.PULL)
-        for socket in (self._input, self._output):
-            socket.setsockopt(zmq.LINGER, 0)
-        input_port = self._input.bind_to_random_port(LOOPBACK)
-        output_port = self._output.bind_to_random_port(LOOPBACK)
-        self.proc, self._handshake = start_engine_core_process(
-            config, f"{LOOPBACK}:{input_port}", f"{LOOPBACK}:{output_port}")
+        try:
+            self.sockets = EngineSockets(self._context)
+        except BaseException:
+            self._context.destroy(linger=0)
+            raise
+        self._input, self._output = self.sockets.input, self.sockets.output
+        try:
+            self.proc, self._handshake = start_engine_core_process(config, self.sockets.core)
+        except BaseException:
+            self.sockets.close()
+            self._context.destroy(linger=0)
+            raise
         self._encoder = Encoder()
         self._decoder = Decoder(OutputKind)
         self._outputs: asyncio.Queue[EngineCoreOutputs | EngineDeadError] = asyncio.Queue()
@@ -122,20 +153,21 @@ class EngineCoreClient:
             self._receiver.cancel()
         if self.proc.is_alive():
             # A synchronous view of the socket: shutdown may run with no event loop running.
-            sync_input = zmq.Socket.shadow(self._input.underlying)
+            sync_input: zmq.Socket[bytes] = zmq.Socket.shadow(self._input.underlying)
             sync_input.send_multipart(self._encoder.encode(RequestKind.SHUTDOWN), zmq.NOBLOCK)
             self.proc.join(SHUTDOWN_TIMEOUT_S)
         if self.proc.is_alive():  # it ignores SIGTERM, so no polite signal is left
             logger.warning("engine core process %d did not stop; killing it", self.proc.pid)
             self.proc.kill()
             self.proc.join()
+        self.sockets.close()
         self._context.destroy(linger=0)
         self._fail_all(EngineDeadError("the engine was shut down"))
 
     def check_alive(self) -> None:
         """Raise ``EngineDeadError`` if the core process is gone."""
         if self.dead:
-            raise EngineDeadError(self._death_message())
+            raise EngineDeadError(self.death_message())
 
     def _send(self, kind: RequestKind, payload: Any) -> Awaitable[Any]:
         self.check_alive()
@@ -145,7 +177,11 @@ class EngineCoreClient:
         try:
             while True:
                 frames = await self._output.recv_multipart(copy=False)
-                kind, payload = self._decoder.decode([frame.buffer for frame in frames])
+                try:
+                    kind, payload = self._decoder.decode([frame.buffer for frame in frames])
+                except Exception as exc:  # one bad frame is not the engine's death
+                    log_dropped_frame("output", exc)
+                    continue
                 if kind is OutputKind.UTILITY_RESULT:
                     self._resolve_call(payload)
                 else:
@@ -167,11 +203,11 @@ class EngineCoreClient:
         self._loop.remove_reader(self.proc.sentinel)
         self.proc.join()
         self.dead = True
-        message = self._death_message()
+        message = self.death_message()
         logger.error(message)
         self._fail_all(EngineDeadError(message))
 
-    def _death_message(self) -> str:
+    def death_message(self) -> str:
         return (f"the engine core process (pid {self.proc.pid}) exited with code "
                 f"{self.proc.exitcode}")
 

@@ -5,10 +5,20 @@ process it would stall HTTP handling, tokenization and detokenization. In its ow
 the core steps back to back while the front end does the rest.
 
 Three threads, so the busy loop never waits on sockets:
-- the input thread reads messages (add, abort, utility, shutdown) into a queue;
+- the input thread reads messages (add, abort, utility, shutdown) into a queue, dropping
+  (and logging) any that does not decode - but a request that can be named is refused
+  rather than left without an answer;
 - the main thread runs the busy loop: apply queued messages, step while there is work,
   block on the queue when idle;
 - the output thread encodes and sends each step's outputs and scheduler stats.
+
+The sockets are CURVE clients of the API process's, over ``ipc://`` paths in a private
+directory, with the keys this launch's spawn arguments carry (``octavo.engine.ipc``).
+
+No request's failure stops the process: a request the core refuses fails alone with a
+per-request error, and so do the requests of a step that raises (``EngineCore.step``);
+the others run on. Only when steps keep failing (``MAX_CONSECUTIVE_FAILED_STEPS`` in a
+row: the engine's state, not a request, is broken) does the process exit non-zero.
 
 Start-up is a handshake over a pipe: ``EngineReady`` (what the front end needs: the
 tokenizer, limits, KV blocks) or the load error's text, so the server can exit with it
@@ -35,6 +45,7 @@ from typing import Any
 import zmq
 
 from octavo.config import ConfigError, EngineConfig
+from octavo.engine.ipc import CoreEndpoint
 from octavo.engine.serial import (
     Decoder,
     Encoder,
@@ -43,6 +54,8 @@ from octavo.engine.serial import (
     RequestKind,
     UtilityCall,
     UtilityResult,
+    log_dropped_frame,
+    undecodable_request_id,
 )
 from octavo.outputs import EngineCoreOutput, SchedulerStats
 from octavo.plugins import get_registries
@@ -52,6 +65,12 @@ from octavo.request import Request
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN = object()  # tells the output thread to stop
+# Steps failing this many times in a row, with no step succeeding in between, mean the
+# engine itself is broken (its device, its memory), not one request: exit, don't spin.
+MAX_CONSECUTIVE_FAILED_STEPS = 5
+# The finish reason of a request whose step failed (vLLM's FinishReason.ERROR): the engine's
+# fault, not the client's, unlike a refused request's "abort".
+STEP_FAILED = "error"
 
 
 @dataclass
@@ -68,12 +87,20 @@ class EngineReady:
     tokenizer: Any  # the model's tokenizer, so the front end need not load it again
 
 
+@dataclass
+class UndecodableRequest:
+    """An ADD message that failed to decode but names its request: refused on arrival."""
+
+    request_id: str
+    reason: str
+
+
 class EngineStartError(RuntimeError):
     """The core process could not start; the message is the reason (e.g. a load error)."""
 
 
 class EngineCoreProc:
-    def __init__(self, config: EngineConfig, input_address: str, output_address: str) -> None:
+    def __init__(self, config: EngineConfig, endpoint: CoreEndpoint) -> None:
         # Imported here, in the core process only: the server imports this module to spawn
         # the core, and should not first wait for the model stack (transformers, loaders).
         from octavo.engine.core import EngineCore
@@ -92,15 +119,39 @@ class EngineCoreProc:
         self.inputs: queue.Queue[tuple[RequestKind, Any]] = queue.Queue()
         self.outputs: queue.Queue[Any] = queue.Queue()
         self.context = zmq.Context()
+        self.endpoint = endpoint
         self._reported: SchedulerStats | None = None
-        self.input_thread = _start_thread("input", self._receive_inputs, input_address)
-        self.output_thread = _start_thread("output", self._send_outputs, output_address)
+        self._failed_steps = 0  # in a row
+        self.input_thread = _start_thread("input", self._receive_inputs)
+        self.output_thread = _start_thread("output", self._send_outputs)
 
     def run_busy_loop(self) -> None:
         """Step while there is work; return on SHUTDOWN."""
         while self._apply_inputs(block=not self.core.has_unfinished_requests()):
             if self.core.has_unfinished_requests():
-                self._report(self.core.step())
+                self._report(self._step())
+
+    def _step(self) -> list[EngineCoreOutput]:
+        """One step. A failed one costs only its requests, each answered with an error;
+        ``MAX_CONSECUTIVE_FAILED_STEPS`` in a row end the process (the error propagates)."""
+        from octavo.engine.core import StepError  # the model stack, as in __init__
+
+        try:
+            outputs = self.core.step()
+        except StepError as exc:
+            self._failed_steps += 1
+            if self._failed_steps >= MAX_CONSECUTIVE_FAILED_STEPS:
+                logger.critical("%d steps in a row failed: the engine is broken",
+                                self._failed_steps)
+                raise
+            logger.error("%s; its requests were aborted: %s", exc, ", ".join(exc.request_ids),
+                         exc_info=exc)
+            error = (f"the engine failed while running this request "
+                     f"({type(exc.cause).__name__}); see the server log")
+            return [EngineCoreOutput(request_id, [], finish_reason=STEP_FAILED, error=error)
+                    for request_id in exc.request_ids]
+        self._failed_steps = 0
+        return outputs
 
     def shutdown(self) -> None:
         """Send what is queued, then close the sockets (the input thread closed its own)."""
@@ -134,15 +185,20 @@ class EngineCoreProc:
             self._report([])
         return True
 
-    def _add_request(self, request: Request) -> None:
+    def _add_request(self, request: Request | UndecodableRequest) -> None:
         """A request the engine refuses fails alone, with the reason, and the engine runs on."""
+        if isinstance(request, UndecodableRequest):
+            self._refuse(request.request_id, request.reason)
+            return
         try:
             self.core.add_request(request)
         except Exception as exc:
-            logger.warning("request %s refused: %s", request.request_id, exc)
-            refused = EngineCoreOutput(request.request_id, [], finish_reason="abort",
-                                       error=str(exc))
-            self.outputs.put(EngineCoreOutputs([refused], self.core.scheduler.make_stats()))
+            self._refuse(request.request_id, str(exc))
+
+    def _refuse(self, request_id: str, reason: str) -> None:
+        logger.warning("request %s refused: %s", request_id, reason)
+        refused = EngineCoreOutput(request_id, [], finish_reason="abort", error=reason)
+        self.outputs.put(EngineCoreOutputs([refused], self.core.scheduler.make_stats()))
 
     def _report(self, outputs: list[EngineCoreOutput]) -> None:
         """Send the outputs and the scheduler's state; nothing when neither is news (a step
@@ -161,27 +217,27 @@ class EngineCoreProc:
         except Exception as exc:  # the caller gets the error; the engine keeps running
             return UtilityResult(call.call_id, error=f"{type(exc).__name__}: {exc}")
 
-    def _receive_inputs(self, address: str) -> None:
-        socket = self.context.socket(zmq.PULL)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.connect(address)
+    def _receive_inputs(self) -> None:
+        socket = self.endpoint.connect(self.context, zmq.PULL, self.endpoint.input_address)
         decoder = Decoder(RequestKind)
         while True:
             frames = socket.recv_multipart(copy=False)
+            buffers = [frame.buffer for frame in frames]
             try:
-                kind, payload = decoder.decode([frame.buffer for frame in frames])
+                kind, payload = decoder.decode(buffers)
             except Exception as exc:  # a bad frame is dropped, never the engine's death
-                logger.error("dropped an input frame that does not decode: %s", exc)
+                log_dropped_frame("input", exc)
+                if (request_id := undecodable_request_id(buffers)) is not None:
+                    reason = f"the engine cannot decode the request: {exc}"
+                    self.inputs.put((RequestKind.ADD, UndecodableRequest(request_id, reason)))
                 continue
             self.inputs.put((kind, payload))
             if kind is RequestKind.SHUTDOWN:
                 socket.close()
                 return
 
-    def _send_outputs(self, address: str) -> None:
-        socket = self.context.socket(zmq.PUSH)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.connect(address)
+    def _send_outputs(self) -> None:
+        socket = self.endpoint.connect(self.context, zmq.PUSH, self.endpoint.output_address)
         encoder = Encoder()
         while (message := self.outputs.get()) is not _SHUTDOWN:
             kind = (OutputKind.UTILITY_RESULT if isinstance(message, UtilityResult)
@@ -190,13 +246,13 @@ class EngineCoreProc:
         socket.close()
 
 
-def _start_thread(name: str, target: Callable[[str], None], address: str) -> threading.Thread:
+def _start_thread(name: str, target: Callable[[], None]) -> threading.Thread:
     """A daemon thread whose failure ends the process: a dead I/O thread would otherwise
     leave a core that silently never answers, which the front end cannot detect."""
 
     def run() -> None:
         try:
-            target(address)
+            target()
         except BaseException:
             logger.critical("engine core %s thread failed:\n%s", name, traceback.format_exc())
             os._exit(1)
@@ -206,32 +262,34 @@ def _start_thread(name: str, target: Callable[[str], None], address: str) -> thr
     return thread
 
 
-def _exit_with_parent() -> None:
+def _exit_with_parent(endpoint: CoreEndpoint) -> None:
     """Exit as soon as the parent process is gone (its sentinel pipe closes), however it
-    died - even by SIGKILL, where it had no chance to stop us."""
+    died - even by SIGKILL, where it had no chance to stop us, nor to remove the sockets'
+    directory."""
     parent = multiprocessing.parent_process()
     if parent is None:
         return
 
     def watch() -> None:
         multiprocessing.connection.wait([parent.sentinel])
+        endpoint.remove_directory()
         os._exit(1)
 
     threading.Thread(target=watch, name="EngineCore-parent-watch", daemon=True).start()
 
 
-def run_engine_core(config: EngineConfig, input_address: str, output_address: str,
+def run_engine_core(config: EngineConfig, endpoint: CoreEndpoint,
                     ready_pipe: multiprocessing.connection.Connection) -> None:
     """The core process's entry point."""
     # A terminal (Ctrl-C) or a service manager (SIGTERM) signals the whole process group.
     # The server then drains its requests and stops us itself; dying first would fail them.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, signal.SIG_IGN)
-    _exit_with_parent()
+    _exit_with_parent(endpoint)
     from octavo.models.loader import ModelLoadError
 
     try:
-        proc = EngineCoreProc(config, input_address, output_address)
+        proc = EngineCoreProc(config, endpoint)
     except (ModelLoadError, ConfigError, BackendError) as exc:
         ready_pipe.send(str(exc))
         os._exit(1)
@@ -249,14 +307,15 @@ def run_engine_core(config: EngineConfig, input_address: str, output_address: st
         os._exit(1)
 
 
-def start_engine_core_process(config: EngineConfig, input_address: str, output_address: str,
+def start_engine_core_process(config: EngineConfig, endpoint: CoreEndpoint,
                               ) -> tuple[BaseProcess, multiprocessing.connection.Connection]:
     """Spawn the core process (spawn, not fork: the parent may hold threads and an event
-    loop); returns it and the pipe its handshake arrives on."""
+    loop); returns it and the pipe its handshake arrives on. ``endpoint`` (the CURVE keys
+    with it) travels in the spawn arguments, which only the child reads."""
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
     proc = context.Process(target=run_engine_core, name="EngineCore", daemon=True,
-                           args=(config, input_address, output_address, sender))
+                           args=(config, endpoint, sender))
     proc.start()
     sender.close()  # the child holds it now; EOF on ours means the child is gone
     return proc, receiver

@@ -5,22 +5,33 @@ Messages are the engine's own plain dataclasses (``Request`` with its ``Sampling
 dataclasses, enums and nested lists natively and is several times faster than pickle.
 numpy arrays (logprobs) travel as a msgpack extension: dtype, shape and raw bytes.
 
-A message is two ZMQ frames: one byte naming its kind, then the payload.
+A message is two ZMQ frames: one byte naming its kind, then the payload. A message that
+does not decode is dropped by its receiver, with a rate-limited warning
+(``log_dropped_frame``): it is never a reason to stop serving. A dropped request that
+names itself (``undecodable_request_id``) is refused, so its client is not left waiting.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import numpy as np
 
+from octavo.logger import RateLimitFilter
 from octavo.outputs import EngineCoreOutput, SchedulerStats
 from octavo.request import Request
 
 _NDARRAY_EXT = 1
+_NUM_FRAMES = 2  # kind, payload
+
+# At most one line per 10 s (saying how many were dropped meanwhile): a peer pushing garbage
+# must not flood the log as well.
+_dropped_frames = logging.getLogger(f"{__name__}.dropped")
+_dropped_frames.addFilter(RateLimitFilter(interval_s=10.0))
 
 
 class RequestKind(bytes, enum.Enum):
@@ -108,7 +119,8 @@ class Encoder:
 
 class Decoder:
     """Decodes one direction's messages (``RequestKind`` or ``OutputKind``) into typed
-    objects; a message of an unknown kind is an error, not silently dropped."""
+    objects; a message of an unknown kind or frame count is an error (which its receiver
+    logs and drops), not silently ignored."""
 
     def __init__(self, kinds: type[RequestKind] | type[OutputKind]) -> None:
         types = _REQUEST_TYPES if kinds is RequestKind else _OUTPUT_TYPES
@@ -117,6 +129,29 @@ class Decoder:
                           for kind, t in types.items()}
 
     def decode(self, frames: list[bytes] | list[memoryview]) -> tuple[Any, Any]:
+        if len(frames) != _NUM_FRAMES:
+            raise ValueError(f"a message has {_NUM_FRAMES} frames, not {len(frames)}")
         kind = self._kinds(bytes(frames[0]))
         decoder = self._decoders.get(kind)
         return kind, None if decoder is None else decoder.decode(frames[1])
+
+
+def undecodable_request_id(frames: list[bytes] | list[memoryview]) -> str | None:
+    """The request id in an ADD message that failed to decode, read without the types, so
+    the core can refuse that request instead of leaving its client waiting forever; None
+    when the message holds none."""
+    if len(frames) != _NUM_FRAMES or bytes(frames[0]) != RequestKind.ADD.value:
+        return None
+    try:
+        payload = msgspec.msgpack.decode(frames[1])
+    except Exception:
+        return None
+    request_id = payload.get("request_id") if isinstance(payload, dict) else None
+    return request_id if isinstance(request_id, str) else None
+
+
+def log_dropped_frame(direction: str, error: Exception) -> None:
+    """Log a message that failed to decode and was dropped (``direction``: "input" in the
+    core, "output" in the front end)."""
+    _dropped_frames.warning("dropped an engine %s message that does not decode: %s: %s",
+                            direction, type(error).__name__, error)
