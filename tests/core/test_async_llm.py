@@ -5,6 +5,7 @@ free KV blocks, and utility calls."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,9 +126,9 @@ def test_closing_or_aborting_a_stream_frees_its_blocks(harness: Harness) -> None
         return [output async for output in stream]
 
     async def read_two_then_leave() -> SchedulerStats | None:
-        stream = harness.engine.generate("a long story", params, "leaver")
-        aborted = asyncio.ensure_future(consume(harness.engine.generate("another", params,
-                                                                        "aborted")))
+        stream = await harness.engine.add_request("a long story", params, "leaver")
+        aborted = asyncio.ensure_future(consume(await harness.engine.add_request(
+            "another", params, "aborted")))
         outputs = [await anext(stream), await anext(stream)]
         assert not outputs[-1].finished
         await stream.aclose()
@@ -191,3 +192,61 @@ def test_an_undecodable_frame_is_dropped(harness: Harness) -> None:
     ok = harness.run(final(engine, {"prompt_token_ids": [4, 5, 6]}, params, "after-garbage"))
     assert len(ok.outputs[0].token_ids) == 2
     engine.check_health()
+
+
+async def _max_tick_while(work: Any) -> tuple[Any, float]:
+    """``work``'s outcome (its result, or the exception it raised) and the longest gap
+    between the 10 ms ticks of another task meanwhile: how long the event loop stalled."""
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.ensure_future(tick())
+    try:
+        outcome = await work
+    except Exception as exc:
+        outcome = exc
+    finally:
+        ticker.cancel()
+        await asyncio.gather(ticker, return_exceptions=True)
+    return outcome, max(gaps, default=0.0)
+
+
+def test_a_huge_prompt_is_tokenized_off_the_loop_and_leaves_nothing(harness: Harness) -> None:
+    """Megabytes of prompt take a while to tokenize: on a processing thread, while the event
+    loop runs on. Too long to serve, the request fails without a trace, as does one whose
+    caller gives up while it is processed."""
+    from octavo.engine.processor import InvalidRequestError
+
+    engine = harness.engine
+    prompt = "a story " * 200_000  # 1.6 MB, as many tokens: the tiny tokenizer's are bytes
+    params = SamplingParams(temperature=0.0, max_tokens=2)
+
+    async def refused() -> tuple[Any, float, float]:
+        start = time.monotonic()
+        outcome, stall = await _max_tick_while(engine.add_request(prompt, params, "huge"))
+        return outcome, stall, time.monotonic() - start
+
+    outcome, stall, took = harness.run(refused())
+    assert isinstance(outcome, InvalidRequestError) and "max_model_len" in str(outcome)
+    assert took > 0.5 and stall < 0.25, (took, stall)  # the work was real; the loop ran on
+
+    async def given_up() -> None:
+        task = asyncio.ensure_future(engine.add_request(prompt, params, "given-up"))
+        await asyncio.sleep(0.02)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.sleep(took + 0.5)  # the thread, which runs on, has finished
+
+    harness.run(given_up())
+    assert engine.num_unfinished_requests == 0 and not engine._states
+    ok = harness.run(final(engine, {"prompt_token_ids": [1, 2, 3]},
+                           SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
+                           "after-huge"))
+    assert len(ok.outputs[0].token_ids) == 2

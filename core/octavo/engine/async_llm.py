@@ -6,6 +6,15 @@ reads the core's outputs and hands each request the newest state of its output. 
 request is an async generator; leaving it early (a client that disconnected, a cancelled
 task) aborts the request in the core, which frees its KV blocks.
 
+Work whose time grows with what a client sent - tokenizing, chat templates, checking a
+schema with xgrammar - runs on a few processing threads (``run_in_pool``), never on the
+event loop: a multi-megabyte prompt or a deep schema would otherwise stall every client,
+``/health`` included. The tokenizer and xgrammar release the GIL while they work (a chat
+template is Python, which hands it over every few milliseconds). The threads share
+the tokenizer, which is safe as long as no call changes its truncation or padding
+settings: those are the only writes transformers makes to the Rust tokenizer, and one made
+while another thread encodes raises "Already borrowed".
+
 What a request sees is a snapshot, and the text in it is only what is safe to stream:
 while a request runs, the last characters that could still become a stop string are held
 back, so a stop string never reaches a client. A consumer slower than the engine skips
@@ -15,23 +24,32 @@ intermediate snapshots and gets the newest, so it never falls behind.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import ParamSpec, Protocol, TypeVar
 
 from octavo.config import EngineConfig
-from octavo.engine.core_client import EngineCoreClient, EngineDeadError
+from octavo.engine.core_client import EngineCoreClient, EngineDeadError, request_error
 from octavo.engine.core_proc import EngineReady
 from octavo.engine.output_processor import OutputProcessor, ParentState
 from octavo.engine.outputs import CompletionOutput, RequestOutput
-from octavo.engine.processor import InvalidRequestError, PromptType
+from octavo.engine.processor import InvalidRequestError, ProcessedPrompt, PromptType
 from octavo.engine.serial import EngineCoreOutputs
 from octavo.outputs import SchedulerStats
+from octavo.request import Request
 from octavo.sampling_params import SamplingParams
+from octavo.stats import PrefixCacheStats
 
 logger = logging.getLogger(__name__)
+P = ParamSpec("P")
+T = TypeVar("T")
+# Threads for request processing: enough that one slow prompt (a second for a few MB) does
+# not hold up the rest, few enough to leave the cores to the engine.
+PROCESSING_THREADS = 4
 
 
 @dataclass
@@ -91,17 +109,22 @@ class _RequestState:
 
 
 class AsyncLLM:
-    def __init__(self, client: EngineCoreClient, ready: EngineReady) -> None:
+    def __init__(self, client: EngineCoreClient, ready: EngineReady,
+                 config: EngineConfig) -> None:
         """Use ``await AsyncLLM.start(config)``."""
         self.client = client
         self.ready = ready
+        self.config = config  # to start the engine core again, should it die
+        self.restarting = False
         self.tokenizer = ready.tokenizer
         from octavo.engine.llm_engine import build_processor  # the model stack: after spawning
 
         self.processor = build_processor(ready.tokenizer, ready.hf_config, ready.max_model_len)
         self.output_processor = OutputProcessor(ready.tokenizer)
         self.stat_loggers: list[StatLogger] = []
+        self._pool = ThreadPoolExecutor(PROCESSING_THREADS, thread_name_prefix="octavo-processor")
         self._states: dict[str, _RequestState] = {}
+        self._num_processing = 0  # requests on the processing threads, not yet in _states
         self._error: Exception | None = None
         self._handler = asyncio.get_running_loop().create_task(self._handle_outputs())
 
@@ -110,7 +133,26 @@ class AsyncLLM:
         """Spawn the engine core process and wait until its model is loaded; raises
         ``EngineStartError`` with the reason when it cannot start."""
         client, ready = await EngineCoreClient.start(config)
-        return cls(client, ready)
+        return cls(client, ready, config)
+
+    async def restart(self) -> None:
+        """Replace a dead engine core with a new one (``--restart-engine``): requests of the
+        old one have failed already; raises ``EngineStartError`` when the new one cannot
+        start (the old one stays the current, dead one; ``check_health`` says it is being
+        restarted until a restart succeeds)."""
+        self.restarting = True
+        client, ready = await EngineCoreClient.start(self.config)
+        self.restarting = False
+        self._handler.cancel()
+        self.client.shutdown()
+        self._fail_all(EngineDeadError("the engine core was restarted"))
+        self.output_processor = OutputProcessor(ready.tokenizer)
+        self.client, self.ready, self._error = client, ready, None
+        self._handler = asyncio.get_running_loop().create_task(self._handle_outputs())
+
+    def is_running(self) -> bool:
+        """Whether the engine can serve requests (``check_health`` passes)."""
+        return not self.client.dead and self._error is None
 
     @property
     def max_model_len(self) -> int:
@@ -118,6 +160,9 @@ class AsyncLLM:
 
     def check_health(self) -> None:
         """Raise ``EngineDeadError`` unless the engine can serve requests."""
+        if self.restarting:
+            raise EngineDeadError(f"the engine core is restarting (--restart-engine); "
+                                  f"{self.client.death_message()}")
         self.client.check_alive()
         if self._error is not None:
             raise EngineDeadError(f"the engine's output handler failed: {self._error}")
@@ -129,24 +174,67 @@ class AsyncLLM:
     @property
     def num_waiting_requests(self) -> int:
         """Requests accepted that have not produced a token yet (queued or prefilling):
-        known here exactly and at once, unlike the core's count, which arrives a step late."""
-        return sum(1 for state in self._states.values() if state.num_tokens == 0)
+        known here exactly and at once, unlike the core's count, which arrives a step late.
+        Requests still being tokenized count too."""
+        return self._num_processing + sum(1 for state in self._states.values()
+                                          if state.num_tokens == 0)
 
-    def generate(self, prompt: PromptType, sampling_params: SamplingParams, request_id: str,
-                 priority: int = 0) -> AsyncGenerator[RequestOutput, None]:
-        """vLLM's ``AsyncLLM.generate``: iterate to get the request's output as it grows.
+    async def run_in_pool(self, func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """``func(*args, **kwargs)`` on a processing thread, so the event loop keeps serving
+        while it runs. Cancelling the call does not stop the thread: its result is dropped."""
+        call = functools.partial(func, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
-        The request is validated and sent to the core in this call, so a bad one raises
-        ``InvalidRequestError`` before anything runs (and before a streaming response has
-        begun), and it counts as waiting from now on. Closing the iterator before the last
-        output aborts the request.
+    async def add_request(self, prompt: PromptType, sampling_params: SamplingParams,
+                          request_id: str, priority: int = 0,
+                          ) -> AsyncGenerator[RequestOutput, None]:
+        """Validate and tokenize the request on a processing thread, send it to the core and
+        return its outputs, to iterate as they grow (vLLM's ``add_request``).
+
+        A bad request raises ``InvalidRequestError`` here, before anything runs (and before a
+        streaming response has begun); from the return on it counts as waiting. Nothing of a
+        request stays before the return - one that fails, or whose caller is cancelled while
+        it is processed. Closing the iterator before the last output aborts the request.
         """
+        self.check_health()
+        self._num_processing += 1  # waiting already: a burst cannot slip past a cap meanwhile
+        try:
+            processed, children = await self.run_in_pool(self._process_request, prompt,
+                                                         sampling_params, request_id, priority,
+                                                         time.monotonic())
+        finally:
+            self._num_processing -= 1
+        return self._register(request_id, processed, children)
+
+    async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
+                       request_id: str, priority: int = 0,
+                       ) -> AsyncGenerator[RequestOutput, None]:
+        """vLLM's ``AsyncLLM.generate``: the request's output as it grows. A bad request
+        raises at the first iteration; use ``add_request`` to hear of it before that."""
+        outputs = await self.add_request(prompt, sampling_params, request_id, priority)
+        try:
+            async for output in outputs:
+                yield output
+        finally:
+            await outputs.aclose()
+
+    def _process_request(self, prompt: PromptType, sampling_params: SamplingParams,
+                         request_id: str, priority: int, arrival_time: float,
+                         ) -> tuple[ProcessedPrompt, list[Request]]:
+        """On a processing thread. The request arrived before it waited for one, so its
+        latency counts that wait and this work."""
+        processed = self.processor.process_prompt(prompt)
+        return processed, self.processor.make_requests(request_id, processed, sampling_params,
+                                                       priority, strict_length=True,
+                                                       arrival_time=arrival_time)
+
+    def _register(self, request_id: str, processed: ProcessedPrompt, children: list[Request],
+                  ) -> AsyncGenerator[RequestOutput, None]:
+        """Track a processed request and send it to the core (on the event loop, which owns
+        ``_states``); the engine may have died, or the id been taken, while it was processed."""
         self.check_health()
         if request_id in self._states:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        processed = self.processor.process_prompt(prompt)
-        children = self.processor.make_requests(request_id, processed, sampling_params,
-                                                priority, strict_length=True)
         state = _RequestState(children[0].arrival_time)
         self.output_processor.add_request(request_id, processed.prompt, children)
         self._states[request_id] = state
@@ -176,6 +264,7 @@ class AsyncLLM:
         """Stop the core process; requests still running end with ``EngineDeadError``."""
         self._handler.cancel()
         self.client.shutdown()
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._fail_all(EngineDeadError("the engine was shut down"))
 
     async def _outputs(self, request_id: str, state: _RequestState,
@@ -198,11 +287,15 @@ class AsyncLLM:
             logger.exception("the output handler failed")
             self._error = exc
             self._fail_all(EngineDeadError(f"the engine's output handler failed: {exc}"))
+        # A dead engine runs nothing and holds no KV cache: the metrics must say so at once.
+        stopped = SchedulerStats(0, 0, 0.0, PrefixCacheStats())
+        for stat_logger in self.stat_loggers:
+            stat_logger.record(stopped, IterationStats())
 
     def _process(self, message: EngineCoreOutputs) -> None:
         now = time.monotonic()
         for refused in [out for out in message.outputs if out.error is not None]:
-            self._fail_request(refused.request_id, InvalidRequestError(refused.error))
+            self._fail_request(refused.request_id, request_error(refused))
         outputs, to_abort = self.output_processor.process_outputs(message.outputs)
         stats = IterationStats()
         for output in outputs:

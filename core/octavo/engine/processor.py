@@ -75,8 +75,10 @@ class Processor:
         return ProcessedPrompt(None, ids)
 
     def make_requests(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams,
-                      priority: int = 0, strict_length: bool = False) -> list[Request]:
-        """One engine request per sample (``n``); children of n>1 are ``{id}_{i}``."""
+                      priority: int = 0, strict_length: bool = False,
+                      arrival_time: float | None = None) -> list[Request]:
+        """One engine request per sample (``n``); children of n>1 are ``{id}_{i}``. They
+        arrived at ``arrival_time`` (``time.monotonic()``; default: now)."""
         num_prompt = len(prompt.prompt_token_ids)
         if num_prompt >= self.max_model_len:
             raise InvalidRequestError(
@@ -106,7 +108,7 @@ class Processor:
             check_token_ids(0, params, self.vocab_size)
         except ValueError as exc:
             raise InvalidRequestError(str(exc).removeprefix("row 0: ")) from None
-        arrival = time.monotonic()
+        arrival = time.monotonic() if arrival_time is None else arrival_time
         if params.n == 1:
             return [self._request(request_id, prompt, params, priority, arrival)]
         children = []

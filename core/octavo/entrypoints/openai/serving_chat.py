@@ -53,16 +53,16 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, request: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(request.model)
         tools = [{"type": "function", "function": f.model_dump()} for f in request.forced_tools]
-        prompt_ids = apply_chat_template(self.engine.tokenizer, request.messages,
-                                         tools=tools or None)
+        prompt_ids = await self.engine.run_in_pool(apply_chat_template, self.engine.tokenizer,
+                                                   request.messages, tools=tools or None)
         self.check_capacity()
         num_logprobs = (request.top_logprobs or 0) if request.logprobs else None
         max_tokens = request.max_completion_tokens or request.max_tokens
         params = self.sampling_params(request, max_tokens, num_logprobs,
                                       self._constraint(request))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = self.start(request_id, [{"prompt_token_ids": prompt_ids}], params,
-                             request.priority)
+        streams = await self.start(request_id, [{"prompt_token_ids": prompt_ids}], params,
+                                   request.priority)
         if request.stream:
             return event_stream(self._stream(request_id, request, streams[0]))
         outputs = await unless_disconnected(raw, final_outputs(streams))

@@ -41,7 +41,7 @@ class OpenAIServingCompletion(OpenAIServing):
         params = self.sampling_params(request, request.max_tokens, request.logprobs,
                                       self.output_constraint(request))
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        streams = self.start(request_id, prompts, params, request.priority)
+        streams = await self.start(request_id, prompts, params, request.priority)
         if request.stream:
             return event_stream(self._stream(request_id, request, streams))
         outputs = await unless_disconnected(raw, final_outputs(streams))

@@ -90,17 +90,18 @@ class OpenAIServing:
                                    f"[0, {vocab_size}): {outside[:5]}", param="logit_bias")
         return bias
 
-    def start(self, request_id: str, prompts: list[PromptType], params: SamplingParams,
-              priority: int) -> list[AsyncGenerator[RequestOutput, None]]:
-        """One engine request per prompt; a bad prompt fails the whole call (400) and
-        aborts those of the batch already sent."""
-        if len(prompts) == 1:
-            return [self.engine.generate(prompts[0], params, request_id, priority)]
-        ids = [f"{request_id}-{index}" for index in range(len(prompts))]
+    async def start(self, request_id: str, prompts: list[PromptType], params: SamplingParams,
+                    priority: int) -> list[AsyncGenerator[RequestOutput, None]]:
+        """One engine request per prompt, processed one after another (a batch takes one
+        processing thread at a time); a bad prompt fails the whole call (400) and aborts
+        those of the batch already sent, as does cancelling the call."""
+        ids = ([request_id] if len(prompts) == 1
+               else [f"{request_id}-{index}" for index in range(len(prompts))])
         streams = []
         try:
             for prompt, engine_id in zip(prompts, ids):
-                streams.append(self.engine.generate(prompt, params, engine_id, priority))
+                streams.append(await self.engine.add_request(prompt, params, engine_id,
+                                                             priority))
         except BaseException:
             for engine_id in ids[: len(streams)]:
                 self.engine.abort(engine_id)
