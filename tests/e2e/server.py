@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -83,10 +84,14 @@ class Server:
         raise AssertionError(f"octavo serve not healthy after {timeout}s:\n{self.log()[-3000:]}")
 
     def request(self, method: str, path: str, body: Any = None,
-                headers: dict[str, str] | None = None,
-                api_key: str | None = None) -> tuple[int, dict[str, str], Any]:
-        """(status, headers, JSON body or text). ``body`` bytes are sent as they are."""
-        headers = {"Content-Type": "application/json", **(headers or {})}
+                headers: dict[str, str] | None = None, api_key: str | None = None,
+                content_type: str | None = "application/json",
+                ) -> tuple[int, dict[str, str], Any]:
+        """(status, headers with lower-case names, JSON body or text). ``body`` bytes are
+        sent as they are; ``content_type=None`` sends exactly ``headers`` (http.client adds
+        Host unless given, and Content-Length)."""
+        headers = {**({"Content-Type": content_type} if content_type else {}),
+                   **(headers or {})}
         if api_key is not None:
             headers["Authorization"] = f"Bearer {api_key}"
         if body is not None and not isinstance(body, bytes):
@@ -100,7 +105,7 @@ class Server:
                 payload: Any = json.loads(raw)
             except json.JSONDecodeError:
                 payload = raw
-            return response.status, dict(response.headers), payload
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, payload
         finally:
             connection.close()
 
@@ -152,3 +157,38 @@ def _running(process: psutil.Process) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+class HealthPoller:
+    """``GET /health`` every 20 ms on a thread, each on a new connection (as a load balancer
+    probes), until stopped: the status and time of every answer."""
+
+    def __init__(self, server: Server, interval_s: float = 0.02) -> None:
+        self.server = server
+        self.interval_s = interval_s
+        self.answers: list[tuple[int, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> HealthPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _poll(self) -> None:
+        deadline = time.monotonic() + 300
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            start = time.monotonic()
+            connection = http.client.HTTPConnection(HOST, self.server.port, timeout=10)
+            try:
+                connection.request("GET", "/health")
+                status = connection.getresponse().status
+            except OSError:
+                status = 0
+            finally:
+                connection.close()
+            self.answers.append((status, time.monotonic() - start))
+            self._stop.wait(self.interval_s)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import openai
+import psutil
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
@@ -27,9 +28,11 @@ OVERLOAD_TOKENS = 200  # long enough that the burst arrives while the first runs
 @pytest.fixture(scope="module")
 def small_server(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory,
                  ) -> Iterator[Server]:
-    """One request at a time, and at most MAX_WAITING waiting: easy to overload."""
+    """One request at a time, and at most MAX_WAITING waiting: easy to overload. It
+    restarts its engine, should it die (without --restart-engine the server would exit:
+    test_serve_faults.py)."""
     server = start_tiny_server(tiny_model, tmp_path_factory.mktemp("small-server"),
-                               "--max-num-seqs", "1",
+                               "--max-num-seqs", "1", "--restart-engine",
                                "--max-waiting-requests", str(MAX_WAITING))
     try:
         yield server.wait_ready(timeout=180)
@@ -128,6 +131,9 @@ def test_engine_exits_when_the_server_is_killed(tiny_model: TinyModel, tmp_path:
     try:
         children = server.processes()[1:]
         assert server.engine_pid() in [p.pid for p in children]
+        socket_dirs = {Path(c.laddr).parent for c in psutil.Process(server.proc.pid)
+                       .net_connections(kind="unix") if c.laddr}
+        assert len(socket_dirs) == 1, socket_dirs  # the engine's private socket directory
         server.proc.kill()  # SIGKILL: the server gets no chance to stop its engine
         server.proc.wait()
         killed = time.monotonic()
@@ -135,6 +141,7 @@ def test_engine_exits_when_the_server_is_killed(tiny_model: TinyModel, tmp_path:
         print(f"\nserver SIGKILLed: its {len(children)} child processes gone after "
               f"{time.monotonic() - killed:.2f}s")
         assert port_is_free(server.port)
+        assert not any(d.exists() for d in socket_dirs), "the engine left its sockets behind"
     finally:
         server.stop()
 

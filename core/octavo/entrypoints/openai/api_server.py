@@ -1,15 +1,16 @@
 """Running the server: start the engine core, log what is served, serve HTTP with uvicorn.
 
 The engine starts before the port is bound, so a server that answers is one whose model is
-loaded, and a model that fails to load ends the command with the load error. On SIGTERM or
-SIGINT uvicorn stops accepting, gives running requests ``GRACEFUL_SHUTDOWN_S`` to finish,
-then the app's shutdown stops the engine core process.
+loaded, and a model that fails to load ends the command with the load error. The app is
+wrapped in the limits on what one client may hold (``body_limit``, ``http_guard``);
+``supervisor`` decides what engine death and stop signals do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from octavo.config import EngineConfig
 from octavo.engine.async_llm import AsyncLLM
@@ -19,7 +20,7 @@ from octavo.plugins import get_plugin_host
 
 logger = logging.getLogger(__name__)
 
-GRACEFUL_SHUTDOWN_S = 5
+GRACE_BACKSTOP_S = 5  # past the shutdown timeout, uvicorn cancels what is left
 
 
 def log_plugins() -> None:
@@ -38,10 +39,9 @@ async def run_server(config: EngineConfig, settings: ServerSettings) -> None:
     log_plugins()
     # The engine core loads the model in its own process meanwhile (on another core):
     # the web stack and the tokenizer's modules are imported now, off the critical path.
-    import uvicorn
-
     import octavo.engine.llm_engine  # noqa: F401  (the handshake's tokenizer, the Processor)
     from octavo.entrypoints.openai.app import build_app
+    from octavo.entrypoints.openai.supervisor import DrainingServer, supervise
 
     engine = await starting
     if not config.observability.disable_log_stats:
@@ -53,9 +53,37 @@ async def run_server(config: EngineConfig, settings: ServerSettings) -> None:
                     ready.num_blocks, ready.block_size, ready.max_model_len)
         logger.info("serving %r at http://%s:%d%s", settings.served_model_name, settings.host,
                     settings.port, " (API key required)" if settings.api_key else "")
-        server = uvicorn.Server(uvicorn.Config(
-            build_app(engine, settings), host=settings.host, port=settings.port,
-            log_level="info", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S))
-        await server.serve()
+        server = DrainingServer(uvicorn_config(build_app(engine, settings), settings),
+                                engine, settings.shutdown_timeout_s)
+        watcher = asyncio.ensure_future(supervise(engine, server, settings.restart_engine))
+        try:
+            await server.serve()
+        finally:
+            died = watcher.done() and not watcher.cancelled()
+            watcher.cancel()  # before the engine stops: no restart may start after that
     finally:
         engine.shutdown()  # already done by the app's shutdown unless uvicorn failed
+    if died:
+        watcher.result()  # raises the EngineDeadError: octavo serve exits non-zero
+
+
+def uvicorn_config(app: Any, settings: ServerSettings) -> Any:
+    """uvicorn's config for ``app`` with the per-client limits of ``settings``."""
+    import uvicorn
+
+    from octavo.entrypoints.openai.body_limit import BodyLimit
+    from octavo.entrypoints.openai.http_guard import (
+        MAX_HEAD_BYTES,
+        ConnectionLimits,
+        default_max_connections,
+        protocol_class,
+    )
+
+    limits = ConnectionLimits(settings.max_connections or default_max_connections(),
+                              settings.header_timeout_s)
+    return uvicorn.Config(
+        BodyLimit(app, settings.max_request_body_size, settings.body_timeout_s),
+        host=settings.host, port=settings.port, log_level="info",
+        http=protocol_class(limits), h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        # the backstop: the supervisor ends running requests at shutdown_timeout_s
+        timeout_graceful_shutdown=int(settings.shutdown_timeout_s) + GRACE_BACKSTOP_S)

@@ -100,14 +100,17 @@ class PrometheusMetrics:
         self.kv_usage.set(stats.kv_cache_usage)
         prefix = stats.prefix_cache  # totals since the engine started
         self.prefix_hit_rate.set(prefix.hit_rate)
-        self.prefix_queries.inc(prefix.queries - self._seen_queries)
-        self.prefix_hits.inc(prefix.hits - self._seen_hits)
+        _add_total(self.prefix_queries, prefix.queries, self._seen_queries)
+        _add_total(self.prefix_hits, prefix.hits, self._seen_hits)
         self._seen_queries, self._seen_hits = prefix.queries, prefix.hits
         for name, counter in self.kv_transfer.items():  # totals since the engine started
-            counter.inc(getattr(stats.kv_transfer, name) - getattr(self._seen_kv_transfer, name))
+            _add_total(counter, getattr(stats.kv_transfer, name),
+                       getattr(self._seen_kv_transfer, name))
         self._seen_kv_transfer = stats.kv_transfer
         if stats.spec_decoding is not None:  # totals since the engine started
             new = stats.spec_decoding.since(self._seen_spec)
+            if new.num_drafts < 0:  # a restarted engine's totals
+                new = stats.spec_decoding
             self.spec_drafts.inc(new.num_drafts)
             self.spec_draft_tokens.inc(new.num_draft_tokens)
             self.spec_accepted.inc(new.num_accepted_tokens)
@@ -115,3 +118,9 @@ class PrometheusMetrics:
                 self.spec_accepted_per_pos.labels(model_name=self._model_name,
                                                   position=str(position)).inc(count)
             self._seen_spec = stats.spec_decoding
+
+
+def _add_total(counter: Counter, total: int, seen: int) -> None:
+    """Count what a total since the engine started added; a total below the last one seen
+    is a new engine's (restarted, ``--restart-engine``), counted from zero."""
+    counter.inc(total - seen if total >= seen else total)

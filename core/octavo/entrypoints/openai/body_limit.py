@@ -1,0 +1,109 @@
+"""``BodyLimit``: an ASGI middleware that reads each request body, bounded in size and time,
+before the app sees it.
+
+Why: without a bound, a 50 MB prompt grew the API process to 6 GB and stalled every client
+while it was parsed and tokenized (probe D7), and a client that sends its body slowly held
+its connection forever (D8). A declared ``Content-Length`` over the limit is answered 413
+before a byte of the body is read; a chunked body is cut off at the limit; a body that does
+not arrive within ``timeout_s`` is answered 408. The app then gets the body in one message,
+and later messages (the client's disconnect) as they come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from octavo.entrypoints.openai.errors import error_body
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await self._refuse(send, 413, self._too_large(declared))
+            return
+        try:
+            body = await asyncio.wait_for(self._read(receive), self.timeout_s)
+        except BodyTooLarge:
+            await self._refuse(send, 413, self._too_large(None))
+            return
+        except asyncio.TimeoutError:
+            await self._refuse(send, 408, f"the request body did not arrive within "
+                                          f"{self.timeout_s:g} s")
+            return
+        if body is None:  # the client left before sending it all: nobody to answer
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _read(self, receive: Receive) -> bytes | None:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def _too_large(self, declared: int | None) -> str:
+        size = f" ({declared} bytes)" if declared is not None else ""
+        return (f"the request body{size} exceeds the limit of {self.max_bytes} bytes "
+                "(--max-request-body-size)")
+
+    @staticmethod
+    async def _refuse(send: Send, status: int, message: str) -> None:
+        body = error_body(status, message).model_dump_json().encode()
+        # Connection: close - the unread rest of the body must not be parsed as a request.
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None  # h11 has refused such a request already
+    return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for the app: the whole body first, then the client's later messages."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed

@@ -1,0 +1,157 @@
+"""The HTTP connection layer's limits: open connections, time to send a request's head,
+and its size (431), enforced in uvicorn's h11 protocol before any request reaches the app.
+
+Why here and not in the app: a client that never finishes its headers never becomes a
+request, so no middleware sees it. Without these limits a few thousand half-sent requests
+held every file descriptor (probe D8) and a 1 MiB header got the connection reset instead
+of an answer (D14).
+
+- Past ``max_connections`` open connections a new one is closed at once (logged, rate
+  limited), so the descriptors left serve the clients already connected, health probes too.
+- A connection must deliver a complete request head within ``header_timeout_s`` of opening
+  (or of its previous response, for keep-alive), else it is answered 408 and closed.
+- A head larger than h11's buffer limit is answered 431, other malformed requests 400, in
+  OpenAI's error shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import h11
+from uvicorn.config import Config
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
+
+from octavo.entrypoints.openai.errors import error_body
+from octavo.logger import RateLimitFilter
+
+logger = logging.getLogger(__name__)
+logger.addFilter(RateLimitFilter())
+# uvicorn's "Invalid HTTP request received" and asyncio's accept() errors (EMFILE) repeat
+# once per bad connection: the first of each kind is logged, then a count every 10 s.
+for _name in ("uvicorn.error", "asyncio"):
+    logging.getLogger(_name).addFilter(RateLimitFilter())
+
+MAX_HEAD_BYTES = 64 * 1024  # request line plus headers; h11's default is 16 KiB
+FD_RESERVE = 64  # descriptors kept free for the engine's sockets, logs and model files
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_connections: int
+    header_timeout_s: float
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft descriptor limit to its hard limit; returns the limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    return soft
+
+
+def default_max_connections() -> int:
+    """What the descriptor limit allows, less a reserve for everything else."""
+    return max(raise_fd_limit() - FD_RESERVE, 1)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the connection limits above (``limits`` is set on the
+    class by ``protocol_class``)."""
+
+    limits: ConnectionLimits
+
+    def __init__(self, config: Config, server_state: ServerState, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._protocol_error: h11.RemoteProtocolError | None = None
+        self._head_timer: asyncio.TimerHandle | None = None
+        next_event = self.conn.next_event
+
+        def remembering_next_event() -> Any:  # what went wrong decides 400 or 431
+            try:
+                return next_event()
+            except h11.RemoteProtocolError as exc:
+                self._protocol_error = exc
+                raise
+
+        self.conn.next_event = remembering_next_event  # type: ignore[method-assign]
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.limits.max_connections:
+            logger.warning("refused a connection: %d are open (--max-connections)",
+                           len(self.connections))
+            transport.abort()
+            return
+        super().connection_made(transport)
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is None:  # refused in connection_made
+            return
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:  # the head is complete (or failed)
+            self._cancel_head_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._await_head()  # the next request on this keep-alive connection
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 could not parse, with h11's status (431 for a
+        head over the limit) and an OpenAI-shaped body."""
+        error = self._protocol_error
+        status = error.error_status_hint if error is not None else 400
+        reason = str(error) if error is not None and str(error) else msg
+        if status == 431:
+            reason = f"the request's headers exceed {MAX_HEAD_BYTES} bytes"
+        self._send_error(status, reason)
+
+    def _await_head(self) -> None:
+        self._cancel_head_timer()
+        self._head_timer = self.loop.call_later(self.limits.header_timeout_s,
+                                                self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
+            return
+        if self.conn.trailing_data[0] or self.conn.our_state is h11.IDLE:
+            logger.warning("closed a connection that sent no complete request head in %g s "
+                           "(--header-timeout)", self.limits.header_timeout_s)
+        if self.conn.trailing_data[0]:  # a head was begun: say why it is cut
+            self._send_error(408, f"the request head did not arrive within "
+                                  f"{self.limits.header_timeout_s:g} s")
+        else:
+            self.transport.close()  # an idle connection: nothing to answer
+
+    def _send_error(self, status: int, message: str) -> None:
+        """Answer ``status`` and close, written raw: h11 refuses to send a response to a
+        request it never parsed."""
+        body = error_body(status, message).model_dump_json().encode()
+        head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+                "content-type: application/json\r\nconnection: close\r\n"
+                f"content-length: {len(body)}\r\n\r\n")
+        self.transport.write(head.encode() + body)
+        self.transport.close()
+
+def protocol_class(limits: ConnectionLimits) -> type[GuardedH11Protocol]:
+    """The protocol class for ``uvicorn.Config(http=...)``, bound to ``limits``."""
+    return type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits})
