@@ -86,6 +86,8 @@ def _parse_schema_text(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"structured json is not valid JSON: {exc}") from None
+    except RecursionError:  # the client's text, nested deeper than any schema needs
+        raise ValueError("structured json is nested too deeply") from None
 
 
 class SamplingType(IntEnum):
@@ -179,7 +181,7 @@ class SamplingParams:
 
     def _check_engine_limits(self) -> None:
         """Values the engine's arrays and encodings can hold: int64 integers (a seed leaves
-        room for ``n`` children's ``seed + i``), finite logit biases, UTF-8 stop strings."""
+        room for ``n`` children's ``seed + i``), finite floats, UTF-8 stop strings."""
         for name in ("top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"):
             check_int(name, getattr(self, name), low=-1)
         check_int("n", self.n, low=1, high=2**31 - 1)
@@ -189,6 +191,10 @@ class SamplingParams:
             check_int("a token id", token_id)
         if any(not math.isfinite(bias) for bias in (self.logit_bias or {}).values()):
             raise ValueError("logit_bias values must be finite numbers")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):  # the kernels' inputs: no inf or NaN
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         for text in [*self.stop, *self.bad_words]:
             check_text("a stop string or bad word", text)
 

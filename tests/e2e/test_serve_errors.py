@@ -87,6 +87,10 @@ CASES: list[tuple[str, str, Any, int, str | None, str]] = [
      "seed must be between"),
     ("logit-bias-nan", COMPLETIONS, {"prompt": "hi", "logit_bias": {"5": float("nan")}}, 400,
      None, "logit_bias"),
+    ("repetition-penalty-inf", COMPLETIONS, b'{"prompt": "hi", "repetition_penalty": Infinity}',
+     400, None, "repetition_penalty must be a finite number"),
+    ("presence-penalty-nan", COMPLETIONS, b'{"prompt": "hi", "presence_penalty": NaN}', 400,
+     "presence_penalty", "presence_penalty"),
     ("tokenize-neither", "/tokenize", {"model": None}, 400, None, "prompt or messages"),
     ("detokenize-outside-vocab", "/detokenize", {"tokens": [99999]}, 400, "tokens",
      "outside the vocabulary"),
@@ -108,6 +112,22 @@ def test_bad_request_then_a_good_one(tiny_server: Server, tiny_model: TinyModel,
                                         {**OK_COMPLETION, "model": str(tiny_model.folder)},
                                         api_key=API_KEY)
     assert ok == 200 and answer["usage"]["completion_tokens"] >= 1, answer
+
+
+# Odd but valid values that reach the kernels (probe D4: a subnormal top_p was flushed to 0
+# by fast-math kernels and killed the engine): each is served, and the engine lives on.
+ODD_BUT_VALID = [{"top_p": 1e-310, "temperature": 1.0}, {"top_p": 5e-324},
+                 {"repetition_penalty": 1e300}, {"repetition_penalty": 1e-300},
+                 {"temperature": 1e-300}, {"min_p": 5e-324, "temperature": 1.0},
+                 {"logit_bias": {"5": 100, "6": -100}}]
+
+
+@pytest.mark.parametrize("extra", ODD_BUT_VALID, ids=[str(e) for e in ODD_BUT_VALID])
+def test_odd_but_valid_values_are_served(tiny_server: Server, extra: dict[str, Any]) -> None:
+    body = {**OK_COMPLETION, "max_tokens": 4, "ignore_eos": True, **extra}
+    got, _, payload = tiny_server.request("POST", COMPLETIONS, body, api_key=API_KEY)
+    assert got == 200 and payload["usage"]["completion_tokens"] == 4, payload
+    assert tiny_server.request("GET", "/health")[0] == 200
 
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-key"},

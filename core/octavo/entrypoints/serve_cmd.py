@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -10,6 +12,87 @@ import click
 from octavo.entrypoints.backend import resolve_backend_or_exit
 from octavo.entrypoints.engine_args import build_config, engine_options
 from octavo.entrypoints.openai.settings import DEFAULT_MODEL_NAME, ServerSettings
+
+
+class MemorySize(click.ParamType):
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        from octavo.config import ConfigError
+        from octavo.config.parse import parse_memory
+
+        try:
+            return parse_memory(value)
+        except ConfigError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+# What one client may hold: ServerSettings' fields of the same names.
+LIMIT_OPTIONS = [
+    click.option("--max-request-body-size", "max_request_body_size", type=MemorySize(),
+                 default="8MiB", show_default=True,
+                 help="Answer 413 to a request body larger than this."),
+    click.option("--body-timeout", "body_timeout_s", type=click.FloatRange(min=0, min_open=True),
+                 default=30.0, show_default=True,
+                 help="Seconds to receive a request's body, else 408."),
+    click.option("--header-timeout", "header_timeout_s",
+                 type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+                 help="Seconds for a connection to send a request's headers, else it is "
+                      "closed (slow clients cannot hold connections)."),
+    click.option("--max-connections", "max_connections", type=click.IntRange(min=1),
+                 default=None, help="Close new connections past this many open ones "
+                                    "(default: the file-descriptor limit, less a reserve)."),
+    click.option("--shutdown-timeout", "shutdown_timeout_s", type=click.FloatRange(min=0),
+                 default=30.0, show_default=True,
+                 help="On SIGTERM, seconds running requests get to finish; then they end "
+                      "with an error (streams: an error event and [DONE])."),
+    click.option("--restart-engine", "restart_engine", is_flag=True, default=False,
+                 help="Restart the engine core (with backoff) when it dies, instead of "
+                      "exiting non-zero for a supervisor to restart the server."),
+]
+LIMIT_NAMES = ("max_request_body_size", "body_timeout_s", "header_timeout_s", "max_connections",
+               "shutdown_timeout_s", "restart_engine")
+
+
+def limit_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(LIMIT_OPTIONS):
+        command = option(command)
+    return command
+
+
+def pop_limits(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {name: kwargs.pop(name) for name in LIMIT_NAMES}
+
+
+class NameList(click.ParamType):
+    """Comma-separated names, or a JSON list of them (vLLM's spelling of the CORS flags)."""
+
+    name = "names"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        text = str(value).strip()
+        if not text.startswith("["):
+            return tuple(name.strip() for name in text.split(",") if name.strip())
+        try:
+            names = json.loads(text)
+        except json.JSONDecodeError as exc:
+            self.fail(f"not a JSON list: {exc}", param, ctx)
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            self.fail("must be a list of strings", param, ctx)
+        return tuple(names)
+
+
+# Web-origin safety: ServerSettings' fields of the same names (see openai/web_safety.py).
+ORIGIN_NAMES = ("allowed_hosts", "allowed_origins", "allowed_methods", "allowed_headers",
+                "allow_credentials", "disable_docs")
+
+
+def pop_origin_settings(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {name: kwargs.pop(name) for name in ORIGIN_NAMES}
 
 
 @click.command()
@@ -25,10 +108,27 @@ from octavo.entrypoints.openai.settings import DEFAULT_MODEL_NAME, ServerSetting
 @click.option("--max-waiting-requests", type=click.IntRange(min=1), default=None,
               help="Answer 503 with Retry-After when this many accepted requests are still "
                    "waiting for their first token (default: no cap).")
+@click.option("--allowed-hosts", type=NameList(), default=None,
+              help="Host names (any port) the server answers for; others get 400 (\"*\": "
+                   "any). Default: on a loopback address, localhost, 127.0.0.1, [::1] and "
+                   "the --host; on any other address, any.")
+@click.option("--allowed-origins", type=NameList(), default="",
+              help="Turn CORS on for these origins (\"*\": any). Default: CORS off.")
+@click.option("--allowed-methods", type=NameList(), default="*", show_default=True,
+              help="The methods CORS allows (with --allowed-origins).")
+@click.option("--allowed-headers", type=NameList(), default="*", show_default=True,
+              help="The request headers CORS allows (with --allowed-origins).")
+@click.option("--allow-credentials", is_flag=True, default=False,
+              help="Let CORS requests carry credentials (with --allowed-origins).")
+@click.option("--disable-fastapi-docs", "--disable-docs", "disable_docs", is_flag=True,
+              default=False,
+              help="Serve no /docs, /redoc or /openapi.json (with --api-key, they need the key).")
+@limit_options
 @engine_options
 def serve(host: str, port: int, api_key: str | None, served_model_name: str | None,
           max_waiting_requests: int | None, **kwargs: Any) -> None:
     """Serve a model over an OpenAI-compatible HTTP API."""
+    from octavo.engine.core_client import EngineDeadError
     from octavo.engine.core_proc import EngineStartError
     from octavo.entrypoints.openai.api_server import run_server
 
@@ -39,8 +139,9 @@ def serve(host: str, port: int, api_key: str | None, served_model_name: str | No
     settings = ServerSettings(
         host=host, port=port, api_key=api_key,
         served_model_name=served_model_name or config.model.model or DEFAULT_MODEL_NAME,
-        max_waiting_requests=max_waiting_requests)
+        max_waiting_requests=max_waiting_requests, **pop_limits(kwargs),
+        **pop_origin_settings(kwargs))
     try:
         asyncio.run(run_server(config, settings))
-    except EngineStartError as exc:
-        raise click.ClickException(str(exc)) from None
+    except (EngineStartError, EngineDeadError) as exc:
+        raise click.ClickException(str(exc)) from None  # exit code 1

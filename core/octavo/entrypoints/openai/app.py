@@ -1,7 +1,10 @@
 """The FastAPI app: OpenAI's endpoints plus health, version, metrics and tokenizer routes.
 
 ``/health``, ``/version`` and ``/metrics`` are open (for probes and scrapers); with an API
-key, every other route needs ``Authorization: Bearer KEY``.
+key, every other route needs ``Authorization: Bearer KEY``, the API documentation
+(``/docs``, ``/redoc``, ``/openapi.json``) included. Every POST needs a JSON Content-Type and
+the Host header is checked (``web_safety``); each route documents its answers
+(``openapi_doc``).
 """
 
 from __future__ import annotations
@@ -18,21 +21,40 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from octavo.engine.async_llm import AsyncLLM
 from octavo.entrypoints.openai.errors import OpenAIError, install_error_handlers
 from octavo.entrypoints.openai.metrics import PrometheusMetrics
+from octavo.entrypoints.openai.openapi_doc import (
+    ANY_ROUTE,
+    BODY_ROUTE,
+    docs_router,
+    errors,
+    fix_openapi,
+    ok_empty,
+    ok_json,
+    ok_stream,
+    ok_text,
+)
 from octavo.entrypoints.openai.protocol import (
+    ChatCompletionChunk,
     ChatCompletionRequest,
+    ChatCompletionResponse,
     CompletionRequest,
+    CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
     ModelCard,
     ModelList,
+    ResetPrefixCacheRequest,
     TokenizeRequest,
     TokenizeResponse,
+    VersionResponse,
 )
 from octavo.entrypoints.openai.serving_chat import OpenAIServingChat, apply_chat_template
 from octavo.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from octavo.entrypoints.openai.serving_engine import OpenAIServing
 from octavo.entrypoints.openai.settings import ServerSettings
+from octavo.entrypoints.openai.web_safety import install_web_safety, require_json
 from octavo.version import __version__
+
+JSON_ONLY = [Depends(require_json)]
 
 
 def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
@@ -45,11 +67,18 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
         yield
         engine.shutdown()
 
-    app = FastAPI(title="Octavo", version=__version__, lifespan=lifespan)
+    # FastAPI's own documentation routes would be open to all: docs_router serves them.
+    app = FastAPI(title="Octavo", version=__version__, lifespan=lifespan, docs_url=None,
+                  redoc_url=None, openapi_url=None)
     install_error_handlers(app)
+    install_web_safety(app, settings)
+    fix_openapi(app)
+    key_check = [Depends(_api_key_check(settings.api_key))]
     app.include_router(_open_routes(engine, metrics))
-    app.include_router(_protected_routes(engine, settings),
-                       dependencies=[Depends(_api_key_check(settings.api_key))])
+    app.include_router(_protected_routes(engine, settings), dependencies=key_check,
+                       responses=errors(401))
+    if not settings.disable_docs:
+        app.include_router(docs_router(app, key_check))
     return app
 
 
@@ -69,17 +98,22 @@ def _api_key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
 def _open_routes(engine: AsyncLLM, metrics: PrometheusMetrics) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/health")
+    @router.get("/health", response_class=Response,
+                responses={**ok_empty("The engine is alive"), **errors(*ANY_ROUTE, 503)})
     async def health() -> Response:
         engine.check_health()  # EngineDeadError -> 503
         return Response(status_code=200)
 
-    @router.get("/version")
+    @router.get("/version", response_model=None,
+                responses={**ok_json(VersionResponse), **errors(*ANY_ROUTE)})
     async def version() -> dict[str, Any]:
-        ready = engine.ready
-        return {"version": __version__, "engine_pid": ready.pid, "platform": ready.platform}
+        ready = engine.ready  # a dead engine has no pid to show
+        return {"version": __version__, "platform": ready.platform,
+                "engine_pid": ready.pid if engine.is_running() else None,
+                "engine_running": engine.is_running()}
 
-    @router.get("/metrics")
+    @router.get("/metrics", response_class=Response, responses={
+        **ok_text("Prometheus metrics (text format)"), **errors(*ANY_ROUTE)})
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -92,34 +126,32 @@ def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
     chat = OpenAIServingChat(engine, settings)
     common = OpenAIServing(engine, settings)
 
-    @router.get("/v1/models")
+    @router.get("/v1/models", responses={**ok_json(ModelList), **errors(*ANY_ROUTE)})
     async def models() -> JSONResponse:
         card = ModelCard(id=settings.served_model_name, root=engine.ready.model,
                          max_model_len=engine.max_model_len)
         return JSONResponse(ModelList(data=[card]).model_dump())
 
-    @router.post("/v1/completions")
+    @router.post("/v1/completions", dependencies=JSON_ONLY, responses={
+        **ok_stream(CompletionResponse, CompletionResponse), **errors(*BODY_ROUTE, 404, 503)})
     async def create_completion(request: CompletionRequest, raw: Request) -> Response:
         return await completions.create(request, raw)
 
-    @router.post("/v1/chat/completions")
+    @router.post("/v1/chat/completions", dependencies=JSON_ONLY, responses={
+        **ok_stream(ChatCompletionResponse, ChatCompletionChunk),
+        **errors(*BODY_ROUTE, 404, 503)})
     async def create_chat_completion(request: ChatCompletionRequest, raw: Request) -> Response:
         return await chat.create(request, raw)
 
-    @router.post("/tokenize")
+    @router.post("/tokenize", dependencies=JSON_ONLY,
+                 responses={**ok_json(TokenizeResponse), **errors(*BODY_ROUTE, 404)})
     async def tokenize(request: TokenizeRequest) -> JSONResponse:
         common.check_model(request.model)
-        if request.messages is not None:
-            tokens = apply_chat_template(engine.tokenizer, request.messages,
-                                         request.add_generation_prompt)
-        else:
-            tokens = list(engine.tokenizer.encode(
-                request.prompt, add_special_tokens=request.add_special_tokens))
-        body = TokenizeResponse(count=len(tokens), max_model_len=engine.max_model_len,
-                                tokens=tokens)
-        return JSONResponse(body.model_dump())
+        # Time that grows with the prompt (tokenizing, writing out the tokens): off the loop.
+        return await engine.run_in_pool(_tokenize, engine, request)
 
-    @router.post("/detokenize")
+    @router.post("/detokenize", dependencies=JSON_ONLY,
+                 responses={**ok_json(DetokenizeResponse), **errors(*BODY_ROUTE, 404)})
     async def detokenize(request: DetokenizeRequest) -> JSONResponse:
         common.check_model(request.model)
         vocab_size = engine.processor.vocab_size
@@ -127,12 +159,29 @@ def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
         if outside:
             raise OpenAIError(400, f"tokens: ids outside the vocabulary [0, {vocab_size}): "
                                    f"{outside[:5]}", param="tokens")
-        return JSONResponse(DetokenizeResponse(
-            prompt=engine.tokenizer.decode(request.tokens)).model_dump())
+        text = await engine.run_in_pool(engine.tokenizer.decode, request.tokens)
+        return JSONResponse(DetokenizeResponse(prompt=text).model_dump())
 
-    @router.post("/reset_prefix_cache")
-    async def reset_prefix_cache() -> Response:
+    # The JSON body ({}) is documented as required, so that a schema-valid call sends the
+    # JSON Content-Type that every POST needs; the server takes an empty body too.
+    @router.post("/reset_prefix_cache", dependencies=JSON_ONLY, response_class=Response,
+                 responses={**ok_empty("The prefix cache is emptied"),
+                            **errors(*BODY_ROUTE, 503)},
+                 openapi_extra={"requestBody": {"required": True}})
+    async def reset_prefix_cache(_: ResetPrefixCacheRequest | None = None) -> Response:
         await engine.reset_prefix_cache()
         return Response(status_code=200)
 
     return router
+
+
+def _tokenize(engine: AsyncLLM, request: TokenizeRequest) -> JSONResponse:
+    if request.messages is not None:
+        tokens = apply_chat_template(engine.tokenizer, request.messages,
+                                     request.add_generation_prompt)
+    else:
+        tokens = list(engine.tokenizer.encode(
+            request.prompt, add_special_tokens=request.add_special_tokens))
+    body = TokenizeResponse(count=len(tokens), max_model_len=engine.max_model_len,
+                            tokens=tokens)
+    return JSONResponse(body.model_dump())

@@ -5,7 +5,10 @@ Requests take OpenAI's fields plus vLLM's common sampling extensions (``top_k``,
 extensions (``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``).
 Ranges are checked here, so an out-of-range value is a 400 that names the field. A field
 this server does not implement (``best_of``, ``audio``, ...) is rejected rather than
-silently ignored, unless it is null: some clients send every field, null when unused.
+silently ignored, unless it is null: some clients send every field, null when unused. The
+OpenAPI document says so: ``additionalProperties: {"type": "null"}``. Types are strict, as
+OpenAI's are and as the document says: ``"4"`` is not an integer, ``1`` or ``"yes"`` not a
+boolean (pydantic's lax mode, and so vLLM, would take them).
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ MAX_LOGPROBS = 20  # as OpenAI and vLLM's default max_logprobs
 
 
 class OpenAIRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True,
+                              json_schema_extra={"additionalProperties": {"type": "null"}})
 
     @model_validator(mode="after")
     def _reject_unsupported_fields(self) -> OpenAIRequest:
@@ -261,6 +265,11 @@ class DetokenizeRequest(OpenAIRequest):
     tokens: list[int]
 
 
+class ResetPrefixCacheRequest(OpenAIRequest):
+    """No fields: the body is there so that the POST needs ``Content-Type: application/json``
+    (see ``web_safety``); ``{}`` or no body at all."""
+
+
 # Responses.
 
 
@@ -392,6 +401,13 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeResponse(BaseModel):
     prompt: str
+
+
+class VersionResponse(BaseModel):
+    version: str
+    platform: str
+    engine_pid: int | None  # None while no engine core runs
+    engine_running: bool
 
 
 class ErrorInfo(BaseModel):

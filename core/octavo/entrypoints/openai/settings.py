@@ -13,7 +13,23 @@ class ServerSettings:
     port: int = 8000
     served_model_name: str = DEFAULT_MODEL_NAME  # what clients pass as ``model``
     api_key: str | None = None  # None: no authentication
+    # Web-origin safety (see web_safety.py). Host names the server answers for (any port;
+    # "*": all); None: the loopback names when bound to a loopback address, else all.
+    allowed_hosts: tuple[str, ...] | None = None
+    allowed_origins: tuple[str, ...] = ()  # CORS origins ("*": any); empty: CORS off
+    allowed_methods: tuple[str, ...] = ("*",)  # with allowed_origins
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+    disable_docs: bool = False  # no /docs, /redoc, /openapi.json
     # Requests accepted but not yet producing tokens beyond which new ones get 503 with
     # Retry-After (None: no cap), so overload shows up as a quick answer, not a timeout.
     max_waiting_requests: int | None = None
     retry_after_s: int = 1
+    # Limits on what one client can hold (see http_guard.py and body_limit.py).
+    max_request_body_size: int = 8 * 1024 * 1024  # bytes; larger bodies get 413
+    body_timeout_s: float = 30.0  # to receive a request's body, else 408
+    header_timeout_s: float = 10.0  # to receive a request's head, else the connection closes
+    max_connections: int | None = None  # None: what the descriptor limit allows
+    # After SIGTERM, seconds running requests get to finish before they end with an error.
+    shutdown_timeout_s: float = 30.0
+    restart_engine: bool = False  # on engine death: restart it (True) or exit non-zero
