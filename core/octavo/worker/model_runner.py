@@ -70,9 +70,12 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = self.attn_backend.kv_cache_shape(num_blocks, self.block_size,
                                                  self.model.num_kv_heads, self.model.head_dim)
-        # Uninitialised: pages the OS has not handed out yet cost no memory until a block
-        # is first written, and attention never reads a slot before it is written.
-        self.kv_caches = [torch.empty(shape, dtype=self.model.dtype, device=self.device)
+        # Zeroed (written) now, so the OS commits every page at start-up: the memory the
+        # process holds from the start is what it holds under full load. Lazily committed
+        # pages would grow the RSS by the whole cache over the first hours of traffic (the
+        # free-block queue cycles through every block), which hides a real leak and moves
+        # an out-of-memory kill from start-up to the middle of serving.
+        self.kv_caches = [torch.zeros(shape, dtype=self.model.dtype, device=self.device)
                           for _ in range(self.model.num_layers)]
         if self.spec:
             self.spec.proposer.initialize_kv_cache(num_blocks)

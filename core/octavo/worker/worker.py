@@ -23,12 +23,11 @@ from octavo.worker.kv_transfer import WorkerKVTransfer
 from octavo.worker.model_runner import ModelRunner
 from octavo.worker.spec.verifier import SpecVerifier
 
-# The CPU default KV budget. The cache is allocated untouched (no memory until a block is
-# written), but a long-running server does come to touch all of it: with prefix caching a
-# freed block stays cached and the free queue hands out never-used blocks before evicting
-# one, so the whole budget becomes resident. It is therefore sized to be resident: 1 GiB
-# holds 46k tokens of SmolLM2-135M in bf16 (23k in fp32), and a server on it stays near
-# 2 GB. vLLM's CPU default is 4 GiB (--kv-cache-memory 4GiB) for larger models.
+# The CPU default KV budget. The cache is written when allocated, so all of it is resident
+# from the start (a long-running server would come to touch all of it anyway: freed blocks
+# stay in the prefix cache, and the free queue hands out never-used blocks before evicting
+# cached ones). 1 GiB holds 46k tokens of SmolLM2-135M in bf16 (23k in fp32), and a server
+# on it stays near 2.3 GB. vLLM's CPU default is 4 GiB (--kv-cache-memory 4GiB).
 CPU_DEFAULT_KV_BYTES = 1 * 2**30
 CPU_DEFAULT_KV_FRACTION = 0.4  # of the RAM available at start-up
 
