@@ -4,6 +4,7 @@ against each limit, /health keeps answering at once (probe D7, D8, D14)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -77,10 +78,11 @@ def status_of(response: bytes) -> int:
 
 
 def json_error(response: bytes) -> str:
-    import json
-
-    body = json.loads(response.split(b"\r\n\r\n", 1)[1])
-    return str(body["error"]["message"])
+    """The message of an OpenAI-shaped error body (asserting the shape)."""
+    error = json.loads(response.split(b"\r\n\r\n", 1)[1])["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert error["type"] == "invalid_request_error", error
+    return str(error["message"])
 
 
 def health_summary(poller: HealthPoller) -> str:
@@ -114,6 +116,7 @@ def test_a_chunked_body_is_cut_at_the_limit(server: Server) -> None:
     chunks = [b"%x\r\n%s\r\n" % (len(piece), piece)] * 40  # 2.5 MiB, no end
     response, _ = raw_exchange(server, head, chunks)
     assert status_of(response) == 413, response[:300]
+    assert "exceeds the limit" in json_error(response)
 
 
 def test_a_huge_header_gets_431(server: Server) -> None:
@@ -132,6 +135,7 @@ def test_a_body_that_never_arrives_gets_408(server: Server) -> None:
     response, _ = raw_exchange(server, head)
     waited = time.monotonic() - start
     assert status_of(response) == 408, response[:300]
+    assert "did not arrive within" in json_error(response)
     assert BODY_TIMEOUT_S <= waited < BODY_TIMEOUT_S + 2
 
 

@@ -24,7 +24,8 @@ from octavo.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 # OpenAI's error types by status.
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error",
                404: "invalid_request_error", 405: "invalid_request_error",
-               413: "invalid_request_error", 415: "invalid_request_error",
+               408: "invalid_request_error", 413: "invalid_request_error",
+               415: "invalid_request_error", 431: "invalid_request_error",
                500: "server_error", 503: "server_error"}
 # What an internal error's message must not show a client: where things are in memory and on
 # disk (``<Foo object at 0x7f...>``, ``/usr/lib/.../x.py``).
