@@ -15,45 +15,22 @@ import pytest
 
 from octavo import LLM, SamplingParams
 from octavo.config import EngineConfig
-from octavo.engine.async_llm import AsyncLLM, IterationStats
+from octavo.engine.async_llm import AsyncLLM
 from octavo.outputs import SchedulerStats
 
+from .loop_engine import LoopEngine
 from .tiny_models import save_tiny_model
 
 ENGINE_ARGS = dict(dtype="float32", kv_cache_memory=8 * 2**20)
 
 
-class StatsRecorder:
-    def __init__(self) -> None:
-        self.latest: SchedulerStats | None = None
-
-    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats) -> None:
-        if scheduler_stats is not None:
-            self.latest = scheduler_stats
-
-
-class Harness:
-    """An ``AsyncLLM`` and the event loop it lives on (one for the module: it is slow to
-    start), plus the offline engine on the same model."""
+class Harness(LoopEngine):
+    """The ``AsyncLLM``, plus the offline engine on the same model."""
 
     def __init__(self, folder: Path, seed: int) -> None:
+        super().__init__(EngineConfig.from_kwargs(model=str(folder), **ENGINE_ARGS))
         self.seed = seed
-        self.loop = asyncio.new_event_loop()
-        config = EngineConfig.from_kwargs(model=str(folder), **ENGINE_ARGS)
-        with pytest.MonkeyPatch.context() as env:  # the core process: one thread, as this one
-            env.setenv("OMP_NUM_THREADS", "1")
-            self.engine = self.loop.run_until_complete(AsyncLLM.start(config))
-        self.stats = StatsRecorder()
-        self.engine.stat_loggers.append(self.stats)
         self.offline = LLM(model=str(folder), **ENGINE_ARGS)
-
-    def run(self, coroutine: Any) -> Any:
-        return self.loop.run_until_complete(coroutine)
-
-    def close(self) -> None:
-        self.engine.shutdown()
-        self.loop.run_until_complete(asyncio.sleep(0))  # let the cancelled handler finish
-        self.loop.close()
 
 
 @pytest.fixture(scope="module")

@@ -26,12 +26,12 @@ import pytest
 
 from octavo import SamplingParams
 from octavo.config import EngineConfig
-from octavo.engine.async_llm import AsyncLLM
 from octavo.engine.core_proc import EngineStartError
 from octavo.engine.ipc import MAX_SOCKET_PATH, SOCKET_DIR_PREFIX, CoreEndpoint, make_socket_dir
 from octavo.engine.processor import InvalidRequestError
 
 from ..helpers import Records
+from .loop_engine import LoopEngine, start_async_llm
 from .tiny_models import save_tiny_model
 
 ENGINE_ARGS = dict(dtype="float32", kv_cache_memory=8 * 2**20)
@@ -42,33 +42,20 @@ NUM_REQUESTS = 6
 MAX_TOKENS = 8
 
 
-class Served:
-    """An ``AsyncLLM`` whose socket directory is under a runtime dir of its own, the loop
-    it lives on, and the TCP listeners this process had before it started."""
+class Served(LoopEngine):
+    """An ``AsyncLLM`` whose socket directory is under a runtime dir of its own, and the TCP
+    listeners this process had before it started."""
 
     def __init__(self, folder: Path, runtime_dir: Path) -> None:
         self.runtime_dir = runtime_dir
         self.listeners_before = tcp_listeners(psutil.Process())
-        self.loop = asyncio.new_event_loop()
-        self.engine = start_engine(self.loop, str(folder), runtime_dir)
+        super().__init__(engine_config(folder), XDG_RUNTIME_DIR=str(runtime_dir))
         self.endpoint: CoreEndpoint = self.engine.client.sockets.core
         self.directory = self.engine.client.sockets.directory
 
-    def run(self, coroutine: Any) -> Any:
-        return self.loop.run_until_complete(coroutine)
 
-    def close(self) -> None:
-        self.engine.shutdown()
-        self.loop.run_until_complete(asyncio.sleep(0))  # let the cancelled handler finish
-        self.loop.close()
-
-
-def start_engine(loop: asyncio.AbstractEventLoop, model: str, runtime_dir: Path) -> AsyncLLM:
-    config = EngineConfig.from_kwargs(model=model, **ENGINE_ARGS)
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OMP_NUM_THREADS", "1")  # the core process: one thread, as this one
-        env.setenv("XDG_RUNTIME_DIR", str(runtime_dir))
-        return loop.run_until_complete(AsyncLLM.start(config))
+def engine_config(folder: Path) -> EngineConfig:
+    return EngineConfig.from_kwargs(model=str(folder), **ENGINE_ARGS)
 
 
 def tcp_listeners(process: psutil.Process) -> list[Any]:
@@ -245,7 +232,7 @@ def test_a_failed_start_removes_the_socket_directory(tmp_path: Path) -> None:
     loop = asyncio.new_event_loop()
     try:
         with pytest.raises(EngineStartError):
-            start_engine(loop, str(empty_model), runtime_dir)
+            start_async_llm(loop, engine_config(empty_model), XDG_RUNTIME_DIR=str(runtime_dir))
     finally:
         loop.close()
     assert list(runtime_dir.iterdir()) == []

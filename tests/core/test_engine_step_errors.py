@@ -17,12 +17,13 @@ import pytest
 
 from octavo import SamplingParams
 from octavo.config import EngineConfig
-from octavo.engine.async_llm import AsyncLLM, IterationStats
+from octavo.engine.async_llm import AsyncLLM
 from octavo.engine.core_client import EngineDeadError, EngineStepError
 from octavo.engine.core_proc import MAX_CONSECUTIVE_FAILED_STEPS
 from octavo.outputs import SchedulerStats
 
 from .failing_scheduler import FAIL_PLAN, FAIL_STEP, FailingScheduler
+from .loop_engine import LoopEngine
 from .tiny_models import save_tiny_model
 
 ENGINE_ARGS = dict(dtype="float32", kv_cache_memory=8 * 2**20, max_num_seqs=1,
@@ -31,24 +32,14 @@ PROMPT = {"prompt_token_ids": [2, 7, 1, 8, 2, 8]}
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 
-class Served:
-    """The engine, the loop it lives on, and the newest scheduler state it reported."""
+class Served(LoopEngine):
+    """The engine with the failing scheduler; every call gets 60 s."""
 
     def __init__(self, folder: Path) -> None:
-        self.loop = asyncio.new_event_loop()
-        config = EngineConfig.from_kwargs(model=str(folder), **ENGINE_ARGS)
-        with pytest.MonkeyPatch.context() as env:  # the core process: one thread, as this one
-            env.setenv("OMP_NUM_THREADS", "1")
-            self.engine = self.loop.run_until_complete(AsyncLLM.start(config))
-        self.stats: SchedulerStats | None = None
-        self.engine.stat_loggers.append(self)
-
-    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats) -> None:
-        if scheduler_stats is not None:
-            self.stats = scheduler_stats
+        super().__init__(EngineConfig.from_kwargs(model=str(folder), **ENGINE_ARGS))
 
     def run(self, coroutine: Any) -> Any:
-        return self.loop.run_until_complete(asyncio.wait_for(coroutine, 60))
+        return super().run(asyncio.wait_for(coroutine, 60))
 
     def tokens(self, request_id: str, params: SamplingParams = GREEDY) -> list[int]:
         return self.run(final_tokens(self.engine, request_id, params))  # type: ignore[no-any-return]
@@ -56,19 +47,16 @@ class Served:
     def assert_idle(self) -> None:
         """Nothing left anywhere: the front end's tables, the scheduler, the KV cache."""
 
-        async def idle() -> None:
-            while self.stats is None or self.stats.num_running_reqs or self.stats.num_waiting_reqs:
+        async def idle() -> SchedulerStats:
+            while (stats := self.stats.latest) is None or stats.num_running_reqs or \
+                    stats.num_waiting_reqs:
                 await asyncio.sleep(0.02)
+            return stats
 
-        self.run(idle())
-        assert self.stats is not None and self.stats.kv_cache_usage == 0.0, self.stats
+        stats = self.run(idle())
+        assert stats.kv_cache_usage == 0.0, stats
         assert self.engine.num_unfinished_requests == 0
         self.engine.check_health()
-
-    def close(self) -> None:
-        self.engine.shutdown()
-        self.loop.run_until_complete(asyncio.sleep(0))  # let the cancelled handler finish
-        self.loop.close()
 
 
 async def final_tokens(engine: AsyncLLM, request_id: str,

@@ -40,12 +40,9 @@ def start_tiny_server(model: TinyModel, log_dir: Path, *args: str) -> Server:
 def tiny_server(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory,
                 ) -> Iterator[Server]:
     """The tiny model behind an API key (the served name is the model path)."""
-    server = start_tiny_server(tiny_model, tmp_path_factory.mktemp("tiny-server"),
-                               "--api-key", API_KEY)
-    try:
-        yield server.wait_ready(timeout=180)
-    finally:
-        server.stop()
+    with start_tiny_server(tiny_model, tmp_path_factory.mktemp("tiny-server"),
+                           "--api-key", API_KEY) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ API_KEY = "test-key"
 # One compute thread per process: on a shared machine, torch's threads contending for busy
 # cores make these small models tens of times slower.
 ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1"}
+READY_TIMEOUT_S = 180  # launch to healthy, on a loaded 2-core machine
 
 
 def free_port() -> int:
@@ -67,6 +68,18 @@ class Server:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def __enter__(self) -> Server:
+        """The server once healthy (``with Server(...) as server``); stopped on leaving the
+        block, and at once if it never gets healthy."""
+        try:
+            return self.wait_ready(timeout=READY_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def wait_ready(self, timeout: float) -> Server:
         deadline = time.monotonic() + timeout

@@ -35,12 +35,9 @@ CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conform
 @pytest.fixture(scope="module")
 def fuzz_server(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory,
                 ) -> Iterator[Server]:
-    server = start_tiny_server(tiny_model, tmp_path_factory.mktemp("fuzz-server"),
-                               "--max-model-len", "512", "--api-key", API_KEY)
-    try:
-        yield server.wait_ready(timeout=180)
-    finally:
-        server.stop()
+    with start_tiny_server(tiny_model, tmp_path_factory.mktemp("fuzz-server"),
+                           "--max-model-len", "512", "--api-key", API_KEY) as server:
+        yield server
 
 
 def run_schemathesis(server: Server, schema: Path, report_dir: Path,

@@ -35,23 +35,18 @@ def assert_error(payload: Any, code: str) -> None:
 def cors_server(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory,
                 ) -> Iterator[Server]:
     """No API key, bound to 127.0.0.1 with the default Host check, CORS for UI_ORIGIN."""
-    server = start_tiny_server(tiny_model, tmp_path_factory.mktemp("cors-server"),
-                               "--allowed-origins", UI_ORIGIN)
-    try:
-        yield server.wait_ready(timeout=180)
-    finally:
-        server.stop()
+    with start_tiny_server(tiny_model, tmp_path_factory.mktemp("cors-server"),
+                           "--allowed-origins", UI_ORIGIN) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def no_docs_server(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory,
                    ) -> Iterator[Server]:
-    server = start_tiny_server(tiny_model, tmp_path_factory.mktemp("no-docs-server"),
-                               "--disable-docs", "--allowed-hosts", "api.example.test,127.0.0.1")
-    try:
-        yield server.wait_ready(timeout=180)
-    finally:
-        server.stop()
+    with start_tiny_server(tiny_model, tmp_path_factory.mktemp("no-docs-server"),
+                           "--disable-docs", "--allowed-hosts",
+                           "api.example.test,127.0.0.1") as server:
+        yield server
 
 
 @pytest.mark.parametrize("headers", [{}, {"Content-Type": "text/plain"},

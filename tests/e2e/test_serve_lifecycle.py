@@ -31,13 +31,10 @@ def small_server(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory
     """One request at a time, and at most MAX_WAITING waiting: easy to overload. It
     restarts its engine, should it die (without --restart-engine the server would exit:
     test_serve_faults.py)."""
-    server = start_tiny_server(tiny_model, tmp_path_factory.mktemp("small-server"),
-                               "--max-num-seqs", "1", "--restart-engine",
-                               "--max-waiting-requests", str(MAX_WAITING))
-    try:
-        yield server.wait_ready(timeout=180)
-    finally:
-        server.stop()
+    with start_tiny_server(tiny_model, tmp_path_factory.mktemp("small-server"),
+                           "--max-num-seqs", "1", "--restart-engine",
+                           "--max-waiting-requests", str(MAX_WAITING)) as server:
+        yield server
 
 
 def test_start_up_log_names_plugins_platform_model_and_kv_blocks(

@@ -26,14 +26,12 @@ FAST_S = 0.1  # the probe's bar: answers in under 100 ms
 
 @pytest.fixture(scope="module")
 def server(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    server = start_tiny_server(
+    with start_tiny_server(
         tiny_model, tmp_path_factory.mktemp("limits-server"),
         "--max-request-body-size", str(BODY_LIMIT), "--header-timeout", str(HEADER_TIMEOUT_S),
-        "--body-timeout", str(BODY_TIMEOUT_S), "--max-connections", str(MAX_CONNECTIONS))
-    try:
-        yield server.wait_ready(timeout=180)
-    finally:
-        server.stop()
+        "--body-timeout", str(BODY_TIMEOUT_S), "--max-connections", str(MAX_CONNECTIONS),
+    ) as server:
+        yield server
 
 
 def raw_exchange(server: Server, head: bytes, body_chunks: Iterator[bytes] | list[bytes] = (),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from typing import Any
 
 import click
@@ -28,43 +27,6 @@ class MemorySize(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-# What one client may hold: ServerSettings' fields of the same names.
-LIMIT_OPTIONS = [
-    click.option("--max-request-body-size", "max_request_body_size", type=MemorySize(),
-                 default="8MiB", show_default=True,
-                 help="Answer 413 to a request body larger than this."),
-    click.option("--body-timeout", "body_timeout_s", type=click.FloatRange(min=0, min_open=True),
-                 default=30.0, show_default=True,
-                 help="Seconds to receive a request's body, else 408."),
-    click.option("--header-timeout", "header_timeout_s",
-                 type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
-                 help="Seconds for a connection to send a request's headers, else it is "
-                      "closed (slow clients cannot hold connections)."),
-    click.option("--max-connections", "max_connections", type=click.IntRange(min=1),
-                 default=None, help="Close new connections past this many open ones "
-                                    "(default: the file-descriptor limit, less a reserve)."),
-    click.option("--shutdown-timeout", "shutdown_timeout_s", type=click.FloatRange(min=0),
-                 default=30.0, show_default=True,
-                 help="On SIGTERM, seconds running requests get to finish; then they end "
-                      "with an error (streams: an error event and [DONE])."),
-    click.option("--restart-engine", "restart_engine", is_flag=True, default=False,
-                 help="Restart the engine core (with backoff) when it dies, instead of "
-                      "exiting non-zero for a supervisor to restart the server."),
-]
-LIMIT_NAMES = ("max_request_body_size", "body_timeout_s", "header_timeout_s", "max_connections",
-               "shutdown_timeout_s", "restart_engine")
-
-
-def limit_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(LIMIT_OPTIONS):
-        command = option(command)
-    return command
-
-
-def pop_limits(kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {name: kwargs.pop(name) for name in LIMIT_NAMES}
-
-
 class NameList(click.ParamType):
     """Comma-separated names, or a JSON list of them (vLLM's spelling of the CORS flags)."""
 
@@ -84,15 +46,6 @@ class NameList(click.ParamType):
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             self.fail("must be a list of strings", param, ctx)
         return tuple(names)
-
-
-# Web-origin safety: ServerSettings' fields of the same names (see openai/web_safety.py).
-ORIGIN_NAMES = ("allowed_hosts", "allowed_origins", "allowed_methods", "allowed_headers",
-                "allow_credentials", "disable_docs")
-
-
-def pop_origin_settings(kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {name: kwargs.pop(name) for name in ORIGIN_NAMES}
 
 
 @click.command()
@@ -123,10 +76,28 @@ def pop_origin_settings(kwargs: dict[str, Any]) -> dict[str, Any]:
 @click.option("--disable-fastapi-docs", "--disable-docs", "disable_docs", is_flag=True,
               default=False,
               help="Serve no /docs, /redoc or /openapi.json (with --api-key, they need the key).")
-@limit_options
+@click.option("--max-request-body-size", "max_request_body_size", type=MemorySize(),
+              default="8MiB", show_default=True,
+              help="Answer 413 to a request body larger than this.")
+@click.option("--body-timeout", "body_timeout_s", type=click.FloatRange(min=0, min_open=True),
+              default=30.0, show_default=True,
+              help="Seconds to receive a request's body, else 408.")
+@click.option("--header-timeout", "header_timeout_s",
+              type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Seconds for a connection to send a request's headers, else it is closed "
+                   "(slow clients cannot hold connections).")
+@click.option("--max-connections", "max_connections", type=click.IntRange(min=1),
+              default=None, help="Close new connections past this many open ones "
+                                 "(default: the file-descriptor limit, less a reserve).")
+@click.option("--shutdown-timeout", "shutdown_timeout_s", type=click.FloatRange(min=0),
+              default=30.0, show_default=True,
+              help="On SIGTERM, seconds running requests get to finish; then they end with "
+                   "an error (streams: an error event and [DONE]).")
+@click.option("--restart-engine", "restart_engine", is_flag=True, default=False,
+              help="Restart the engine core (with backoff) when it dies, instead of exiting "
+                   "non-zero for a supervisor to restart the server.")
 @engine_options
-def serve(host: str, port: int, api_key: str | None, served_model_name: str | None,
-          max_waiting_requests: int | None, **kwargs: Any) -> None:
+def serve(served_model_name: str | None, **kwargs: Any) -> None:
     """Serve a model over an OpenAI-compatible HTTP API."""
     from octavo.engine.core_client import EngineDeadError
     from octavo.engine.core_proc import EngineStartError
@@ -136,11 +107,10 @@ def serve(host: str, port: int, api_key: str | None, served_model_name: str | No
     if config.device.backend != "auto":  # "auto" always resolves (the CPU at least); checking it
         # here would import the whole model stack before the engine core is even spawned
         resolve_backend_or_exit(config.device.backend)
+    # The flags left once the engine's are taken are ServerSettings' fields, by name.
     settings = ServerSettings(
-        host=host, port=port, api_key=api_key,
         served_model_name=served_model_name or config.model.model or DEFAULT_MODEL_NAME,
-        max_waiting_requests=max_waiting_requests, **pop_limits(kwargs),
-        **pop_origin_settings(kwargs))
+        **kwargs)
     try:
         asyncio.run(run_server(config, settings))
     except (EngineStartError, EngineDeadError) as exc:

@@ -107,10 +107,9 @@ def _open_routes(engine: AsyncLLM, metrics: PrometheusMetrics) -> APIRouter:
     @router.get("/version", response_model=None,
                 responses={**ok_json(VersionResponse), **errors(*ANY_ROUTE)})
     async def version() -> dict[str, Any]:
-        ready = engine.ready  # a dead engine has no pid to show
-        return {"version": __version__, "platform": ready.platform,
-                "engine_pid": ready.pid if engine.is_running() else None,
-                "engine_running": engine.is_running()}
+        running = engine.is_running()  # a dead engine has no pid to show
+        return {"version": __version__, "platform": engine.ready.platform,
+                "engine_pid": engine.ready.pid if running else None, "engine_running": running}
 
     @router.get("/metrics", response_class=Response, responses={
         **ok_text("Prometheus metrics (text format)"), **errors(*ANY_ROUTE)})

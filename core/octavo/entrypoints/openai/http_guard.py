@@ -133,9 +133,8 @@ class GuardedH11Protocol(H11Protocol):
         self._head_timer = None
         if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
             return
-        if self.conn.trailing_data[0] or self.conn.our_state is h11.IDLE:
-            logger.warning("closed a connection that sent no complete request head in %g s "
-                           "(--header-timeout)", self.limits.header_timeout_s)
+        logger.warning("closed a connection that sent no complete request head in %g s "
+                       "(--header-timeout)", self.limits.header_timeout_s)
         if self.conn.trailing_data[0]:  # a head was begun: say why it is cut
             self._send_error(408, f"the request head did not arrive within "
                                   f"{self.limits.header_timeout_s:g} s")
