@@ -4,6 +4,8 @@
 #   1. the kernel tests, run on the GPU (tests/triton, tests/cuda);
 #   2. each Triton kernel timed against its torch reference;
 #   3. W1_throughput and W2_latency with --backend cuda, CUDA graphs on and off;
+#   4. on a machine with two GPUs or more, W2_latency at -tp 2 (one worker process per GPU,
+#      NCCL between them);
 # then one table. Each step has its own time limit; the whole stays under 8 minutes.
 #
 #   benchmarks/gpu_check.sh [OUT_DIR]        (default: a new temporary folder)
@@ -44,6 +46,16 @@ for mode in graphs eager; do
         || echo "W2 $mode failed: see $OUT/W2_$mode.log"
     tail -n 4 "$OUT/W2_$mode.log"
 done
+
+if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)"; then
+    step "W2_latency, --backend cuda, -tp 2"
+    timeout 90 "$PY" -m octavo bench latency --workload W2_latency --backend cuda -tp 2 \
+        --output-json "$OUT/W2_latency_tp2.json" > "$OUT/W2_tp2.log" 2>&1 \
+        || echo "W2 -tp 2 failed: see $OUT/W2_tp2.log"
+    tail -n 4 "$OUT/W2_tp2.log"
+else
+    echo; echo "== -tp 2 skipped: it needs two GPUs"
+fi
 
 step "summary (logs and JSON in $OUT)"
 "$PY" benchmarks/gpu_check.py table "$OUT"

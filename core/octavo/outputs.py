@@ -39,13 +39,16 @@ class NewRequestData:
 class CachedRequestData:
     """Running requests the workers already hold, as parallel lists.
 
-    Workers keep each request's sampled tokens themselves; ``new_block_ids`` are the
-    blocks appended since the last step.
+    Workers that sample keep each request's sampled tokens themselves; ``new_block_ids``
+    are the blocks appended since the last step. ``new_token_ids`` are the output tokens
+    among the positions scheduled this step, for the workers that did not sample them
+    (pipeline stages before the last); empty lists without pipeline parallelism.
     """
 
     req_ids: list[str] = field(default_factory=list)
     new_block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
+    new_token_ids: list[list[int]] = field(default_factory=list)
 
 
 @dataclass

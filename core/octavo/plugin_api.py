@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
     from octavo.config import EngineConfig as EngineConfig
     from octavo.config import KVTransferConfig as KVTransferConfig
     from octavo.config import SpeculativeConfig as SpeculativeConfig
+    from octavo.distributed.state import RankInfo as RankInfo
     from octavo.engine.llm import LLM as LLM
     from octavo.kv.block import KVBlock as KVBlock
     from octavo.kv.interface import KVCacheManagerInterface as KVCacheManagerInterface
@@ -44,6 +45,8 @@ if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
     from octavo.kv_transfer.base import KVConnector as KVConnector
     from octavo.kv_transfer.base import KVConnectorRole as KVConnectorRole
     from octavo.models.base import CausalLM as CausalLM
+    from octavo.models.base import IntermediateTensors as IntermediateTensors
+    from octavo.models.base import PPMissingLayer as PPMissingLayer
     from octavo.models.build import build_model as build_model
     from octavo.models.config import ArchConfig as ArchConfig
     from octavo.models.layers.activation import SiluAndMul as SiluAndMul
@@ -113,6 +116,9 @@ _EXPORTS: dict[str, str] = {
     "TorchAttentionImpl": "octavo.attention.torch_backend:TorchAttentionImpl",
     # models
     "CausalLM": "octavo.models.base:CausalLM",
+    "IntermediateTensors": "octavo.models.base:IntermediateTensors",
+    "PPMissingLayer": "octavo.models.base:PPMissingLayer",
+    "RankInfo": "octavo.distributed.state:RankInfo",
     "ArchConfig": "octavo.models.config:ArchConfig",
     "build_model": "octavo.models.build:build_model",
     "ModelFiles": "octavo.models.loader:ModelFiles",

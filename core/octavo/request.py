@@ -45,6 +45,9 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first schedule
     num_preemptions: int = 0
+    # Prompt positions whose logprobs the front end has (a recompute after preemption
+    # computes them again; see Scheduler._unsent_prompt_logprobs).
+    num_prompt_logprobs_sent: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | None = None  # the stop_token_ids entry that finished the request
     # Chained hashes (``octavo.block_hash.BlockHash``) of the full blocks of known tokens,

@@ -74,15 +74,15 @@ def engine_env() -> dict[str, str]:
 
 
 def run_engine(model: TinyModel, prompts_file: Path,
-               kv_config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One engine in its own process; its JSON report."""
-    return run_engines(model, (prompts_file, kv_config))[0]
+               kv_config: dict[str, Any] | None = None, *flags: str) -> dict[str, Any]:
+    """One engine in its own process (``flags``: engine_process's); its JSON report."""
+    return run_engines(model, (prompts_file, kv_config), flags=flags)[0]
 
 
-def run_engines(model: TinyModel,
-                *runs: tuple[Path, dict[str, Any] | None]) -> list[dict[str, Any]]:
+def run_engines(model: TinyModel, *runs: tuple[Path, dict[str, Any] | None],
+                flags: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Independent engines, each in its own process, side by side; their JSON reports."""
-    procs = [subprocess.Popen(engine_command(model, prompts_file, kv_config), cwd=ROOT,
+    procs = [subprocess.Popen(engine_command(model, prompts_file, kv_config, *flags), cwd=ROOT,
                               env=engine_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
              for prompts_file, kv_config in runs]

@@ -10,6 +10,7 @@ import pytest
 
 from octavo.block_hash import update_block_hashes
 from octavo.config import KVTransferConfig
+from octavo.distributed.state import RankInfo
 from octavo.outputs import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
 from octavo.request import Request, RequestStatus
 from octavo.sampling_params import SamplingParams
@@ -42,7 +43,7 @@ def store_prefix(store: Path, request: Request) -> int:
     """Mark the request's loadable prefix as stored; its number of tokens."""
     num_blocks = (request.num_prompt_tokens - 1) // BLOCK
     key = update_block_hashes(request, BLOCK)[num_blocks - 1].hex()
-    DirectoryStore(store).put(done_blob(key), b"1")
+    DirectoryStore(store).put(done_blob(key, RankInfo()), b"1")
     return num_blocks * BLOCK
 
 

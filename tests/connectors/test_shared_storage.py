@@ -38,6 +38,31 @@ def test_consumer_loads_what_the_producer_saved(tiny_model: TinyModel, prompts: 
                                        "failed_loads": 0, "saves": 0}, why
 
 
+def test_tensor_parallel_ranks_store_and_load_their_shards(tiny_model: TinyModel,
+                                                           prompts: Prompts,
+                                                           tmp_path: Path) -> None:
+    """Each of two ranks saves and loads its half of the KV heads under names of its own;
+    an engine of another layout (one rank) finds no complete entry and computes instead."""
+    why = f"model seed {tiny_model.seed}, prompt seed {prompts.seed}"
+    store = tmp_path / "kv"
+    produced = write_prompts(tmp_path, "produced", prompts.produced)
+    consumed = write_prompts(tmp_path, "consumed", prompts.consumed)
+    reference = run_engine(tiny_model, consumed)
+    producer = run_engine(tiny_model, produced, storage_config(store, "producer"), "--tp=2")
+    assert producer["tokens"] == reference["tokens"][:3], why
+    for rank in (0, 1):
+        assert len(list(store.glob(f"*/done@tp{rank}of2-pp0of1"))) == 3, why
+    assert not list(store.glob("*/done")), why
+
+    consumer = run_engine(tiny_model, consumed, storage_config(store, "consumer"), "--tp=2")
+    assert consumer["tokens"] == reference["tokens"], why
+    assert consumer["kv_transfer"]["loads"] == 4, why
+    assert consumer["kv_transfer"]["failed_loads"] == 0, why
+    one_rank = run_engine(tiny_model, consumed, storage_config(store, "consumer"))
+    assert one_rank["kv_transfer"]["loads"] == 0, why
+    assert one_rank["tokens"] == reference["tokens"], why
+
+
 def test_corrupt_or_missing_files_fall_back_to_computing(tiny_model: TinyModel,
                                                          prompts: Prompts,
                                                          tmp_path: Path) -> None:

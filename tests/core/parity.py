@@ -40,7 +40,7 @@ class RecordingSampler(torch.nn.Module):
 def engine_greedy(llm: LLM, prompts: list[list[int]], max_tokens: int,
                   ) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
     """Token ids and per-step logits of each prompt, generated together."""
-    runner = llm.llm_engine.core.worker.runner
+    runner = llm.llm_engine.core.executor.worker.runner
     recorder = RecordingSampler(runner.sampler)
     runner.sampler = recorder
     engine = llm.llm_engine
@@ -49,7 +49,7 @@ def engine_greedy(llm: LLM, prompts: list[list[int]], max_tokens: int,
     logits: dict[str, list[torch.Tensor]] = {i: [] for i in ids}
     tokens: dict[str, list[int]] = {}
     core = engine.core
-    original_step = core.worker.execute_model
+    original_step = core.executor.worker.execute_model
 
     def recording_execute(scheduler_output):  # type: ignore[no-untyped-def]
         before = len(recorder.steps)
@@ -60,14 +60,14 @@ def engine_greedy(llm: LLM, prompts: list[list[int]], max_tokens: int,
                 logits[req_id].append(recorder.steps[-1][row])
         return out
 
-    core.worker.execute_model = recording_execute
+    core.executor.worker.execute_model = recording_execute
     try:
         while engine.has_unfinished_requests():
             for output in engine.step():
                 if output.finished:
                     tokens[output.request_id] = output.outputs[0].token_ids
     finally:
-        core.worker.execute_model = original_step
+        core.executor.worker.execute_model = original_step
         runner.sampler = recorder.inner
     return [tokens[i] for i in ids], [logits[i] for i in ids]
 
@@ -146,7 +146,7 @@ def engine_forced_picks(llm: LLM, prompts: list[list[int]], references: list[lis
     """The engine's greedy pick at each step of the reference's own continuation (teacher
     forcing): what it would say next given the same text, with no earlier divergence
     carried along."""
-    runner = llm.llm_engine.core.worker.runner
+    runner = llm.llm_engine.core.executor.worker.runner
     engine = llm.llm_engine
     ids = [engine.add_request({"prompt_token_ids": p},
                               SamplingParams(temperature=0.0, max_tokens=len(ref),

@@ -51,17 +51,35 @@ def test_each_default_is_written_once_and_the_flags_come_from_it() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"tensor_parallel_size": 2}, "tensor_parallel_size=2: parallelism is not available yet"),
-    ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2"),
-    ({"data_parallel_size": 3}, "data_parallel_size=3"),
-    ({"enable_expert_parallel": True}, "expert parallelism is not available yet"),
+    ({"data_parallel_size": 3}, "data_parallel_size=3: data parallelism is not available"),
+    ({"enable_expert_parallel": True}, "it needs tensor_parallel_size > 1"),
     ({"distributed_executor_backend": "ray"}, "'ray' is not available yet"),
     ({"distributed_executor_backend": "slurm"}, "must be one of uni, mp, ray"),
+    ({"distributed_executor_backend": "uni", "tensor_parallel_size": 2},
+     "'uni' runs one worker"),
     ({"tensor_parallel_size": 0}, "tensor_parallel_size must be a positive integer"),
 ])
 def test_parallelism_not_built_yet_is_refused_clearly(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         ParallelConfig(**kwargs)
+
+
+def test_executor_backend_follows_the_world_size() -> None:
+    assert ParallelConfig().distributed_executor_backend == "uni"
+    assert ParallelConfig(tensor_parallel_size=2,
+                          pipeline_parallel_size=2).distributed_executor_backend == "mp"
+    assert ParallelConfig(tensor_parallel_size=2).world_size == 2
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"pipeline_parallel_size": 2, "speculative_config": {"method": "ngram",
+      "num_speculative_tokens": 2}}, "does not run with pipeline parallelism"),
+    ({"tensor_parallel_size": 2, "speculative_config": {"method": "medusa", "model": "m",
+      "num_speculative_tokens": 2}}, "method 'medusa' does not run with several workers"),
+])
+def test_parallel_combinations_not_built_are_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig.from_kwargs(**kwargs)
 
 
 def test_structured_outputs_config_is_checked() -> None:

@@ -53,7 +53,7 @@ def test_preemption_keeps_outputs_identical(tiny_llama: Path) -> None:
     rng = np.random.default_rng()
     prompts = [{"prompt_token_ids": rng.integers(0, 256, int(n)).tolist()}
                for n in rng.integers(20, 60, 10)]
-    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, prompt_logprobs=3)
     ample = make_llm(tiny_llama).generate(prompts, params)
     # 160 tokens of KV: two requests at most fit at once, so running ones get preempted.
     small = make_llm(tiny_llama, max_model_len=128, kv_cache_memory=10 * 16 * 2 * 2 * 2 * 16 * 4,
@@ -61,6 +61,11 @@ def test_preemption_keeps_outputs_identical(tiny_llama: Path) -> None:
     tight = small.generate(prompts, params)
     assert token_ids(tight) == token_ids(ample)
     assert sum(o.metrics.num_preemptions for o in tight) > 0
+    # A recomputed prompt reports each position's logprobs once.
+    for prompt, out_tight, out_ample in zip(prompts, tight, ample, strict=True):
+        assert len(out_tight.prompt_logprobs) == len(prompt["prompt_token_ids"])
+        assert [p and set(p) for p in out_tight.prompt_logprobs] == \
+            [p and set(p) for p in out_ample.prompt_logprobs]
 
 
 def greedy(**kwargs) -> SamplingParams:  # type: ignore[no-untyped-def]
@@ -176,7 +181,7 @@ def test_bfloat16_engine_generates(tiny_llama: Path) -> None:
     llm = make_llm(tiny_llama, dtype="bfloat16")
     out = llm.generate({"prompt_token_ids": [3, 1, 4, 1, 5]}, GREEDY)[0]
     assert len(out.outputs[0].token_ids) == 24
-    runner = llm.llm_engine.core.worker.runner
+    runner = llm.llm_engine.core.executor.worker.runner
     assert runner.kv_caches[0].dtype == torch.bfloat16
     assert next(runner.model.parameters()).dtype == torch.bfloat16
 

@@ -60,8 +60,16 @@ _COMMON = dict(
 )
 
 
-def tiny_config(arch: str) -> PretrainedConfig:
-    """The HF config of the tiny ``arch`` (one of ``TINY_ARCHS``)."""
+def tiny_config(arch: str, **overrides: object) -> PretrainedConfig:
+    """The HF config of the tiny ``arch`` (one of ``TINY_ARCHS``), with ``overrides`` of its
+    fields (more heads, experts, layers for the parallelism tests)."""
+    config = _base_config(arch)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def _base_config(arch: str) -> PretrainedConfig:
     if arch == "llama":
         return LlamaConfig(**_COMMON, rope_theta=10000.0, rope_scaling={
             "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -94,10 +102,11 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def make_tiny_model(arch: str, seed: int) -> PreTrainedModel:
+def make_tiny_model(arch: str, seed: int, **overrides: object) -> PreTrainedModel:
     """The tiny HF model with random weights drawn from ``seed`` (eval mode, eager attention)."""
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch), attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides),
+                                             attn_implementation="eager")
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -107,9 +116,9 @@ def make_tiny_model(arch: str, seed: int) -> PreTrainedModel:
     return model.eval()
 
 
-def save_tiny_model(arch: str, folder: Path, seed: int) -> PreTrainedModel:
+def save_tiny_model(arch: str, folder: Path, seed: int, **overrides: object) -> PreTrainedModel:
     """Write the tiny ``arch`` model and tokenizer to ``folder``; return the HF model."""
-    model = make_tiny_model(arch, seed)
+    model = make_tiny_model(arch, seed, **overrides)
     model.save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
     return model

@@ -62,7 +62,7 @@ def test_proposer_inputs_are_consistent(tmp_path: Path) -> None:
               speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     # Swap the built n-gram proposer for the checking one (speculative_config accepts only
     # the documented methods), with the same context.
-    runner = llm.llm_engine.core.worker.runner
+    runner = llm.llm_engine.core.executor.worker.runner
     assert runner.spec is not None
     runner.spec.proposer = CheckingProposer(runner.spec.proposer.context)
     runner.model.model.keep_prenorm_hidden = True

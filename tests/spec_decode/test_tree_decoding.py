@@ -116,7 +116,7 @@ def test_tree_verification_is_greedy_identical(target: Path, medusa_folder: Path
     spec = {"method": "medusa", "model": str(medusa_folder), "num_speculative_tokens": 3,
             "speculative_token_tree": TREE}
     llm = LLM(model=str(target), speculative_config=json.dumps(spec), **engine)
-    runner = llm.llm_engine.core.worker.runner
+    runner = llm.llm_engine.core.executor.worker.runner
     assert runner.spec is not None and runner.spec.tree is not None
     runner.spec.proposer = OracleTreeProposer(runner.spec.proposer.context)
     OracleTreeProposer.references = {tuple(p["prompt_token_ids"]): list(o.outputs[0].token_ids)
@@ -166,7 +166,7 @@ def test_medusa_tree_drafts_each_nodes_ranked_candidate(target: Path, medusa_fol
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == \
         [o.outputs[0].token_ids for o in plain], f"seed={seed}"
-    proposer = llm.llm_engine.core.worker.runner.spec.proposer
+    proposer = llm.llm_engine.core.executor.worker.runner.spec.proposer
     hidden = torch.from_numpy(
         np.random.default_rng(seed).standard_normal((4, 64)).astype(np.float32))
     nodes = proposer.draft_tree(hidden)

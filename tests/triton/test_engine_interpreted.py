@@ -37,7 +37,7 @@ def generate(folder: Path, attention_backend: str) -> list[list[int]]:
     llm = LLM(model=str(folder), dtype="float32", kv_cache_memory=2**20,
               max_num_batched_tokens=32, attention_backend=attention_backend, backend=backend)
     if on_kernels:
-        model = llm.llm_engine.core.worker.runner.model
+        model = llm.llm_engine.core.executor.worker.runner.model
         use_triton_layers(model)
         assert any(isinstance(m, TritonRMSNorm) for m in model.modules())
         assert any(isinstance(m, TritonRotaryEmbedding) for m in model.modules())

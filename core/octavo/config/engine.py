@@ -27,6 +27,8 @@ from octavo.config.structured_outputs import StructuredOutputsConfig
 PARTS: dict[str, type] = {"model": ModelConfig, "cache": CacheConfig,
                           "scheduler": SchedulerConfig, "parallel": ParallelConfig,
                           "device": DeviceConfig, "observability": ObservabilityConfig}
+# Proposers whose drafting runs on every tensor rank, as tested (tests/parallel).
+PARALLEL_PROPOSERS = ("ngram", "draft_model")
 # Parts given as one JSON object each, by their keyword (vLLM's names).
 JSON_PARTS = {"speculative_config": "speculative", "kv_transfer_config": "kv_transfer",
               "structured_outputs_config": "structured_outputs"}
@@ -64,10 +66,31 @@ class EngineConfig:
                    kv_transfer=KVTransferConfig.parse(json_parts.get("kv_transfer")),
                    structured_outputs=_structured(json_parts.get("structured_outputs")))
 
+    def __post_init__(self) -> None:
+        check_parallel_combinations(self)
+
     @property
     def num_speculative_tokens(self) -> int:
         """k of speculative decoding; 0 when it is off."""
         return self.speculative.num_speculative_tokens if self.speculative else 0
+
+
+def check_parallel_combinations(config: EngineConfig) -> None:
+    """Refuse, at start, the features that do not run with several workers yet, naming
+    them: a combination that is not refused is tested (tests/parallel)."""
+    parallel = config.parallel
+    if parallel.world_size == 1:
+        return
+    sizes = (f"tensor_parallel_size={parallel.tensor_parallel_size}, "
+             f"pipeline_parallel_size={parallel.pipeline_parallel_size}")
+    spec = config.speculative
+    if spec is not None and parallel.pipeline_parallel_size > 1:
+        raise ConfigError(f"speculative decoding does not run with pipeline parallelism yet "
+                          f"({sizes}); use pipeline_parallel_size=1")
+    if spec is not None and spec.method not in PARALLEL_PROPOSERS:
+        raise ConfigError(f"speculative decoding with method {spec.method!r} does not run "
+                          f"with several workers yet ({sizes}); methods that do: "
+                          f"{', '.join(PARALLEL_PROPOSERS)}")
 
 
 def flat_fields() -> list[tuple[str, Field[Any]]]:

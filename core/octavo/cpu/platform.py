@@ -11,6 +11,9 @@ from octavo.platforms.base import Availability, Platform
 if TYPE_CHECKING:
     import torch
     from torch import nn
+    from torch.distributed import ProcessGroup
+
+    from octavo.distributed.state import TensorCommunicator
 
 
 def _meminfo_bytes(field: str) -> int:
@@ -67,6 +70,26 @@ class CpuPlatform(Platform):
     @classmethod
     def free_memory(cls) -> int:
         return _meminfo_bytes("MemAvailable")
+
+    @classmethod
+    def init_worker_process(cls, rank: int, world_size: int) -> None:
+        """Each rank's threads on cores of its own (``octavo.cpu.threads``)."""
+        from octavo.cpu.threads import bind_worker_threads
+
+        bind_worker_threads(rank, world_size)
+
+    @classmethod
+    def tensor_communicator(cls, group: ProcessGroup, rank_in_group: int,
+                            fallback: TensorCommunicator) -> TensorCommunicator:
+        """All-reduce through shared memory between the local ranks, gloo for tensors too
+        large for its slots: many times faster than gloo over loopback TCP for the
+        activations of a decode step (benchmarks/allreduce.py)."""
+        from torch import distributed as dist
+
+        from octavo.cpu.shm_allreduce import ShmCommunicator
+
+        return ShmCommunicator(group, rank_in_group, dist.get_world_size(group),
+                               fallback=fallback)
 
     @classmethod
     def prepare_model(cls, model: nn.Module, dtype: torch.dtype) -> int:

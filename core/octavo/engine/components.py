@@ -1,41 +1,17 @@
-"""Building an engine's parts from its config: the worker's classes and the scheduler with
-its KV manager, policy and connector, each looked up by the name the config holds
-(``octavo.plugins.resolve``)."""
+"""Building the engine core's scheduler from its config, with its KV manager, policy and
+connector, each looked up by the name the config holds (``octavo.plugins.resolve``). The
+workers' parts are the executor's (``octavo.executor.worker_factory``)."""
 
 from __future__ import annotations
 
 from octavo.config import EngineConfig
+from octavo.distributed.state import RankInfo
 from octavo.kv_transfer.base import KVConnector, KVConnectorRole
-from octavo.platforms import Platform
 from octavo.plugins import Registries
-from octavo.plugins.resolve import (
-    attention_backend,
-    kv_connector_cls,
-    kv_manager_cls,
-    proposer_cls,
-    scheduler_cls,
-)
-from octavo.qualname import resolve_qualname
+from octavo.plugins.resolve import kv_connector_cls, kv_manager_cls, scheduler_cls
 from octavo.sched.interface import SchedulerInterface
 from octavo.sched.policy import SchedulingPolicy
 from octavo.sched.structured_outputs import StructuredOutputManager
-from octavo.worker.interface import WorkerClasses, WorkerInterface
-
-
-def worker_cls(platform: type[Platform]) -> type[WorkerInterface]:
-    """The class ``platform.worker_cls`` names, imported now."""
-    return resolve_qualname(platform.worker_cls)  # type: ignore[no-any-return]
-
-
-def worker_classes(config: EngineConfig, platform: type[Platform],
-                   registries: Registries) -> WorkerClasses:
-    """What a worker of ``platform`` runs, from ``config``'s names."""
-    return WorkerClasses(
-        attn_backend=attention_backend(config, platform, registries),
-        architectures=registries.models.as_dict(),
-        proposer=proposer_cls(config, registries),
-        kv_connector=kv_connector_cls(config, registries),
-    )
 
 
 def build_scheduler(config: EngineConfig, registries: Registries,
@@ -55,6 +31,8 @@ def build_scheduler(config: EngineConfig, registries: Registries,
     if connector_class is not None:
         assert config.kv_transfer is not None
         connector = connector_class(config.kv_transfer, KVConnectorRole.SCHEDULER, block_size)
+        connector.ranks = RankInfo(tp_size=config.parallel.tensor_parallel_size,
+                                   pp_size=config.parallel.pipeline_parallel_size)
     return scheduler_cls(config, registries)(
         config, kv_manager, policy=policy_cls(), kv_connector=connector,
         structured_output=structured_output)

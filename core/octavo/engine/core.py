@@ -14,9 +14,12 @@ caller's decision.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from octavo.config import ConfigError, EngineConfig
-from octavo.engine.components import build_scheduler, worker_classes, worker_cls
+from octavo.engine.components import build_scheduler
+from octavo.executor.base import WorkerDiedError
+from octavo.executor.select import make_executor
 from octavo.models.config import eos_token_ids
 from octavo.models.loader import ModelFiles
 from octavo.outputs import EngineCoreOutput
@@ -30,15 +33,21 @@ logger = logging.getLogger(__name__)
 
 class EngineCore:
     def __init__(self, config: EngineConfig, platform: type[Platform], files: ModelFiles,
-                 max_model_len: int) -> None:
+                 max_model_len: int,
+                 on_executor_failure: Callable[[str], None] | None = None) -> None:
+        """``on_executor_failure``: called (from a monitor thread) when a worker process
+        dies, with the reason; the engine cannot step again."""
         self.config = config
         config.model.max_model_len = max_model_len
         registries = get_registries()
-        self.worker = worker_cls(platform)(config, platform, files,
-                                           worker_classes(config, platform, registries))
-        num_blocks = self.worker.determine_num_blocks()
-        check_kv_fits(num_blocks, config.cache.block_size, max_model_len)
-        self.worker.initialize_kv_cache(num_blocks)
+        self.executor = make_executor(config, platform, files, on_executor_failure)
+        try:
+            num_blocks = self.executor.determine_num_blocks()
+            check_kv_fits(num_blocks, config.cache.block_size, max_model_len)
+            self.executor.initialize_kv_cache(num_blocks)
+        except BaseException:
+            self.executor.shutdown()
+            raise
         config.cache.num_gpu_blocks = num_blocks
         self.structured_output = StructuredOutputManager(
             files.tokenizer, int(files.hf_config["vocab_size"]), eos_token_ids(files.hf_config),
@@ -63,6 +72,10 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def shutdown(self) -> None:
+        """Stop the workers (worker processes, with the ``mp`` executor)."""
+        self.executor.shutdown()
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached block not held by a request (e.g. after new weights)."""
         self.scheduler.reset_prefix_cache()
@@ -75,8 +88,10 @@ class EngineCore:
         except Exception as exc:  # the plan may have changed any request's state
             raise self._abort_step(sorted(self._request_ids), exc) from exc
         try:
-            runner_output = self.worker.execute_model(scheduler_output)
+            runner_output = self.executor.execute_model(scheduler_output)
             outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        except WorkerDiedError:
+            raise  # not this step's fault: no step can run any more
         except Exception as exc:
             raise self._abort_step(list(scheduler_output.num_scheduled_tokens), exc) from exc
         self._request_ids.difference_update(out.request_id for out in outputs if out.finished)

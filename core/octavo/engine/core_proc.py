@@ -111,7 +111,8 @@ class EngineCoreProc:
         check_names(config, get_registries(), platform)  # before the model load, not after
         files = load_model_files(config.model.model)
         max_model_len = resolve_max_model_len(config, files)
-        self.core = EngineCore(config, platform, files, max_model_len)
+        self.core = EngineCore(config, platform, files, max_model_len,
+                               on_executor_failure=_exit_on_worker_death)
         self.ready = EngineReady(
             pid=os.getpid(), platform=platform.name, model=str(files.source),
             num_blocks=self.core.num_blocks, block_size=config.cache.block_size,
@@ -159,6 +160,7 @@ class EngineCoreProc:
         self.output_thread.join()
         self.input_thread.join()
         self.context.term()
+        self.core.shutdown()
 
     def _apply_inputs(self, block: bool) -> bool:
         """Apply every queued message, first waiting for one if ``block``; False on SHUTDOWN.
@@ -260,6 +262,13 @@ def _start_thread(name: str, target: Callable[[], None]) -> threading.Thread:
     thread = threading.Thread(target=run, name=f"EngineCore-{name}", daemon=True)
     thread.start()
     return thread
+
+
+def _exit_on_worker_death(reason: str) -> None:
+    """A worker process died: no step can run again, so the core exits at once (its other
+    workers were stopped), and the front end fails every request with the engine dead."""
+    logger.critical("engine core stops: %s", reason)
+    os._exit(1)
 
 
 def _exit_with_parent(endpoint: CoreEndpoint) -> None:

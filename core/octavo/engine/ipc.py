@@ -21,9 +21,7 @@ made here.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,10 +29,12 @@ import zmq
 import zmq.asyncio
 from zmq.auth.thread import ThreadAuthenticator
 
-SOCKET_DIR_PREFIX = "octavo-"
+from octavo.paths import MAX_SOCKET_PATH, SOCKET_DIR_PREFIX, make_socket_dir
+
+__all__ = ["MAX_SOCKET_PATH", "SOCKET_DIR_PREFIX", "CoreEndpoint", "EngineSockets",
+           "make_socket_dir"]
+
 ZAP_DOMAIN = "octavo-engine"
-# A Unix socket path must fit sockaddr_un.sun_path: 108 bytes with the terminating NUL.
-MAX_SOCKET_PATH = 107
 _SOCKET_NAMES = ("input", "output")
 
 
@@ -121,27 +121,3 @@ class EngineSockets:
         socket.zap_domain = ZAP_DOMAIN.encode()
         socket.bind(address)
         return socket
-
-
-def make_socket_dir() -> Path:
-    """A fresh directory of mode 0700 whose socket paths fit ``MAX_SOCKET_PATH``: under
-    ``$XDG_RUNTIME_DIR`` (per-user, on tmpfs) when set and usable, else the temp dir."""
-    longest = max(len(name) for name in _SOCKET_NAMES)
-    # mkdtemp appends 8 random characters to the prefix.
-    room = len(SOCKET_DIR_PREFIX) + 8 + 1 + longest
-    for base in _socket_dir_bases():
-        if len(os.fsencode(base)) + 1 + room > MAX_SOCKET_PATH:
-            continue
-        try:
-            directory = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX, dir=base)
-        except OSError:
-            continue
-        os.chmod(directory, 0o700)  # mkdtemp's mode, whatever the umask
-        return Path(directory)
-    raise OSError("no directory for the engine's sockets: $XDG_RUNTIME_DIR, the temp dir "
-                  f"and /tmp are unusable or too long for a {MAX_SOCKET_PATH}-byte socket path")
-
-
-def _socket_dir_bases() -> list[str]:
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    return [base for base in (runtime, tempfile.gettempdir(), "/tmp") if base]

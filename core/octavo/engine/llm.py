@@ -27,6 +27,10 @@ class LLM:
     def __init__(self, model: str | None = None, **kwargs: Any) -> None:
         self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model=model, **kwargs))
 
+    def shutdown(self) -> None:
+        """Stop the worker processes of a multi-worker engine now, rather than at exit."""
+        self.llm_engine.shutdown()
+
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 

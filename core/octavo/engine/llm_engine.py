@@ -74,6 +74,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.output_processor.has_unfinished_requests()
 
+    def shutdown(self) -> None:
+        """Stop the worker processes now (they also stop when this process exits)."""
+        self.core.shutdown()
+
     def step(self) -> list[RequestOutput]:
         outputs, to_abort = self.output_processor.process_outputs(self.core.step())
         if to_abort:

@@ -1,9 +1,7 @@
 """The wire between ``AsyncLLM`` and ``EngineCoreProc``: message kinds and their encoding.
 
 Messages are the engine's own plain dataclasses (``Request`` with its ``SamplingParams``,
-``EngineCoreOutput``, ``SchedulerStats``) encoded with msgspec's msgpack, which handles
-dataclasses, enums and nested lists natively and is several times faster than pickle.
-numpy arrays (logprobs) travel as a msgpack extension: dtype, shape and raw bytes.
+``EngineCoreOutput``, ``SchedulerStats``) encoded with msgspec's msgpack (``octavo.codec``).
 
 A message is two ZMQ frames: one byte naming its kind, then the payload. A message that
 does not decode is dropped by its receiver, with a rate-limited warning
@@ -19,13 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import numpy as np
 
+from octavo import codec
 from octavo.logger import RateLimitFilter
 from octavo.outputs import EngineCoreOutput, SchedulerStats
 from octavo.request import Request
 
-_NDARRAY_EXT = 1
 _NUM_FRAMES = 2  # kind, payload
 
 # At most one line per 10 s (saying how many were dropped meanwhile): a peer pushing garbage
@@ -86,32 +83,9 @@ _OUTPUT_TYPES: dict[OutputKind, Any] = {
 }
 
 
-def _enc_hook(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        payload = (obj.dtype.str, obj.shape, np.ascontiguousarray(obj).tobytes())
-        return msgspec.msgpack.Ext(_NDARRAY_EXT, msgspec.msgpack.encode(payload))
-    raise NotImplementedError(f"cannot encode {type(obj).__name__} for the engine core")
-
-
-_ARRAY_DECODER = msgspec.msgpack.Decoder(tuple[str, tuple[int, ...], bytes])
-
-
-def _ext_hook(code: int, data: memoryview) -> Any:
-    if code != _NDARRAY_EXT:
-        raise ValueError(f"unknown msgpack extension {code}")
-    dtype, shape, raw = _ARRAY_DECODER.decode(data)
-    return np.frombuffer(raw, dtype=dtype).reshape(shape)
-
-
-def _dec_hook(expected: type, obj: Any) -> Any:
-    if expected is np.ndarray and isinstance(obj, np.ndarray):
-        return obj
-    raise NotImplementedError(f"cannot decode {type(obj).__name__} as {expected}")
-
-
 class Encoder:
     def __init__(self) -> None:
-        self._encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+        self._encoder = codec.encoder()
 
     def encode(self, kind: RequestKind | OutputKind, payload: Any = None) -> list[bytes]:
         return [kind.value, b"" if payload is None else self._encoder.encode(payload)]
@@ -125,8 +99,7 @@ class Decoder:
     def __init__(self, kinds: type[RequestKind] | type[OutputKind]) -> None:
         types = _REQUEST_TYPES if kinds is RequestKind else _OUTPUT_TYPES
         self._kinds = kinds
-        self._decoders = {kind: msgspec.msgpack.Decoder(t, ext_hook=_ext_hook, dec_hook=_dec_hook)
-                          for kind, t in types.items()}
+        self._decoders = {kind: codec.decoder(t) for kind, t in types.items()}
 
     def decode(self, frames: list[bytes] | list[memoryview]) -> tuple[Any, Any]:
         if len(frames) != _NUM_FRAMES:

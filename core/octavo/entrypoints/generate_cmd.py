@@ -44,12 +44,13 @@ def sampling_params(kwargs: dict[str, Any]) -> SamplingParams:
 def make_engine(config: EngineConfig) -> Any:
     """Build the engine, turning every user-facing failure into a clean CLI error."""
     from octavo.engine.llm_engine import LLMEngine
+    from octavo.executor.base import WorkerDiedError
     from octavo.models.loader import ModelLoadError
 
     resolve_backend_or_exit(config.device.backend)
     try:
         return LLMEngine(config)
-    except (ModelLoadError, ConfigError) as exc:
+    except (ModelLoadError, ConfigError, WorkerDiedError) as exc:
         raise click.ClickException(str(exc)) from None
 
 

@@ -12,13 +12,22 @@ waits (``WAITING_FOR_REMOTE_KVS``) while the worker fills its blocks, and other 
 keep running. Only when the worker reports the load finished does the request continue
 from the loaded tokens; when it reports the load failed, the request computes its prompt
 itself - nothing was computed on top of the missing KV, so the output stays correct.
+
+With several workers (tensor or pipeline parallelism) there is one worker-side instance per
+rank, each holding its rank's shard of every block (its KV heads, its stage's layers), and
+``ranks`` says which: the engine sets it right after building each instance (the scheduler
+side gets rank 0 of the same layout, so ``ranks.world_size`` tells it how many shards make
+one stored block). A worker in its own process receives the metadata msgpack-encoded;
+``metadata_type`` names the type it is decoded into.
 """
 
 from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from octavo.distributed.state import RankInfo
 
 if TYPE_CHECKING:
     import torch
@@ -37,6 +46,12 @@ class KVConnectorRole(enum.Enum):
 class KVConnector(ABC):
     """Subclasses implement the side(s) of their role; the scheduler calls only the
     scheduler-side methods on its instance, the worker only the worker-side ones."""
+
+    # The type ``build_connector_meta`` returns (a dataclass); None: the worker side gets
+    # the metadata as msgpack's plain dicts and lists when it runs in another process.
+    metadata_type: ClassVar[Any] = None
+    # This instance's worker rank (see the module docstring); one rank until the engine says.
+    ranks: RankInfo = RankInfo()
 
     def __init__(self, config: KVTransferConfig, role: KVConnectorRole, block_size: int) -> None:
         self.config = config

@@ -2,8 +2,14 @@
 
 The runner calls ``forward`` on the flattened tokens of a step and ``compute_logits`` on the
 hidden states it wants logits for, and sizes the KV cache from ``num_layers``,
-``num_kv_heads`` and ``head_dim``. The loader streams HF-named tensors into
-``load_weights``.
+``num_kv_heads`` and ``head_dim`` - this rank's share of them under tensor and pipeline
+parallelism. The loader streams HF-named tensors into ``load_weights``.
+
+Pipeline parallelism: a model that supports it (``supports_pp``) builds only its stage's
+layers and puts a ``PPMissingLayer`` where the others (and the embedding, final norm or LM
+head a stage does without) would be, so parameter names stay HF's; ``load_weights`` skips
+the checkpoint tensors of missing modules. A stage before the last returns
+``IntermediateTensors`` instead of hidden states, and a stage after the first is given them.
 
 Weight names: a model's parameters are named as in HF checkpoints except where several HF
 tensors are fused into one parameter. ``stacked_params`` lists those fusions as
@@ -17,14 +23,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import nn
 
 from octavo.attention.base import AttentionBackend, AttentionMetadata
+from octavo.distributed.state import RankInfo, get_parallel_state
 from octavo.models.config import ArchConfig
 from octavo.models.layers.embedding import ParallelLMHead
+from octavo.models.layers.parallel import kv_head_shards
 from octavo.models.layers.weights import default_weight_loader
 
 # Checkpoint tensors that are not parameters: buffers that old checkpoints saved.
@@ -38,6 +47,36 @@ class WeightLoadError(ValueError):
         super().__init__(f"weight {weight_name!r}: {problem}")
         self.weight_name = weight_name
         self.problem = problem
+
+
+@dataclass
+class IntermediateTensors:
+    """What one pipeline stage hands the next: the hidden states and the residual stream."""
+
+    hidden: torch.Tensor  # [T, hidden_size]
+    residual: torch.Tensor  # [T, hidden_size]
+
+    def as_list(self) -> list[torch.Tensor]:
+        return [self.hidden, self.residual]
+
+
+class PPMissingLayer(nn.Module):
+    """Stands where a module of another pipeline stage would be; it holds nothing."""
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("a module of another pipeline stage was called")
+
+
+def pp_layer_range(num_layers: int, pp_rank: int, pp_size: int) -> range:
+    """The decoder layers of stage ``pp_rank``: an even split, the stages just before the
+    last taking one more each when it does not divide (the last also runs the LM head)."""
+    if num_layers < pp_size:
+        raise ValueError(f"{num_layers} layers cannot be split into {pp_size} pipeline stages")
+    sizes = [num_layers // pp_size] * pp_size
+    for i in range(num_layers % pp_size):
+        sizes[-2 - i] += 1
+    start = sum(sizes[:pp_rank])
+    return range(start, start + sizes[pp_rank])
 
 
 @contextmanager
@@ -58,7 +97,10 @@ class CausalLM(nn.Module):
     ``forward``."""
 
     stacked_params: ClassVar[tuple[tuple[str, str, object], ...]] = ()
-    lm_head: ParallelLMHead
+    # Whether the model builds only its pipeline stage's layers (see the module docstring);
+    # one that does not runs with one stage only.
+    supports_pp: ClassVar[bool] = False
+    lm_head: ParallelLMHead | PPMissingLayer
 
     def __init__(
         self, config: ArchConfig, attn_backend: type[AttentionBackend], dtype: torch.dtype
@@ -67,14 +109,23 @@ class CausalLM(nn.Module):
         self.config = config
         self.attn_backend = attn_backend
         self.dtype = dtype
+        # This process's ranks, fixed when the model is built (its layers shard by them).
+        self.ranks: RankInfo = get_parallel_state().info
+        if self.ranks.pp_size > 1 and not self.supports_pp:
+            raise ValueError(f"{type(self).__name__} does not support pipeline parallelism")
+        self.layer_range = pp_layer_range(config.num_hidden_layers, self.ranks.pp_rank,
+                                          self.ranks.pp_size)
 
     @property
     def num_layers(self) -> int:
-        return self.config.num_hidden_layers
+        """Decoder layers on this rank (its pipeline stage's), one KV cache each."""
+        return len(self.layer_range)
 
     @property
     def num_kv_heads(self) -> int:
-        return self.config.num_key_value_heads
+        """Key/value heads on this rank (its tensor-parallel share)."""
+        return kv_head_shards(self.config.num_key_value_heads, self.ranks.tp_rank,
+                              self.ranks.tp_size)[0]
 
     @property
     def head_dim(self) -> int:
@@ -87,10 +138,14 @@ class CausalLM(nn.Module):
         kv_caches: list[torch.Tensor],  # one per layer, attn_backend.kv_cache_shape(...)
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden_size]
+        """Pipeline-parallel models also take ``intermediate_tensors`` (a stage after the
+        first) and return ``IntermediateTensors`` from a stage before the last."""
         raise NotImplementedError
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits ``[N, vocab_size]`` for hidden states ``[N, hidden_size]``."""
+        """fp32 logits ``[N, vocab_size]`` for hidden states ``[N, hidden_size]`` (on the
+        last pipeline stage: the others hold no LM head)."""
+        assert isinstance(self.lm_head, ParallelLMHead), "logits on a stage without the LM head"
         return self.lm_head.compute_logits(hidden)
 
     # -- weights ---------------------------------------------------------------------------
@@ -102,12 +157,16 @@ class CausalLM(nn.Module):
         shape is wrong.
         """
         params = dict(self.named_parameters())
+        missing_modules = tuple(f"{name}." for name, module in self.named_modules()
+                                if isinstance(module, PPMissingLayer))
         loaded: set[str] = set()
         for hf_name, tensor in weights:
             if self.ignores_weight(hf_name):
                 continue
             param_name, shard_id = self.param_for(hf_name)
             param = params.get(param_name)
+            if param is None and param_name.startswith(missing_modules):
+                continue  # another pipeline stage's
             if param is None:
                 raise WeightLoadError(hf_name, f"unexpected: {type(self).__name__} has no "
                                                f"parameter for it")

@@ -7,7 +7,8 @@ and k per head) or read from the config (attention/MLP biases, sliding window, t
 embeddings, RoPE scaling).
 
 Parameter names follow HF's, except that q/k/v and gate/up are fused (see
-``CausalLM.stacked_params``).
+``CausalLM.stacked_params``). Under pipeline parallelism each stage builds only its layers
+(``CausalLM`` says how the others are left out).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from octavo.attention.base import AttentionBackend, AttentionMetadata
-from octavo.models.base import CausalLM, default_dtype
+from octavo.models.base import CausalLM, IntermediateTensors, PPMissingLayer, default_dtype
 from octavo.models.config import ArchConfig
 from octavo.models.layers.activation import SiluAndMul
 from octavo.models.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -120,11 +121,17 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ArchConfig, layers: list[LlamaDecoderLayer]) -> None:
+    def __init__(self, config: ArchConfig, layers: list[nn.Module], layer_range: range,
+                 embed: bool, norm: bool) -> None:
+        """``layers``: every index, this stage's in ``layer_range`` and placeholders
+        elsewhere; ``embed``/``norm``: whether this stage holds the embedding (the first
+        stage, and the last of a tied model) and the final norm (the last stage)."""
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+                             if embed else PPMissingLayer())
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layer_range = layer_range
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if norm else PPMissingLayer()
         # Speculative decoding (EAGLE) sets this to keep the last forward's features before
         # the final norm in ``prenorm_hidden``; off, the no-spec path keeps nothing.
         self.keep_prenorm_hidden = False
@@ -136,11 +143,19 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         attn_metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        residual: torch.Tensor | None
+        if intermediate_tensors is None:
+            hidden, residual = self.embed_tokens(input_ids), None
+        else:
+            hidden, residual = intermediate_tensors.hidden, intermediate_tensors.residual
+        local_layers = self.layers[self.layer_range.start : self.layer_range.stop]
+        for layer, kv_cache in zip(local_layers, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
+        if isinstance(self.norm, PPMissingLayer):
+            assert residual is not None  # every stage holds at least one layer
+            return IntermediateTensors(hidden, residual)
         hidden, prenorm = self.norm(hidden, residual)
         if self.keep_prenorm_hidden:
             self.prenorm_hidden = prenorm
@@ -151,6 +166,7 @@ class LlamaForCausalLM(CausalLM):
     # Traits of the family members (subclasses below).
     qkv_bias: ClassVar[bool] = False  # q/k/v biases even when the config has no attention_bias
     qk_norm: ClassVar[bool] = False  # RMSNorm of each head of q and k before RoPE
+    supports_pp = True
 
     stacked_params: ClassVar[tuple[tuple[str, str, object], ...]] = (
         (".qkv_proj.", ".q_proj.", "q"),
@@ -167,10 +183,16 @@ class LlamaForCausalLM(CausalLM):
         with default_dtype(dtype):
             # One for all layers: it computes each step's cos/sin once (see RotaryEmbedding).
             self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope)
-            layers = [self.make_layer(index) for index in range(config.num_hidden_layers)]
-            self.model = LlamaModel(config, layers)
-            tie_to = self.model.embed_tokens if config.tie_word_embeddings else None
-            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tie_to=tie_to)
+            layers = [self.make_layer(index) if index in self.layer_range else PPMissingLayer()
+                      for index in range(config.num_hidden_layers)]
+            first, last = self.ranks.is_first_stage, self.ranks.is_last_stage
+            tied = config.tie_word_embeddings
+            self.model = LlamaModel(config, layers, self.layer_range,
+                                    embed=first or (last and tied), norm=last)
+            embed = self.model.embed_tokens
+            tie_to = embed if tied and isinstance(embed, VocabParallelEmbedding) else None
+            self.lm_head = (ParallelLMHead(config.vocab_size, config.hidden_size, tie_to=tie_to)
+                            if last else PPMissingLayer())
 
     def make_layer(self, index: int) -> LlamaDecoderLayer:
         config = self.config
@@ -190,8 +212,9 @@ class LlamaForCausalLM(CausalLM):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         attn_metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
+        intermediate_tensors: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        return self.model(input_ids, positions, kv_caches, attn_metadata, intermediate_tensors)
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -2,7 +2,9 @@
 
 HF checkpoints name the MoE block ``block_sparse_moe`` with one tensor per expert
 (``experts.{e}.w1/w2/w3.weight``); here it is ``mlp`` with the experts stacked
-(``mlp.experts.w13_weight``, ``mlp.experts.w2_weight``, see ``FusedMoE``).
+(``mlp.experts.w13_weight``, ``mlp.experts.w2_weight``, see ``FusedMoE``). With expert
+parallelism on (``ParallelState.enable_expert_parallel``, set by the worker) each tensor
+rank holds, loads and expects only its own experts.
 """
 
 from __future__ import annotations
@@ -63,5 +65,6 @@ class MixtralForCausalLM(LlamaForCausalLM):
             return super().hf_names_for(param_name)
         prefix, stacked = match.groups()
         parts = ("w2",) if stacked == "w2" else ("w1", "w3")
+        experts: FusedMoE = self.get_submodule(f"{prefix}.mlp.experts")
         return [f"{prefix}.block_sparse_moe.experts.{expert}.{part}.weight"
-                for expert in range(self.config.num_experts) for part in parts]
+                for expert in experts.local_experts for part in parts]

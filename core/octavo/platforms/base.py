@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:  # torch only for annotations: listing platforms must not import it
     import torch
     from torch import nn
+    from torch.distributed import ProcessGroup
+
+    from octavo.distributed.state import TensorCommunicator
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,10 @@ class Platform(ABC):
       starts (:func:`octavo.qualname.resolve_qualname`);
     - :meth:`prepare_model` may swap a loaded model's layers onto the platform's kernels,
       computing the same thing; the worker calls it once after loading, and so do
-      proposers for the heads they build.
+      proposers for the heads they build;
+    - a worker process of a multi-worker engine calls :meth:`init_worker_process` first
+      (bind its cores, pick its device), then :meth:`tensor_communicator` once its process
+      group exists.
     """
 
     name: ClassVar[str]
@@ -88,3 +94,17 @@ class Platform(ABC):
         many layers were changed. The portable default changes nothing."""
         del model, dtype
         return 0
+
+    @classmethod
+    def init_worker_process(cls, rank: int, world_size: int) -> None:
+        """Prepare the process of worker ``rank`` (of ``world_size`` on this machine) before
+        anything touches the device: its cores, its device index."""
+        del rank, world_size
+
+    @classmethod
+    def tensor_communicator(cls, group: ProcessGroup, rank_in_group: int,
+                            fallback: TensorCommunicator) -> TensorCommunicator:
+        """The tensor-parallel group's collectives; ``fallback`` runs them over the
+        process group (``dist_backend``). Called by every rank of the group together."""
+        del group, rank_in_group
+        return fallback

@@ -99,6 +99,8 @@ class Scheduler(SchedulerInterface):
                             if kv_connector is not None else None)
         k = config.num_speculative_tokens
         self.spec = SpecScheduling(k, self.max_model_len, kv_manager) if k else None
+        # Pipeline stages before the last do not sample: they are sent the sampled tokens.
+        self.send_new_tokens = config.parallel.pipeline_parallel_size > 1
 
     def add_request(self, request: Request) -> None:
         request_id = request.request_id
@@ -162,7 +164,9 @@ class Scheduler(SchedulerInterface):
             if self.spec and not request.is_finished:
                 self.spec.after_update(request, model_runner_output, index.get(request_id))
             logprobs = model_runner_output.logprobs.get(request_id)
-            prompt_logprobs = model_runner_output.prompt_logprobs.get(request_id)
+            prompt_logprobs = self._unsent_prompt_logprobs(
+                request, model_runner_output.prompt_logprobs.get(request_id),
+                request.num_computed_tokens - scheduler_output.num_scheduled_tokens[request_id])
             if new_token_ids or request.is_finished or prompt_logprobs is not None:
                 outputs.append(EngineCoreOutput(
                     request_id=request_id,
@@ -178,6 +182,23 @@ class Scheduler(SchedulerInterface):
                 ))
                 request.events = []
         return outputs
+
+    @staticmethod
+    def _unsent_prompt_logprobs(request: Request, logprobs: LogprobsLists | None,
+                                first_position: int) -> LogprobsLists | None:
+        """The prompt logprobs (rows from ``first_position`` on) of positions not reported
+        before: a request preempted after (part of) its prefill computes those positions
+        again, and the front end must not get them twice."""
+        if logprobs is None:
+            return None
+        num_rows = len(logprobs.ranks)
+        seen = min(max(request.num_prompt_logprobs_sent - first_position, 0), num_rows)
+        request.num_prompt_logprobs_sent = max(request.num_prompt_logprobs_sent,
+                                               first_position + num_rows)
+        if seen == num_rows:
+            return None
+        return LogprobsLists(logprobs.token_ids[seen:], logprobs.logprobs[seen:],
+                             logprobs.ranks[seen:])
 
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
         """End requests from outside (abort, or a stop string the front end found). Unknown
@@ -228,7 +249,17 @@ class Scheduler(SchedulerInterface):
             cached.req_ids.append(request.request_id)
             cached.new_block_ids.append([block.block_id for block in new_blocks])
             cached.num_computed_tokens.append(request.num_computed_tokens)
+            cached.new_token_ids.append(self._sampled_tokens_in(request, num_new_tokens)
+                                        if self.send_new_tokens else [])
             self._grant(request, num_new_tokens, step)
+
+    @staticmethod
+    def _sampled_tokens_in(request: Request, num_new_tokens: int) -> list[int]:
+        """The output tokens among the positions this step computes (the last sampled)."""
+        start = max(request.num_computed_tokens, request.num_prompt_tokens)
+        return request.output_token_ids[start - request.num_prompt_tokens:
+                                        request.num_computed_tokens + num_new_tokens
+                                        - request.num_prompt_tokens]
 
     def _allocate_or_preempt(
         self, request: Request, num_new_tokens: int, step: _Step

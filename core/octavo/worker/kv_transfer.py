@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import torch
 from torch import nn
 
@@ -30,7 +31,7 @@ class WorkerKVTransfer:
     def execute(self, scheduler_output: SchedulerOutput,
                 run_step: Callable[[SchedulerOutput], ModelRunnerOutput]) -> ModelRunnerOutput:
         """Loads, the step (``run_step``, with the per-layer hooks), saves, the report."""
-        self.connector.bind_connector_metadata(scheduler_output.kv_connector_metadata)
+        self.connector.bind_connector_metadata(self._metadata(scheduler_output))
         self.connector.start_load_kv()
         output = run_step(scheduler_output)
         self.connector.wait_for_save()
@@ -39,6 +40,15 @@ class WorkerKVTransfer:
             finished_sending=sending, finished_recving=recving,
             failed_recving=self.connector.get_failed_loads())
         return output
+
+    def _metadata(self, scheduler_output: SchedulerOutput) -> Any:
+        """The step's metadata as the connector built it: a worker process receives it
+        msgpack-decoded into plain dicts and lists, converted back here."""
+        metadata = scheduler_output.kv_connector_metadata
+        metadata_type = self.connector.metadata_type
+        if metadata_type is None or isinstance(metadata, metadata_type):
+            return metadata
+        return msgspec.convert(metadata, metadata_type)
 
     def _before_layer(self, index: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:

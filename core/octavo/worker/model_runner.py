@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from octavo.attention import AttentionBackend
-from octavo.models.base import CausalLM
+from octavo.distributed.state import get_parallel_state
+from octavo.models.base import CausalLM, IntermediateTensors
 from octavo.outputs import (
     LogprobsLists,
     ModelRunnerOutput,
@@ -101,6 +102,8 @@ class ModelRunner:
             verify_mask = SpecVerifier.draft_mask(step, self.batch, drafts)
             self.spec.mark_trees(step, verify_mask)
         hidden = self.run_model(step)
+        if hidden is None:  # a pipeline stage before the last: the hidden states went on
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         prompt_logprobs = self._prompt_logprobs(step, hidden)
         sample_mask, logits_indices = step.sample_mask, step.logits_indices
         if drafts:  # drafting requests are sampled by the rejection sampler instead
@@ -151,10 +154,27 @@ class ModelRunner:
                 logits, targets.to(self.device), num_logprobs).tolists()
         return result
 
-    def run_model(self, step: StepInputs) -> torch.Tensor:
-        """The forward pass of one step: hidden states ``[T, hidden]``. GPU runners
-        override it to replay a captured CUDA graph when the step fits one."""
-        return self.model(step.input_ids, step.positions, self.kv_caches, step.metadata)
+    def run_model(self, step: StepInputs) -> torch.Tensor | None:
+        """The forward pass of one step: hidden states ``[T, hidden]``, or None on a
+        pipeline stage before the last, which sends its ``IntermediateTensors`` on (and a
+        stage after the first receives them). GPU runners override it to replay a captured
+        CUDA graph when the step fits one."""
+        ranks = self.model.ranks
+        if ranks.pp_size == 1:
+            return self.model(step.input_ids, step.positions, self.kv_caches, step.metadata)
+        state = get_parallel_state()
+        intermediate = None
+        if not ranks.is_first_stage:
+            shape = (step.input_ids.shape[0], self.model.config.hidden_size)
+            hidden, residual = state.recv_from_previous_stage([shape, shape], self.model.dtype,
+                                                              self.device)
+            intermediate = IntermediateTensors(hidden, residual)
+        output = self.model(step.input_ids, step.positions, self.kv_caches, step.metadata,
+                            intermediate)
+        if isinstance(output, IntermediateTensors):
+            state.send_to_next_stage(output.as_list())
+            return None
+        return output
 
     def _record_samples(self, sample_mask: np.ndarray, sample_rows: np.ndarray,
                         out: SamplerOutput, sampled: list[list[int]],
@@ -192,11 +212,14 @@ class ModelRunner:
             if req_id in self.batch.req_index:  # its rejected drafts' blocks were released
                 self.batch.num_blocks[self.batch.req_index[req_id]] = num_blocks
         cached = so.scheduled_cached_reqs
-        for req_id, block_ids, num_computed in zip(cached.req_ids, cached.new_block_ids,
-                                                   cached.num_computed_tokens):
+        samples = self.model.ranks.is_last_stage
+        for i, req_id in enumerate(cached.req_ids):
             row = self.batch.req_index[req_id]
-            self.batch.append_blocks(row, block_ids)
-            self.batch.num_computed_tokens[row] = num_computed
+            self.batch.append_blocks(row, cached.new_block_ids[i])
+            self.batch.num_computed_tokens[row] = cached.num_computed_tokens[i]
+            if not samples:  # the last stage sampled these; this stage reads them
+                for token in cached.new_token_ids[i]:
+                    self.batch.append_token(row, token)
 
     def _add_request(self, new: NewRequestData) -> None:
         if new.req_id in self.batch.req_index:  # resumed after preemption: start afresh

@@ -85,6 +85,7 @@ class Worker(WorkerInterface):
             assert connector_cls is not None, "a KV transfer config without its connector"
             connector = connector_cls(transfer, KVConnectorRole.WORKER,
                                       self.config.cache.block_size)
+            connector.ranks = self.runner.model.ranks
             self.runner.kv_transfer = WorkerKVTransfer(connector, self.runner.model,
                                                        self.runner.kv_caches)
 

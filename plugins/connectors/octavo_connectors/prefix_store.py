@@ -8,6 +8,11 @@ of the prefix. A ``done`` blob, written after every layer, marks the entry compl
 reader never loads a half-written prefix. A consumer looks for the longest stored prefix of
 its prompt beyond its local prefix-cache hit; a producer saves each prompt once its prefill
 is computed, layer by layer as the forward pass goes.
+
+With several workers each rank stores its shard (its KV heads, its pipeline stage's layers)
+under names carrying the rank and the layout (``@tp1of2-pp0of1``), with a ``done`` blob of
+its own; an entry counts as stored when every rank of the consumer's layout has its done
+blob. A consumer with another layout finds nothing and computes the prompt.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from octavo.plugin_api import (
     KVConnectorOutput,
     KVConnectorRole,
     KVTransferConfig,
+    RankInfo,
     Request,
     SchedulerOutput,
     update_block_hashes,
@@ -70,15 +76,31 @@ class PrefixStoreMetadata:
     saves: list[SaveSpec] = field(default_factory=list)
 
 
-def layer_blob(key: str, layer_index: int) -> str:
-    return f"{key}/layer_{layer_index:03d}"
+def shard_suffix(ranks: RankInfo) -> str:
+    """What tells one rank's blobs from another's ("" with one worker)."""
+    if ranks.world_size == 1:
+        return ""
+    return f"@tp{ranks.tp_rank}of{ranks.tp_size}-pp{ranks.pp_rank}of{ranks.pp_size}"
 
 
-def done_blob(key: str) -> str:
-    return f"{key}/done"
+def layer_blob(key: str, layer_index: int, ranks: RankInfo) -> str:
+    """``layer_index``: of the rank's stage, which the suffix names."""
+    return f"{key}/layer_{layer_index:03d}{shard_suffix(ranks)}"
+
+
+def done_blob(key: str, ranks: RankInfo) -> str:
+    return f"{key}/done{shard_suffix(ranks)}"
+
+
+def every_rank(layout: RankInfo) -> list[RankInfo]:
+    """Each rank of ``layout``'s tensor x pipeline grid."""
+    return [RankInfo.of(rank, layout.tp_size, layout.pp_size)
+            for rank in range(layout.world_size)]
 
 
 class PrefixStoreConnector(KVConnector):
+    metadata_type = PrefixStoreMetadata
+
     def __init__(self, config: KVTransferConfig, role: KVConnectorRole, block_size: int) -> None:
         super().__init__(config, role, block_size)
         self.store = self.make_store()
@@ -116,7 +138,7 @@ class PrefixStoreConnector(KVConnector):
             return 0, False  # prompt logprobs need every prompt position's logits
         num_local_blocks = num_local_computed_tokens // self.block_size
         for num_blocks in range(self._num_prefix_blocks(request), num_local_blocks, -1):
-            if self.store.exists(done_blob(self._key(request, num_blocks))):
+            if self._stored(self._key(request, num_blocks)):
                 return num_blocks * self.block_size - num_local_computed_tokens, True
         return 0, False
 
@@ -148,11 +170,15 @@ class PrefixStoreConnector(KVConnector):
                 continue
             self._saved.add(req_id)
             key = self._key(request, num_blocks)
-            if self.store.exists(done_blob(key)):
+            if self._stored(key):
                 continue  # stored already (by another engine, or loaded from there)
             metadata.saves.append(SaveSpec(req_id, key, self._block_ids[req_id][:num_blocks]))
             self._sending.add(req_id)
         return metadata
+
+    def _stored(self, key: str) -> bool:
+        """Every rank of this engine's layout saved its shard of the prefix ``key``."""
+        return all(self.store.exists(done_blob(key, ranks)) for ranks in every_rank(self.ranks))
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         self._sending -= output.finished_sending
@@ -189,7 +215,7 @@ class PrefixStoreConnector(KVConnector):
         block_ids = torch.tensor(spec.block_ids, device=self._kv_caches[0].device)
         num_blocks = spec.first_block + len(spec.block_ids)
         for index, kv_cache in enumerate(self._kv_caches):
-            stored = load_tensors(self.store.get(layer_blob(spec.key, index)))["kv"]
+            stored = load_tensors(self.store.get(layer_blob(spec.key, index, self.ranks)))["kv"]
             expected = (kv_cache.shape[0], num_blocks, *kv_cache.shape[2:])
             if tuple(stored.shape) != expected or stored.dtype != kv_cache.dtype:
                 raise ValueError(f"layer {index} holds {tuple(stored.shape)} {stored.dtype}; "
@@ -202,7 +228,7 @@ class PrefixStoreConnector(KVConnector):
         next layers compute."""
         for spec in self._metadata.saves:
             blocks = kv_cache[:, spec.block_ids].cpu()  # indexing copies
-            name = layer_blob(spec.key, layer_index)
+            name = layer_blob(spec.key, layer_index, self.ranks)
             self._writes.setdefault(spec.req_id, []).append(
                 self._writer.submit(self._put_tensor, name, blocks))
 
@@ -216,7 +242,8 @@ class PrefixStoreConnector(KVConnector):
             try:
                 for write in self._writes.pop(spec.req_id, []):
                     write.result()
-                self.store.put(done_blob(spec.key), b"1")  # Mooncake refuses empty values
+                # b"1", not b"": Mooncake refuses empty values.
+                self.store.put(done_blob(spec.key, self.ranks), b"1")
             except Exception as exc:  # the prefix stays incomplete: consumers recompute it
                 logger.warning("KV save of request %s (prefix %s) failed: %s",
                                spec.req_id, spec.key[:16], exc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from octavo.plugin_api import ModelRunner, StepInputs
+from octavo.plugin_api import IntermediateTensors, ModelRunner, StepInputs
 from octavo_triton.cuda_graphs import DecodeGraphs
 from octavo_triton.memory_profile import profile_step
 
@@ -24,8 +24,17 @@ class GpuModelRunner(ModelRunner):
         shape = self.attn_backend.kv_cache_shape(1, self.block_size, model.num_kv_heads,
                                                  model.head_dim)
         cache = torch.zeros(shape, dtype=model.dtype, device=self.device)
-        hidden = model(step.input_ids, step.positions, [cache] * model.num_layers,
-                       step.metadata)
+        caches = [cache] * model.num_layers
+        if model.ranks.pp_size > 1:  # a stage: its layers on stand-in hidden states
+            size = (step.input_ids.shape[0], model.config.hidden_size)
+            stand_in = torch.randn(size, dtype=model.dtype, device=self.device)
+            hidden = model(step.input_ids, step.positions, caches, step.metadata,
+                           None if model.ranks.is_first_stage
+                           else IntermediateTensors(stand_in, stand_in))
+            if isinstance(hidden, IntermediateTensors):
+                return  # a stage before the last has no LM head
+        else:
+            hidden = model(step.input_ids, step.positions, caches, step.metadata)
         rows = torch.arange(step.num_sampled, device=self.device) % hidden.shape[0]
         torch.softmax(model.compute_logits(hidden[rows]), dim=-1)
 
@@ -35,7 +44,7 @@ class GpuModelRunner(ModelRunner):
         graphs.capture()
         self.graphs = graphs
 
-    def run_model(self, step: StepInputs) -> torch.Tensor:
-        if self.graphs is not None and self.graphs.fits(step):
+    def run_model(self, step: StepInputs) -> torch.Tensor | None:
+        if self.graphs is not None and self.graphs.fits(step):  # none on pipeline stages
             return self.graphs.run(step)
         return super().run_model(step)

@@ -36,6 +36,14 @@ class TritonGpuPlatform(Platform):
         return switched
 
     @classmethod
+    def init_worker_process(cls, rank: int, world_size: int) -> None:
+        """One GPU per rank (``rank mod`` the GPUs torch sees), chosen before anything
+        allocates on the device; NCCL and the CUDA graphs of this rank then use it."""
+        import torch
+
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+
+    @classmethod
     def _device_probe(cls) -> Availability:
         """Whether torch sees at least one GPU; never raises."""
         try:

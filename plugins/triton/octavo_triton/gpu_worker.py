@@ -55,6 +55,10 @@ class GpuWorker(Worker):
         if self.config.device.enforce_eager:
             logger.info("--enforce-eager: no CUDA graphs")
             return
+        if self.config.parallel.pipeline_parallel_size > 1:
+            # A stage sends and receives between its layers, which a graph cannot replay.
+            logger.info("pipeline stage: no CUDA graphs")
+            return
         if not issubclass(self.runner.attn_backend, TritonAttentionBackend):
             # Other backends may read metadata on the host, which a graph cannot replay.
             logger.info("attention backend %r: no CUDA graphs",

@@ -1,8 +1,9 @@
 """Token embedding and LM head, split over the vocabulary across tensor-parallel ranks.
 
-Each rank holds ``vocab_size / tp_size`` consecutive rows. The embedding looks up the ids in
-its range (zeros elsewhere) and sums across ranks; the LM head computes logits for its
-range and gathers them.
+Each rank holds ``ceil(vocab_size / tp_size)`` consecutive rows; the last rank's rows past
+the vocabulary are zero padding, so any vocabulary splits over any number of ranks. The
+embedding looks up the ids in its range (zeros elsewhere) and sums across ranks; the LM head
+computes logits for its range, gathers them and drops the padding's columns.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octavo.models.layers.parallel import all_gather_last_dim, all_reduce, check_divisible
-from octavo.models.layers.weights import copy_shard, new_parameter
+from octavo.models.layers.parallel import all_gather_last_dim, all_reduce, resolve_tp
+from octavo.models.layers.weights import check_shape, new_parameter
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -22,21 +23,24 @@ class VocabParallelEmbedding(nn.Module):
     parameter instead of allocating one (tied embeddings)."""
 
     def __init__(
-        self, vocab_size: int, hidden_size: int, tp_rank: int = 0, tp_size: int = 1,
-        weight: nn.Parameter | None = None,
+        self, vocab_size: int, hidden_size: int, tp_rank: int | None = None,
+        tp_size: int | None = None, weight: nn.Parameter | None = None,
     ) -> None:
         super().__init__()
-        self.tp_rank = tp_rank
-        self.tp_size = tp_size
-        self.rows_per_rank = check_divisible("vocabulary size", vocab_size, tp_size)
-        self.vocab_start = tp_rank * self.rows_per_rank
+        self.tp_rank, self.tp_size = resolve_tp(tp_rank, tp_size)
+        self.vocab_size = vocab_size
+        self.rows_per_rank = -(-vocab_size // self.tp_size)
+        self.vocab_start = self.tp_rank * self.rows_per_rank
         if weight is None:
             weight = new_parameter(self.rows_per_rank, hidden_size,
                                    weight_loader=self.weight_loader)
         self.weight = weight
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        copy_shard(param.data, loaded, 0, self.tp_rank, self.tp_size)
+        check_shape(loaded, (self.vocab_size, param.shape[1]))
+        rows = loaded[self.vocab_start : self.vocab_start + self.rows_per_rank]
+        param.data[: len(rows)].copy_(rows)
+        param.data[len(rows) :].zero_()  # padding past the vocabulary
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -52,8 +56,8 @@ class ParallelLMHead(VocabParallelEmbedding):
     (tied embeddings) instead of holding its own."""
 
     def __init__(
-        self, vocab_size: int, hidden_size: int, tp_rank: int = 0, tp_size: int = 1,
-        tie_to: VocabParallelEmbedding | None = None,
+        self, vocab_size: int, hidden_size: int, tp_rank: int | None = None,
+        tp_size: int | None = None, tie_to: VocabParallelEmbedding | None = None,
     ) -> None:
         tied = None if tie_to is None else tie_to.weight
         super().__init__(vocab_size, hidden_size, tp_rank, tp_size, weight=tied)
@@ -68,5 +72,5 @@ class ParallelLMHead(VocabParallelEmbedding):
         else:
             logits = F.linear(hidden, self.weight)
         if self.tp_size > 1:
-            logits = all_gather_last_dim(logits, self.tp_size)
+            logits = all_gather_last_dim(logits)[:, : self.vocab_size]
         return logits.float()

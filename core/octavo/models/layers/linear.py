@@ -4,8 +4,8 @@ A column-parallel layer keeps a slice of the output features on each rank, a row
 layer a slice of the input features (its partial outputs are summed across ranks). Fused
 layers (``MergedColumnParallelLinear`` for gate/up, ``QKVParallelLinear`` for q/k/v) hold
 several HF projections in one weight so one matmul computes them; their weight loader
-places each HF tensor in its shard. ``tp_size`` is 1 until tensor parallelism lands; the
-shapes and loaders are already those of the sharded layers.
+places each HF tensor in its shard. Built without an explicit ``tp_rank``/``tp_size``, a layer
+takes this process's from the parallel state (``octavo.models.layers.parallel.resolve_tp``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octavo.models.layers.parallel import all_reduce, check_divisible
+from octavo.models.layers.parallel import all_reduce, check_divisible, kv_head_shards, resolve_tp
 from octavo.models.layers.weights import copy_shard, new_parameter
 
 
@@ -59,8 +59,9 @@ class ColumnParallelLinear(LinearBase):
 
     def __init__(
         self, input_size: int, output_size: int, bias: bool = False,
-        tp_rank: int = 0, tp_size: int = 1,
+        tp_rank: int | None = None, tp_size: int | None = None,
     ) -> None:
+        tp_rank, tp_size = resolve_tp(tp_rank, tp_size)
         local = check_divisible("output features", output_size, tp_size)
         super().__init__(input_size, local, bias, tp_rank, tp_size)
 
@@ -77,17 +78,27 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     def __init__(
         self, input_size: int, output_sizes: Sequence[int], bias: bool = False,
-        tp_rank: int = 0, tp_size: int = 1,
+        tp_rank: int | None = None, tp_size: int | None = None,
     ) -> None:
-        self.local_sizes = [check_divisible("output features", size, tp_size)
-                            for size in output_sizes]
-        super().__init__(input_size, sum(output_sizes), bias, tp_rank, tp_size)
+        tp_rank, tp_size = resolve_tp(tp_rank, tp_size)
+        self.local_sizes = self.split_sizes(output_sizes, tp_rank, tp_size)
+        # LinearBase's, not ColumnParallelLinear's: the local rows are computed here.
+        LinearBase.__init__(self, input_size, sum(self.local_sizes), bias, tp_rank, tp_size)
+
+    def split_sizes(self, output_sizes: Sequence[int], tp_rank: int, tp_size: int) -> list[int]:
+        """Each projection's rows on this rank."""
+        return [check_divisible("output features", size, tp_size) for size in output_sizes]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         index = self.shard_index(shard_id)
         offset = sum(self.local_sizes[:index])
         dst = param.data.narrow(0, offset, self.local_sizes[index])
-        copy_shard(dst, loaded, 0, self.tp_rank, self.tp_size)
+        copy_shard(dst, loaded, 0, *self.shard_of(index))
+
+    def shard_of(self, index: int) -> tuple[int, int]:
+        """(shard index, number of shards) of projection ``index`` on this rank."""
+        del index
+        return self.tp_rank, self.tp_size
 
     def shard_index(self, shard_id) -> int:
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.local_sizes):
@@ -98,20 +109,34 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 class QKVParallelLinear(MergedColumnParallelLinear):
     """The q, k and v projections in one weight; shard ids ``"q"``, ``"k"``, ``"v"``.
 
-    Ranks split the heads: each keeps ``num_heads / tp_size`` query heads and
-    ``num_kv_heads / tp_size`` key/value heads.
+    Ranks split the heads: each keeps ``num_heads / tp_size`` query heads and its share of
+    the key/value heads, copies of one when there are fewer than ranks
+    (:func:`~octavo.models.layers.parallel.kv_head_shards`).
     """
 
     SHARDS = ("q", "k", "v")
 
     def __init__(
         self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int,
-        bias: bool = False, tp_rank: int = 0, tp_size: int = 1,
+        bias: bool = False, tp_rank: int | None = None, tp_size: int | None = None,
     ) -> None:
-        self.num_heads = check_divisible("attention heads", num_heads, tp_size)
-        self.num_kv_heads = check_divisible("key/value heads", num_kv_heads, tp_size)
+        self.head_dim = head_dim
+        self.total_heads = (num_heads, num_kv_heads)
         sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
         super().__init__(hidden_size, sizes, bias, tp_rank, tp_size)
+
+    def split_sizes(self, output_sizes: Sequence[int], tp_rank: int, tp_size: int) -> list[int]:
+        del output_sizes  # the heads decide, not the rows
+        num_heads, num_kv_heads = self.total_heads
+        self.num_heads = check_divisible("attention heads", num_heads, tp_size)
+        self.num_kv_heads, *self.kv_shard = kv_head_shards(num_kv_heads, tp_rank, tp_size)
+        kv_size = self.num_kv_heads * self.head_dim
+        return [self.num_heads * self.head_dim, kv_size, kv_size]
+
+    def shard_of(self, index: int) -> tuple[int, int]:
+        if index == 0:
+            return self.tp_rank, self.tp_size
+        return self.kv_shard[0], self.kv_shard[1]
 
     def shard_index(self, shard_id) -> int:
         if shard_id not in self.SHARDS:
@@ -127,8 +152,9 @@ class RowParallelLinear(LinearBase):
 
     def __init__(
         self, input_size: int, output_size: int, bias: bool = False,
-        tp_rank: int = 0, tp_size: int = 1,
+        tp_rank: int | None = None, tp_size: int | None = None,
     ) -> None:
+        tp_rank, tp_size = resolve_tp(tp_rank, tp_size)
         local = check_divisible("input features", input_size, tp_size)
         super().__init__(local, output_size, bias, tp_rank, tp_size)
 
@@ -141,5 +167,7 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return super().forward(x)
-        output = all_reduce(F.linear(x, self.weight))
+        # The platform's GEMM adds the bias, which must come once, after the reduction.
+        fast = self.cpu_gemm is not None and self.bias is None
+        output = all_reduce(self.cpu_gemm(x) if fast else F.linear(x, self.weight))
         return output if self.bias is None else output + self.bias

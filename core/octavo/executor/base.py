@@ -1,0 +1,60 @@
+"""``Executor``: how the engine core reaches its workers, wherever they run.
+
+The core asks the same four things of every executor: run a method on every worker
+(``collective_rpc``), run one step (``execute_model``: the scheduler output to every
+worker, the output rank's answer back), say whether the workers are alive
+(``check_health``) and stop them (``shutdown``). ``uni`` holds its one worker in the
+core's process; ``mp`` runs a process per rank (``octavo.executor.multiproc``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from octavo.config import EngineConfig
+from octavo.models.loader import ModelFiles
+from octavo.outputs import ModelRunnerOutput, SchedulerOutput
+from octavo.platforms import Platform
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker process is gone (or its answer can no longer come): the engine cannot
+    run another step, unlike a step that failed and was answered with the error."""
+
+
+class WorkerCallError(RuntimeError):
+    """A worker raised while running a call; the message holds its error. The engine's
+    step error: the step's requests fail, the workers keep serving."""
+
+
+class Executor(ABC):
+    def __init__(self, config: EngineConfig, platform: type[Platform],
+                 files: ModelFiles) -> None:
+        """Start the workers and load the model in each (``files`` were loaded in the
+        core process: ``uni`` uses them, worker processes load their own)."""
+        self.config = config
+        self.platform = platform
+
+    @abstractmethod
+    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        """``worker.<method>(*args)`` on every worker; their results in rank order."""
+
+    @abstractmethod
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """One step on every worker; the output rank's result."""
+
+    @abstractmethod
+    def check_health(self) -> None:
+        """Raise ``WorkerDiedError`` when a worker is gone."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop the workers and release what they share; safe to call twice."""
+
+    def determine_num_blocks(self) -> int:
+        """KV blocks every worker can hold (each holds its shard of every block)."""
+        return min(self.collective_rpc("determine_num_blocks"))
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.collective_rpc("initialize_kv_cache", (num_blocks,))

@@ -1,0 +1,37 @@
+"""``check_model_fits``: whether a model splits over the configured ranks, checked in the
+engine process before any worker starts (a worker finding out after its load would cost
+every rank a model load, and say less)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from octavo.config import ConfigError, EngineConfig
+from octavo.models.config import ArchConfig
+
+
+def check_model_fits(config: EngineConfig, hf_config: dict, source: str | Path) -> None:
+    """Raise ``ConfigError`` naming the model's dimension that does not split."""
+    parallel = config.parallel
+    tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
+    if tp * pp == 1:
+        return
+    arch = ArchConfig.from_hf(hf_config, source)
+    sliced = [(arch.num_attention_heads, "attention heads")]
+    if not (parallel.enable_expert_parallel and arch.num_experts):  # EP: whole experts
+        sliced.append((arch.intermediate_size, "MLP features"))
+    problems = [f"its {count} {what} do not divide by tensor_parallel_size={tp}"
+                for count, what in sliced if count % tp]
+    kv = arch.num_key_value_heads
+    if kv % tp and tp % kv:
+        problems.append(f"its {kv} key/value heads neither divide nor are a multiple of "
+                        f"tensor_parallel_size={tp}")
+    if parallel.enable_expert_parallel and arch.num_experts % tp:
+        problems.append(f"its {arch.num_experts} experts do not divide by "
+                        f"tensor_parallel_size={tp} (expert parallelism)")
+    if arch.num_hidden_layers < pp:
+        problems.append(f"its {arch.num_hidden_layers} layers are fewer than "
+                        f"pipeline_parallel_size={pp}")
+    if problems:
+        raise ConfigError(f"{source}: the model cannot be split over the workers: "
+                          + "; ".join(problems))

@@ -1,0 +1,199 @@
+"""``MultiprocExecutor`` (``mp``): one worker process per rank on this machine.
+
+Each step's ``SchedulerOutput`` is written once into a shared-memory broadcast queue that
+every worker reads (``octavo.executor.shm_queue``); each worker answers on a reply queue of
+its own, and the output rank's answer is the step's result. Between themselves the workers
+talk torch.distributed with the platform's backend, rendezvousing on 127.0.0.1; gloo is
+pinned to the loopback interface (``GLOO_SOCKET_IFNAME=lo``), so no byte leaves the machine.
+
+Worker processes are started with ``subprocess`` (not ``multiprocessing``: the engine core
+is itself a daemonic process, which ``multiprocessing`` forbids to have children), each
+holding one end of a socket pair: the start-up handshake travels on it, and a worker exits
+when it reads end-of-file, i.e. when the engine process is gone, however it died.
+
+A monitor thread waits on every worker's exit. When one dies unasked, the executor shuts
+down the others, a step waiting for answers raises ``WorkerDiedError`` at once, and
+``on_failure`` (the engine core process's: exit, so the front end reports the engine dead)
+runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.connection
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from octavo.config import EngineConfig
+from octavo.distributed.state import output_rank
+from octavo.executor.base import Executor, WorkerCallError, WorkerDiedError
+from octavo.executor.messages import (
+    CallCodec,
+    CallKind,
+    ReplyCodec,
+    RpcCall,
+    WorkerInit,
+    WorkerReady,
+    WorkerReply,
+)
+from octavo.executor.shm_queue import MessageQueue, QueueClosed
+from octavo.models.loader import ModelFiles
+from octavo.outputs import ModelRunnerOutput, SchedulerOutput
+from octavo.paths import make_socket_dir
+from octavo.platforms import Platform
+
+logger = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 600.0  # loading a large model in every worker takes a while
+STOP_TIMEOUT_S = 5.0  # after SHUTDOWN, before a worker is killed
+
+
+class MultiprocExecutor(Executor):
+    def __init__(self, config: EngineConfig, platform: type[Platform], files: ModelFiles,
+                 on_failure: Callable[[str], None] | None = None) -> None:
+        super().__init__(config, platform, files)
+        self.world_size = config.parallel.world_size
+        self.output_rank = output_rank(config.parallel.tensor_parallel_size,
+                                       config.parallel.pipeline_parallel_size)
+        self.on_failure = on_failure
+        self.failure: str | None = None  # why the executor is dead
+        self._stopping = False
+        self._call_codec, self._reply_codec = CallCodec(), ReplyCodec()
+        self.socket_dir = make_socket_dir()
+        self.calls = MessageQueue.create(self.world_size, self.socket_dir)
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.pipes: list[multiprocessing.connection.Connection] = []
+        self.replies: list[MessageQueue] = []
+        try:
+            self._start_workers(config)
+        except BaseException as exc:
+            self.failure = f"the workers did not start: {exc}"  # no polite SHUTDOWN
+            self.shutdown()
+            raise
+        self._monitor = threading.Thread(target=self._watch_workers, name="executor-monitor",
+                                         daemon=True)
+        self._monitor.start()
+
+    # -- start-up -----------------------------------------------------------------------
+    def _start_workers(self, config: EngineConfig) -> None:
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+        for rank in range(self.world_size):
+            ours, theirs = socket.socketpair()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "octavo.executor.worker_proc", str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], env=env)
+            theirs.close()
+            self.procs.append(proc)
+            pipe = multiprocessing.connection.Connection(ours.detach())
+            self.pipes.append(pipe)
+            pipe.send(WorkerInit(config=config, rank=rank, init_method=init_method,
+                                 broadcast=self.calls.handle(), socket_dir=self.socket_dir))
+        ready = [self._read_handshake(rank) for rank in range(self.world_size)]
+        self.replies = [MessageQueue.attach(r.reply, reader_index=0) for r in ready]
+        logger.info("%d workers ready (pids %s)", self.world_size,
+                    ", ".join(str(r.pid) for r in ready))
+
+    def _read_handshake(self, rank: int) -> WorkerReady:
+        pipe = self.pipes[rank]
+        if not pipe.poll(STARTUP_TIMEOUT_S):
+            raise WorkerDiedError(f"worker rank {rank} was not ready after "
+                                  f"{STARTUP_TIMEOUT_S:.0f} s")
+        try:
+            message = pipe.recv()
+        except EOFError:
+            code = self.procs[rank].wait()
+            raise WorkerDiedError(f"worker rank {rank} exited with code {code} before it "
+                                  "was ready") from None
+        if isinstance(message, WorkerReady):
+            return message
+        raise WorkerDiedError(message)
+
+    # -- calls --------------------------------------------------------------------------
+    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        replies = self._call(CallKind.RPC, RpcCall(method, list(args)))
+        return [reply.result for reply in replies]
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        output = self._call(CallKind.EXECUTE, scheduler_output)[self.output_rank].output
+        assert output is not None, "the output rank answered a step without its output"
+        return output
+
+    def _call(self, kind: CallKind, payload: Any) -> list[WorkerReply]:
+        """Send a call to every worker and wait for every answer; the first error raises
+        ``WorkerCallError`` (after all answers are in, so the queues stay in step)."""
+        self.check_health()
+        try:
+            self.calls.enqueue(self._call_codec.encode(kind, payload), self._is_dead)
+            replies = [self._reply_codec.decode(queue.dequeue(self._is_dead))
+                       for queue in self.replies]
+        except QueueClosed:
+            raise WorkerDiedError(self.failure or "the workers were shut down") from None
+        errors = [reply.error for reply in replies if reply.error is not None]
+        if errors:
+            raise WorkerCallError(errors[0])
+        return replies
+
+    def _is_dead(self) -> bool:
+        return self.failure is not None or self._stopping
+
+    def check_health(self) -> None:
+        if self.failure is not None:
+            raise WorkerDiedError(self.failure)
+
+    # -- failure and shutdown -----------------------------------------------------------
+    def _watch_workers(self) -> None:
+        """Wait for any worker's pipe to close (its process exited); unless the executor
+        is stopping, that is the engine's failure: the other workers are killed (they
+        would wait forever on a collective with the dead one) and ``on_failure`` runs."""
+        try:
+            ready = multiprocessing.connection.wait(self.pipes)
+        except (OSError, ValueError):  # the pipes were closed by shutdown
+            return
+        if self._stopping:
+            return
+        rank = self.pipes.index(ready[0])  # type: ignore[arg-type]
+        code = self.procs[rank].wait()
+        self.failure = f"worker rank {rank} (pid {self.procs[rank].pid}) died with code {code}"
+        logger.error("%s; stopping the other workers", self.failure)
+        self._stop_workers(timeout_s=0.0)
+        if self.on_failure is not None:
+            self.on_failure(self.failure)
+
+    def _stop_workers(self, timeout_s: float) -> None:
+        for proc in self.procs:
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def shutdown(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        if self.failure is None and self.replies:  # alive: ask politely first
+            try:
+                self.calls.enqueue(self._call_codec.encode(CallKind.SHUTDOWN),
+                                   lambda: self.failure is not None)
+            except QueueClosed:
+                pass
+        self._stop_workers(STOP_TIMEOUT_S if self.failure is None else 0.0)
+        for queue in [self.calls, *self.replies]:
+            queue.close()
+        for pipe in self.pipes:
+            pipe.close()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for torch.distributed's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

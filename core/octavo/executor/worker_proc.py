@@ -1,0 +1,134 @@
+"""The process of one worker of the ``mp`` executor: ``python -m octavo.executor.worker_proc FD``.
+
+Start-up, over the inherited pipe ``FD``: read ``WorkerInit``; bind the platform's cores;
+join torch.distributed (the platform's backend, 127.0.0.1 only); load plugins and the model
+(this rank's shards); create this rank's reply queue; answer ``WorkerReady`` (or the load
+error's text, so the engine fails with it instead of hanging).
+
+Then the busy loop: take each call from the broadcast queue, run it on the worker, answer
+on the reply queue. A call that raises is answered with the error and the loop goes on.
+
+The process ignores SIGINT and SIGTERM (the engine stops it with SHUTDOWN), and exits as
+soon as the pipe reaches end-of-file, which is when its parent is gone, however it died -
+even by SIGKILL: no worker outlives its engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+from octavo.distributed.state import RankInfo, init_distributed
+from octavo.executor.messages import (
+    CallCodec,
+    CallKind,
+    ReplyCodec,
+    RpcCall,
+    WorkerInit,
+    WorkerReady,
+    WorkerReply,
+)
+from octavo.executor.shm_queue import MessageQueue
+from octavo.outputs import ModelRunnerOutput
+from octavo.worker.interface import WorkerInterface
+
+logger = logging.getLogger(__name__)
+
+# How long a collective may wait for a peer before torch.distributed gives up: a rank stuck
+# that long is broken, and the engine is better told so than left hanging.
+DIST_TIMEOUT_S = 600.0
+
+
+def _exit_with_parent(pipe: multiprocessing.connection.Connection, socket_dir: Path) -> None:
+    """Exit once the pipe to the parent reaches end-of-file (the parent is gone), removing
+    the sockets' directory, which a parent killed by SIGKILL could not remove."""
+
+    def watch() -> None:
+        try:
+            while True:
+                pipe.recv()
+        except (EOFError, OSError):
+            shutil.rmtree(socket_dir, ignore_errors=True)
+            os._exit(1)
+
+    threading.Thread(target=watch, name="worker-parent-watch", daemon=True).start()
+
+
+def _start(init: WorkerInit) -> tuple[WorkerInterface, RankInfo, MessageQueue, MessageQueue]:
+    from octavo.executor.worker_factory import make_worker
+    from octavo.models.loader import load_model_files
+    from octavo.plugins import get_registries
+    from octavo.plugins.resolve import resolve_platform
+
+    config = init.config
+    parallel = config.parallel
+    info = RankInfo.of(init.rank, parallel.tensor_parallel_size,
+                       parallel.pipeline_parallel_size)
+    platform = resolve_platform(config.device.backend, get_registries().platforms)
+    platform.init_worker_process(info.rank, info.world_size)
+    init_distributed(info, platform.dist_backend, init.init_method, DIST_TIMEOUT_S,
+                     tensor_communicator=platform.tensor_communicator,
+                     enable_expert_parallel=parallel.enable_expert_parallel)
+    worker = make_worker(config, platform, load_model_files(config.model.model))
+    calls = MessageQueue.attach(init.broadcast, reader_index=info.rank)
+    replies = MessageQueue.create(1, init.socket_dir)
+    return worker, info, calls, replies
+
+
+def _serve(worker: WorkerInterface, info: RankInfo, calls: MessageQueue,
+           replies: MessageQueue) -> None:
+    call_codec, reply_codec = CallCodec(), ReplyCodec()
+    while True:
+        kind, payload = call_codec.decode(calls.dequeue())
+        if kind is CallKind.SHUTDOWN:
+            return
+        replies.enqueue(reply_codec.encode(_run(worker, info, kind, payload)))
+
+
+def _run(worker: WorkerInterface, info: RankInfo, kind: CallKind, payload: Any) -> WorkerReply:
+    try:
+        if kind is CallKind.EXECUTE:
+            output = worker.execute_model(payload)
+            return WorkerReply(output=output if info.is_output_rank else
+                               ModelRunnerOutput(req_ids=[], sampled_token_ids=[]))
+        assert isinstance(payload, RpcCall)
+        return WorkerReply(result=getattr(worker, payload.method)(*payload.args))
+    except Exception as exc:
+        logger.exception("worker rank %d: %s failed", info.rank, kind.name)
+        return WorkerReply(error=f"rank {info.rank}: {type(exc).__name__}: {exc}\n"
+                                 f"{traceback.format_exc()}")
+
+
+def main(fd: int) -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    pipe = multiprocessing.connection.Connection(fd)
+    init: WorkerInit = pipe.recv()
+    _exit_with_parent(pipe, init.socket_dir)  # also while loading: a load takes a while
+    try:
+        worker, info, calls, replies = _start(init)
+    except BaseException as exc:
+        logger.critical("worker rank %d failed to start:\n%s", init.rank, traceback.format_exc())
+        pipe.send(f"worker rank {init.rank} failed to start: {type(exc).__name__}: {exc}")
+        os._exit(1)
+    pipe.send(WorkerReady(rank=info.rank, pid=os.getpid(), reply=replies.handle()))
+    try:
+        _serve(worker, info, calls, replies)
+    except BaseException:
+        logger.critical("worker rank %d failed:\n%s", info.rank, traceback.format_exc())
+        os._exit(1)
+    replies.close()
+    calls.close()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]))

@@ -1,0 +1,47 @@
+"""A model that does not split over the configured ranks is refused before any worker
+starts, with the dimension that does not divide."""
+
+from __future__ import annotations
+
+import pytest
+
+from octavo.config import ConfigError, EngineConfig
+from octavo.executor.fits import check_model_fits
+
+SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_size": 576,
+           "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "max_position_embeddings": 8192}
+MIXTRAL = {**SMOLLM2, "architectures": ["MixtralForCausalLM"], "num_attention_heads": 8,
+           "num_key_value_heads": 2, "intermediate_size": 98, "num_local_experts": 6,
+           "num_experts_per_tok": 2}
+
+
+@pytest.mark.parametrize(("hf", "kwargs"), [
+    (SMOLLM2, {"tensor_parallel_size": 3}),
+    (SMOLLM2, {"pipeline_parallel_size": 30}),
+    (SMOLLM2, {"tensor_parallel_size": 3, "pipeline_parallel_size": 2}),
+    (MIXTRAL, {"tensor_parallel_size": 2}),  # 98 features and 6 experts halve
+    (MIXTRAL, {"tensor_parallel_size": 2, "enable_expert_parallel": True}),
+])
+def test_splits_that_fit(hf: dict, kwargs: dict) -> None:
+    check_model_fits(EngineConfig.from_kwargs(**kwargs), hf, "m")
+
+
+def test_expert_parallel_needs_whole_experts_not_sliced_features() -> None:
+    sliced = EngineConfig.from_kwargs(tensor_parallel_size=4)
+    with pytest.raises(ConfigError, match="98 MLP features do not divide"):
+        check_model_fits(sliced, MIXTRAL, "m")
+    whole = EngineConfig.from_kwargs(tensor_parallel_size=4, enable_expert_parallel=True)
+    with pytest.raises(ConfigError, match="6 experts do not divide") as refused:
+        check_model_fits(whole, MIXTRAL, "m")
+    assert "MLP features" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"tensor_parallel_size": 2}, "9 attention heads do not divide by tensor_parallel_size=2"),
+    ({"tensor_parallel_size": 2}, "3 key/value heads neither divide nor are a multiple"),
+    ({"pipeline_parallel_size": 31}, "30 layers are fewer than pipeline_parallel_size=31"),
+])
+def test_splits_that_do_not_fit_are_named(kwargs: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=f"cannot be split over the workers: .*{message}"):
+        check_model_fits(EngineConfig.from_kwargs(**kwargs), SMOLLM2, "model.gguf")

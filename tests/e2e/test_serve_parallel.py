@@ -1,0 +1,75 @@
+"""``octavo serve -tp 2``: a worker process per rank behind the real server, the official
+``openai`` client (streaming included) getting the tokens one rank would give; and SIGKILL
+of one worker mid-stream: the stream ends with an error, /health answers 503 within a
+second, and no Octavo process is left once the server has exited."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+from openai import OpenAI
+
+from octavo import LLM, SamplingParams
+
+from .conftest import TINY_SERVER_ARGS, TinyModel
+from .server import Server, still_running
+from .test_serve_faults import RawStream
+
+PROMPT = "Tell me a story"
+
+
+def start_tp2_server(model: TinyModel, tmp_path: Path) -> Server:
+    return Server(["--model", str(model.folder), *TINY_SERVER_ARGS, "-tp", "2"],
+                  tmp_path / "server.log").wait_ready(timeout=240)
+
+
+def worker_processes(server: Server) -> list[psutil.Process]:
+    engine = psutil.Process(server.engine_pid())
+    return [p for p in engine.children() if "octavo.executor.worker_proc" in " ".join(p.cmdline())]
+
+
+def test_tp2_server_answers_the_openai_client(tiny_model: TinyModel, tmp_path: Path) -> None:
+    reference_llm = LLM(str(tiny_model.folder), dtype="float32", kv_cache_memory=1 << 25)
+    reference = reference_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=16,
+                                                              ignore_eos=True))[0].outputs[0]
+    with start_tp2_server(tiny_model, tmp_path) as server:
+        assert len(worker_processes(server)) == 2
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60)
+        whole = client.completions.create(model=str(tiny_model.folder), prompt=PROMPT,
+                                          max_tokens=16, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        streamed = "".join(
+            chunk.choices[0].text for chunk in client.completions.create(
+                model=str(tiny_model.folder), prompt=PROMPT, max_tokens=16, temperature=0,
+                stream=True, extra_body={"ignore_eos": True}))
+    assert whole.choices[0].text == reference.text, f"seed {tiny_model.seed}"
+    assert streamed == reference.text
+
+
+def test_worker_killed_mid_stream(tiny_model: TinyModel, tmp_path: Path) -> None:
+    server = start_tp2_server(tiny_model, tmp_path)
+    try:
+        everything = server.processes()
+        stream = RawStream(server, max_tokens=400, prompt=PROMPT)
+        stream.read_event()
+        victim = worker_processes(server)[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while server.request("GET", "/health")[0] != 503:
+            assert time.monotonic() - killed < 5, "/health did not turn 503"
+            time.sleep(0.02)
+        unhealthy_s = time.monotonic() - killed
+        stream.read_to_end()
+        server.proc.wait(30)
+    finally:
+        server.stop()
+    print(f"\nworker {victim.pid} killed: /health 503 after {unhealthy_s * 1000:.0f} ms")
+    assert unhealthy_s < 1.0
+    assert stream.events[-1] == "[DONE]", stream.events[-3:]
+    assert [e["code"] for e in stream.errors()] == ["engine_dead"], stream.events[-3:]
+    assert server.proc.returncode == 1
+    assert not still_running(everything, timeout=10)

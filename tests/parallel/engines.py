@@ -1,0 +1,63 @@
+"""Running the same prompts through an engine at different parallel sizes, for comparison:
+greedy tokens and the first step's top logprobs (prompt logprobs: every prompt position of
+the prefill step, i.e. that step's logits, through a log-softmax)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from octavo import LLM, SamplingParams
+
+TOP_LOGPROBS = 20
+KV_BYTES = 1 << 25  # per rank: the tests' prompts are short
+
+
+@dataclass
+class Run:
+    tokens: list[list[int]]
+    # Per prompt, per prompt position after the first: {token id: logprob} of the top 20.
+    prompt_logprobs: list[list[dict[int, float]]]
+
+
+@contextmanager
+def one_thread():
+    """Single-threaded in this process, as each worker process is on its own core: the same
+    GEMM blocking, so the same arithmetic."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def run(model: str, prompts: list[list[int]], max_tokens: int, **engine: Any) -> Run:
+    """Greedy generation of ``max_tokens`` per prompt; the engine is shut down after."""
+    llm = LLM(model, dtype="float32", kv_cache_memory=KV_BYTES, max_model_len=512, seed=0,
+              **engine)
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                                prompt_logprobs=TOP_LOGPROBS)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                               use_tqdm=False)
+    finally:
+        llm.shutdown()
+    return Run(
+        tokens=[o.outputs[0].token_ids for o in outputs],
+        prompt_logprobs=[[{t: lp.logprob for t, lp in position.items()}
+                          for position in o.prompt_logprobs[1:]] for o in outputs])
+
+
+def max_logprob_gap(a: Run, b: Run) -> float:
+    """The largest difference of a logprob both runs report (same top tokens required)."""
+    gap = 0.0
+    for prompt_a, prompt_b in zip(a.prompt_logprobs, b.prompt_logprobs, strict=True):
+        for pos_a, pos_b in zip(prompt_a, prompt_b, strict=True):
+            shared = pos_a.keys() & pos_b.keys()
+            assert len(shared) >= TOP_LOGPROBS - 2, "the top tokens differ"
+            gap = max(gap, max(abs(pos_a[t] - pos_b[t]) for t in shared))
+    return gap

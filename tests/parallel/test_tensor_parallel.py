@@ -1,0 +1,67 @@
+"""Tensor parallelism on the ``mp`` executor (a worker process per rank, gloo on loopback):
+fp32 greedy tokens identical to one rank, and the first step's logprobs within 1e-4.
+
+The sizes cover each way heads split: query and KV heads both divisible (tiny Llama, 8 query
+/ 4 KV heads, TP=2 and 4), fewer KV heads than ranks so each is replicated (tiny Qwen3 with
+2 KV heads at TP=4), and the default model at TP=3 (9 heads, 3 KV heads, 576 hidden: every
+split odd) on 8 prompts of the W1 workload. More ranks than cores is fine for correctness.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from octavo.bench.workloads import build_workload
+from octavo.models.loader import default_model_path
+
+from ..core.tiny_models import save_tiny_model
+from .engines import max_logprob_gap, one_thread, run
+
+LOGPROB_TOLERANCE = 1e-4
+
+
+def random_prompts(rng: np.random.Generator, count: int, vocab: int = 256) -> list[list[int]]:
+    return [rng.integers(0, vocab, size=int(rng.integers(3, 40))).tolist() for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def llama_8q_4kv(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = tmp_path_factory.mktemp("llama-8q-4kv")
+    seed = int(np.random.default_rng().integers(1 << 30))
+    save_tiny_model("llama", folder, seed, num_attention_heads=8, num_key_value_heads=4,
+                    head_dim=8)
+    return str(folder)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_llama_tensor_parallel_matches_one_rank(llama_8q_4kv: str, tp: int) -> None:
+    prompts = random_prompts(np.random.default_rng(), 6)
+    with one_thread():
+        reference = run(llama_8q_4kv, prompts, 24)
+    parallel = run(llama_8q_4kv, prompts, 24, tensor_parallel_size=tp)
+    assert parallel.tokens == reference.tokens
+    assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE
+
+
+def test_replicated_kv_heads_qwen3_tp4(tmp_path: Path) -> None:
+    seed = int(np.random.default_rng().integers(1 << 30))
+    save_tiny_model("qwen3", tmp_path, seed, num_attention_heads=8, num_key_value_heads=2)
+    prompts = random_prompts(np.random.default_rng(seed), 6)
+    with one_thread():
+        reference = run(str(tmp_path), prompts, 24)
+    parallel = run(str(tmp_path), prompts, 24, tensor_parallel_size=4)
+    assert parallel.tokens == reference.tokens, f"seed {seed}"
+    assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE
+
+
+def test_default_model_tp3_on_w1_prompts() -> None:
+    prompts = build_workload("W1_throughput").prompts[:8]
+    model = str(default_model_path())
+    with one_thread():
+        reference = run(model, prompts, 32)
+    parallel = run(model, prompts, 32, tensor_parallel_size=3)
+    assert parallel.tokens == reference.tokens
+    assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE
