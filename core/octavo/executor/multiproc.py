@@ -19,6 +19,7 @@ runs.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing.connection
 import os
@@ -79,6 +80,9 @@ class MultiprocExecutor(Executor):
         self._monitor = threading.Thread(target=self._watch_workers, name="executor-monitor",
                                          daemon=True)
         self._monitor.start()
+        # An engine its owner never shuts down (a script's LLM) stops its workers at exit,
+        # before the workers would notice on their own, so every segment is released.
+        atexit.register(self.shutdown)
 
     # -- start-up -----------------------------------------------------------------------
     def _start_workers(self, config: EngineConfig) -> None:
@@ -178,6 +182,7 @@ class MultiprocExecutor(Executor):
         if self._stopping:
             return
         self._stopping = True
+        atexit.unregister(self.shutdown)
         if self.failure is None and self.replies:  # alive: ask politely first
             try:
                 self.calls.enqueue(self._call_codec.encode(CallKind.SHUTDOWN),

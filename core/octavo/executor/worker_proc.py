@@ -15,6 +15,7 @@ even by SIGKILL: no worker outlives its engine.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing.connection
 import os
@@ -23,6 +24,7 @@ import signal
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,19 +49,26 @@ logger = logging.getLogger(__name__)
 DIST_TIMEOUT_S = 600.0
 
 
-def _exit_with_parent(pipe: multiprocessing.connection.Connection, socket_dir: Path) -> None:
+def _exit_with_parent(pipe: multiprocessing.connection.Connection,
+                      socket_dir: Path) -> list[Callable[[], None]]:
     """Exit once the pipe to the parent reaches end-of-file (the parent is gone), removing
-    the sockets' directory, which a parent killed by SIGKILL could not remove."""
+    the sockets' directory, which a parent killed by SIGKILL could not remove. Returns a
+    list to add clean-ups to (the reply queue's segment), run before the exit."""
+    cleanups: list[Callable[[], None]] = []
 
     def watch() -> None:
         try:
             while True:
                 pipe.recv()
         except (EOFError, OSError):
+            for cleanup in cleanups:
+                with contextlib.suppress(Exception):
+                    cleanup()
             shutil.rmtree(socket_dir, ignore_errors=True)
             os._exit(1)
 
     threading.Thread(target=watch, name="worker-parent-watch", daemon=True).start()
+    return cleanups
 
 
 def _start(init: WorkerInit) -> tuple[WorkerInterface, RankInfo, MessageQueue, MessageQueue]:
@@ -112,13 +121,15 @@ def main(fd: int) -> None:
         signal.signal(signum, signal.SIG_IGN)
     pipe = multiprocessing.connection.Connection(fd)
     init: WorkerInit = pipe.recv()
-    _exit_with_parent(pipe, init.socket_dir)  # also while loading: a load takes a while
+    # Watched from the start: a load takes a while, and the parent may die meanwhile.
+    cleanups = _exit_with_parent(pipe, init.socket_dir)
     try:
         worker, info, calls, replies = _start(init)
     except BaseException as exc:
         logger.critical("worker rank %d failed to start:\n%s", init.rank, traceback.format_exc())
         pipe.send(f"worker rank {init.rank} failed to start: {type(exc).__name__}: {exc}")
         os._exit(1)
+    cleanups.append(replies.close)
     pipe.send(WorkerReady(rank=info.rank, pid=os.getpid(), reply=replies.handle()))
     try:
         _serve(worker, info, calls, replies)

@@ -99,15 +99,14 @@ def grouped_mm_fits(*operands: torch.Tensor) -> bool:
                for t in operands)
 
 
-# The kernel choice, measured with benchmarks/moe_kernel.py (one thread, 8 experts, top-2,
-# tokens 1..1024, fp32 and bf16, hidden/intermediate 64/96 and 512/1792): the grouped GEMM
-# is 1.2-1.7x faster than the loop over experts at 16-64 tokens (it saves the loop's Python
-# work and small calls per expert); at 1 token it is 1.1-1.5x faster on 512/1792 and 5 us
-# slower on 64/96 fp32; from ~256 tokens the two tie within +-4% (torch's CPU _grouped_mm
-# runs the same GEMMs, looping over the groups in C++; at 1024 tokens the loop was 1-3%
-# ahead on 512/1792, 4% behind on 64/96). No crossover worth a switch, so: grouped
-# wherever it runs. A padded bmm (benchmark only) wins on tiny bf16 shapes but loses up to
-# 7x on larger ones, computing every expert at the busiest one's count.
+# The kernel choice, measured with benchmarks/moe_kernel.py on an idle machine (one thread,
+# 8 experts, top-2, tokens 1..1024; figures in benchmarks/RESULTS.md): on 64/96
+# (hidden/intermediate) the grouped GEMM is 1.0-1.7x the loop's speed from 16 tokens (it
+# saves the loop's Python work and small calls per expert) and 0.86-0.98x at 1 token; on
+# 512/1792 the two are within -4%..+10% of each other at every count (torch's CPU
+# _grouped_mm runs the same GEMMs, looping over the groups in C++). No crossover worth a
+# switch, so: grouped wherever it runs. A padded bmm (benchmark only) wins on tiny bf16
+# shapes but loses up to 5x on larger ones, computing every expert at the busiest one's count.
 def expert_kernel(inputs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> ExpertKernel:
     """The grouped kernel where it runs, else the loop."""
     return grouped_experts if grouped_mm_fits(inputs, w13, w2) else loop_experts
