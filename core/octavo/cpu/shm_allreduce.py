@@ -70,13 +70,16 @@ _MAX_SLEEP_S = 1e-3
 _ACCUMULATE = {torch.bfloat16: torch.float32, torch.float16: torch.float32}
 _MAX_CACHED_VIEWS = 4096  # (parity, dtype, shape) keys; forgotten all at once past this
 
+
 def _open_segment(group: dist.ProcessGroup, rank_in_group: int,
                   nbytes: int) -> shared_memory.SharedMemory:
     """Collective: rank 0 creates the segment, the others attach; then rank 0 unlinks it."""
     owned = shared_memory.SharedMemory(create=True, size=nbytes) if rank_in_group == 0 else None
     names = [owned.name if owned is not None else None]
     dist.broadcast_object_list(names, src=dist.get_global_rank(group, 0), group=group)
-    segment = owned if owned is not None else attach_untracked(names[0])
+    name = names[0]
+    assert name is not None, "rank 0 of the group sent no segment name"
+    segment = owned if owned is not None else attach_untracked(name)
     try:
         dist.barrier(group=group)  # every rank has mapped it
     finally:
@@ -115,6 +118,7 @@ class ShmCommunicator:
         self.timeout_s = timeout_s
         stride = -(-max_bytes // _LINE) * _LINE
         self._shm = _open_segment(group, rank_in_group, size * _LINE + 2 * size * stride)
+        assert self._shm.buf is not None  # an open segment has its buffer
         self._counters = self._shm.buf.cast("q")
         self._slots = torch.frombuffer(self._shm.buf, dtype=torch.uint8, offset=size * _LINE,
                                        count=2 * size * stride).view(2, size, stride)
