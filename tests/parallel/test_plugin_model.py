@@ -47,14 +47,19 @@ def _forget_plugins() -> None:
     plugins.get_plugin_host.cache_clear()
 
 
+def save_as(architecture: str, folder: Path, seed: int) -> Path:
+    """A tiny Llama whose config names ``architecture``."""
+    save_tiny_model("llama", folder, seed)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": [architecture]}))
+    return folder
+
+
 def test_plugin_model_serves_at_tp2(plugin_site: Path, tmp_path: Path) -> None:
     seed = int(np.random.default_rng().integers(1 << 30))
-    plain, negated = tmp_path / "plain", tmp_path / "negated"
+    plain = tmp_path / "plain"
     save_tiny_model("llama", plain, seed)
-    save_tiny_model("llama", negated, seed)
-    config = json.loads((negated / "config.json").read_text())
-    (negated / "config.json").write_text(json.dumps(
-        {**config, "architectures": ["NegatedLlamaForCausalLM"]}))
+    negated = save_as("NegatedLlamaForCausalLM", tmp_path / "negated", seed)
     prompts = random_prompts(np.random.default_rng(seed), 4)
     with one_thread():
         reference = run(str(negated), prompts, 12)

@@ -54,9 +54,13 @@ def bind_worker_threads(rank: int, world_size: int) -> list[int] | None:
     """Pin this process to its cores and size torch's thread pool to them; returns them."""
     import torch
 
-    cores = worker_cores(rank, world_size, os.environ.get(THREADS_BIND_ENV),
-                         sorted(os.sched_getaffinity(0)))
+    available = sorted(os.sched_getaffinity(0))
+    cores = worker_cores(rank, world_size, os.environ.get(THREADS_BIND_ENV), available)
     if cores is not None:
-        os.sched_setaffinity(0, cores)
+        try:
+            os.sched_setaffinity(0, cores)
+        except OSError as exc:
+            raise ValueError(f"{THREADS_BIND_ENV}: worker {rank} cannot run on cores {cores} "
+                             f"({exc.strerror}); this process may use cores {available}") from None
         torch.set_num_threads(len(cores))
     return cores

@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -99,18 +100,31 @@ class MultiprocExecutor(Executor):
             self.pipes.append(pipe)
             pipe.send(WorkerInit(config=config, rank=rank, init_method=init_method,
                                  broadcast=self.calls.handle(), socket_dir=self.socket_dir))
-        ready = [self._read_handshake(rank) for rank in range(self.world_size)]
+        ready = self._read_handshakes()
         self.replies = [MessageQueue.attach(r.reply, reader_index=0) for r in ready]
         logger.info("%d workers ready (pids %s)", self.world_size,
                     ", ".join(str(r.pid) for r in ready))
 
-    def _read_handshake(self, rank: int) -> WorkerReady:
-        pipe = self.pipes[rank]
-        if not pipe.poll(STARTUP_TIMEOUT_S):
-            raise WorkerDiedError(f"worker rank {rank} was not ready after "
-                                  f"{STARTUP_TIMEOUT_S:.0f} s")
+    def _read_handshakes(self) -> list[WorkerReady]:
+        """Every worker's ``WorkerReady``, in rank order, taken as they come: the first
+        worker that fails (its error text, or its exit) fails the start at once, rather
+        than after the ranks before it, which would wait for it in torch.distributed."""
+        ready: dict[int, WorkerReady] = {}
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while len(ready) < self.world_size:
+            pending = [p for rank, p in enumerate(self.pipes) if rank not in ready]
+            answered = multiprocessing.connection.wait(pending, deadline - time.monotonic())
+            if not answered:
+                raise WorkerDiedError(f"{len(pending)} worker(s) not ready after "
+                                      f"{STARTUP_TIMEOUT_S:.0f} s")
+            for pipe in answered:
+                rank = self.pipes.index(pipe)  # type: ignore[arg-type]
+                ready[rank] = self._handshake(rank)
+        return [ready[rank] for rank in range(self.world_size)]
+
+    def _handshake(self, rank: int) -> WorkerReady:
         try:
-            message = pipe.recv()
+            message = self.pipes[rank].recv()
         except EOFError:
             code = self.procs[rank].wait()
             raise WorkerDiedError(f"worker rank {rank} exited with code {code} before it "
