@@ -73,3 +73,18 @@ def test_worker_killed_mid_stream(tiny_model: TinyModel, tmp_path: Path) -> None
     assert [e["code"] for e in stream.errors()] == ["engine_dead"], stream.events[-3:]
     assert server.proc.returncode == 1
     assert not still_running(everything, timeout=10)
+
+
+def test_engine_core_killed_leaves_no_worker(tiny_model: TinyModel, tmp_path: Path) -> None:
+    """SIGKILL gives the engine core no chance to stop its workers: they see their pipe to
+    it close and exit by themselves, removing the sockets' directory."""
+    server = start_tp2_server(tiny_model, tmp_path)
+    try:
+        workers = worker_processes(server)
+        assert len(workers) == 2
+        os.kill(server.engine_pid(), signal.SIGKILL)
+        left = still_running(workers, timeout=10)
+        server.proc.wait(30)
+    finally:
+        server.stop()
+    assert not left, [p.pid for p in left]
