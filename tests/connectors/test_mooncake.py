@@ -74,3 +74,28 @@ def test_mooncake_producer_to_consumer_and_master_loss(
     finally:
         finish(producer)
         finish(late_consumer)
+
+
+def test_mooncake_tensor_parallel_producer_to_consumer(
+        tiny_model: TinyModel, prompts: Prompts, tmp_path: Path,
+        mooncake_master: MooncakeMaster) -> None:
+    """Each of two ranks (a Mooncake client of its own in each worker process) puts and
+    gets its half of the KV heads; the consumer's tokens are one engine's."""
+    why = f"model seed {tiny_model.seed}, prompt seed {prompts.seed}"
+    produced = write_prompts(tmp_path, "produced", prompts.produced)
+    consumed = write_prompts(tmp_path, "consumed", prompts.consumed)
+    producer = start_engine(engine_command(tiny_model, produced,
+                                           mooncake_master.kv_config("producer"), "--hold",
+                                           "--tp=2"))
+    try:
+        assert producer.stdout is not None
+        assert json.loads(producer.stdout.readline())["kv_transfer"]["saves"] == 3, why
+        reference = run_engine(tiny_model, consumed)
+        consumer = run_engine(tiny_model, consumed, mooncake_master.kv_config("consumer"),
+                              "--tp=2")
+        assert consumer["tokens"] == reference["tokens"], why
+        assert consumer["num_cached_tokens"] == prompts.expected_loaded(), why
+        assert consumer["kv_transfer"]["loads"] == 4, why
+        assert consumer["kv_transfer"]["failed_loads"] == 0, why
+    finally:
+        finish(producer)
