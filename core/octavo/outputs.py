@@ -41,8 +41,10 @@ class CachedRequestData:
 
     Workers that sample keep each request's sampled tokens themselves; ``new_block_ids``
     are the blocks appended since the last step. ``new_token_ids`` are the output tokens
-    among the positions scheduled this step, for the workers that did not sample them
-    (pipeline stages before the last); empty lists without pipeline parallelism.
+    among the positions scheduled this step (from ``max(num_computed_tokens, prompt
+    length)`` on), for the workers that did not sample them (pipeline stages before the
+    last); empty lists without pipeline parallelism. A request recomputing after preemption
+    sends outputs the workers already hold from its ``NewRequestData`` again.
     """
 
     req_ids: list[str] = field(default_factory=list)

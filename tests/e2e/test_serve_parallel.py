@@ -1,7 +1,11 @@
 """``octavo serve -tp 2``: a worker process per rank behind the real server, the official
 ``openai`` client (streaming included) getting the tokens one rank would give; and SIGKILL
 of one worker mid-stream: the stream ends with an error, /health answers 503 within a
-second, and no Octavo process is left once the server has exited."""
+second, and no Octavo process is left once the server has exited.
+
+The worker is killed under ``--restart-engine``, so /health stays 503 while a new engine
+core and its workers start (without it the server exits at once and /health may never be
+seen answering); the engine core killed without it is the next test."""
 
 from __future__ import annotations
 
@@ -22,8 +26,8 @@ from .test_serve_faults import RawStream
 PROMPT = "Tell me a story"
 
 
-def start_tp2_server(model: TinyModel, tmp_path: Path) -> Server:
-    return Server(["--model", str(model.folder), *TINY_SERVER_ARGS, "-tp", "2"],
+def start_tp2_server(model: TinyModel, tmp_path: Path, *args: str) -> Server:
+    return Server(["--model", str(model.folder), *TINY_SERVER_ARGS, "-tp", "2", *args],
                   tmp_path / "server.log").wait_ready(timeout=240)
 
 
@@ -51,9 +55,8 @@ def test_tp2_server_answers_the_openai_client(tiny_model: TinyModel, tmp_path: P
 
 
 def test_worker_killed_mid_stream(tiny_model: TinyModel, tmp_path: Path) -> None:
-    server = start_tp2_server(tiny_model, tmp_path)
+    server = start_tp2_server(tiny_model, tmp_path, "--restart-engine")
     try:
-        everything = server.processes()
         stream = RawStream(server, max_tokens=400, prompt=PROMPT)
         stream.read_event()
         victim = worker_processes(server)[1]
@@ -64,22 +67,28 @@ def test_worker_killed_mid_stream(tiny_model: TinyModel, tmp_path: Path) -> None
             time.sleep(0.02)
         unhealthy_s = time.monotonic() - killed
         stream.read_to_end()
-        server.proc.wait(30)
+        while server.request("GET", "/health")[0] != 200:  # a new core and new workers
+            assert time.monotonic() - killed < 120, "the engine was not restarted"
+            time.sleep(0.2)
+        after = server.request("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+        everything = server.processes()
+        assert len(worker_processes(server)) == 2
     finally:
         server.stop()
     print(f"\nworker {victim.pid} killed: /health 503 after {unhealthy_s * 1000:.0f} ms")
     assert unhealthy_s < 1.0
     assert stream.events[-1] == "[DONE]", stream.events[-3:]
     assert [e["code"] for e in stream.errors()] == ["engine_dead"], stream.events[-3:]
-    assert server.proc.returncode == 1
+    assert after[0] == 200, after
     assert not still_running(everything, timeout=10)
 
 
 def test_engine_core_killed_leaves_no_worker(tiny_model: TinyModel, tmp_path: Path) -> None:
     """SIGKILL gives the engine core no chance to stop its workers: they see their pipe to
-    it close and exit by themselves, removing the sockets' directory."""
+    it close and exit by themselves; the server exits, and nothing of its tree is left."""
     server = start_tp2_server(tiny_model, tmp_path)
     try:
+        everything = server.processes()
         workers = worker_processes(server)
         assert len(workers) == 2
         os.kill(server.engine_pid(), signal.SIGKILL)
@@ -88,3 +97,5 @@ def test_engine_core_killed_leaves_no_worker(tiny_model: TinyModel, tmp_path: Pa
     finally:
         server.stop()
     assert not left, [p.pid for p in left]
+    assert server.proc.returncode == 1  # the server exits on its engine's death
+    assert not still_running(everything, timeout=10)

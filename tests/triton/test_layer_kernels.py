@@ -28,8 +28,8 @@ LLAMA3_ROPE = RopeConfig(theta=500000.0, rope_type="llama3", factor=8.0, low_fre
                          high_freq_factor=4.0, original_max_position_embeddings=8192)
 
 
-def assert_matches(got: torch.Tensor, want: torch.Tensor, seed: int) -> None:
-    torch.testing.assert_close(got, want, rtol=RTOL[want.dtype], atol=1e-5,
+def assert_matches(got: torch.Tensor, want: torch.Tensor, seed: int, atol: float = 1e-5) -> None:
+    torch.testing.assert_close(got, want, rtol=RTOL[want.dtype], atol=atol,
                                msg=lambda m: f"seed {seed}: {m}")
 
 
@@ -73,8 +73,14 @@ def test_rotary_embedding(dtype: torch.dtype, head_dim: int, num_heads: int,
 
     got_q, got_k = rotary_embedding(positions, q, k, rope.inv_freq)
     want_q, want_k = rope(positions, q, k)
-    assert_matches(got_q, want_q, seed)
-    assert_matches(got_k, want_k, seed)
+    # An output near zero is the difference of two terms as large as the inputs (x1 cos -
+    # x2 sin), and at positions in the tens of thousands the two cos/sin implementations
+    # differ in the angle's last bits: so the absolute tolerance is two units in the last
+    # place of the inputs' magnitude, not of the output's (seed 883398947 in fp16 differed
+    # by 2.4e-4 at an output of 3e-3, with inputs near 4).
+    atol = RTOL[dtype] * float(qkv.abs().max())
+    assert_matches(got_q, want_q, seed, atol)
+    assert_matches(got_k, want_k, seed, atol)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -218,8 +218,20 @@ class ModelRunner:
             self.batch.append_blocks(row, cached.new_block_ids[i])
             self.batch.num_computed_tokens[row] = cached.num_computed_tokens[i]
             if not samples:  # the last stage sampled these; this stage reads them
-                for token in cached.new_token_ids[i]:
-                    self.batch.append_token(row, token)
+                self._place_sampled(row, cached.num_computed_tokens[i], cached.new_token_ids[i])
+
+    def _place_sampled(self, row: int, num_computed: int, token_ids: list[int]) -> None:
+        """Put the output tokens of this step's positions (from ``max(num_computed, prompt
+        length)`` on) in the row: appended when new, already there when a request resumed
+        after preemption recomputes outputs it was given again in its ``NewRequestData``."""
+        position = max(num_computed, int(self.batch.num_prompt_tokens[row]))
+        for token in token_ids:
+            if position == self.batch.num_tokens[row]:
+                self.batch.append_token(row, token)
+            else:
+                assert position < self.batch.num_tokens[row], "a gap in the sampled tokens"
+                assert self.batch.token_ids[row, position] == token, "a sampled token changed"
+            position += 1
 
     def _add_request(self, new: NewRequestData) -> None:
         if new.req_id in self.batch.req_index:  # resumed after preemption: start afresh
