@@ -73,9 +73,9 @@ def test_executor_backend_follows_the_world_size() -> None:
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"pipeline_parallel_size": 2, "speculative_config": {"method": "ngram",
-      "num_speculative_tokens": 2}}, "does not run with pipeline parallelism"),
+      "num_speculative_tokens": 2}}, "speculative decoding does not run with several workers"),
     ({"tensor_parallel_size": 2, "speculative_config": {"method": "medusa", "model": "m",
-      "num_speculative_tokens": 2}}, "method 'medusa' does not run with several workers"),
+      "num_speculative_tokens": 2}}, "speculative decoding does not run with several workers"),
 ])
 def test_parallel_combinations_not_built_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -27,8 +27,6 @@ from octavo.config.structured_outputs import StructuredOutputsConfig
 PARTS: dict[str, type] = {"model": ModelConfig, "cache": CacheConfig,
                           "scheduler": SchedulerConfig, "parallel": ParallelConfig,
                           "device": DeviceConfig, "observability": ObservabilityConfig}
-# Proposers whose drafting runs on every tensor rank, as tested (tests/parallel).
-PARALLEL_PROPOSERS = ("ngram", "draft_model")
 # Parts given as one JSON object each, by their keyword (vLLM's names).
 JSON_PARTS = {"speculative_config": "speculative", "kv_transfer_config": "kv_transfer",
               "structured_outputs_config": "structured_outputs"}
@@ -83,14 +81,11 @@ def check_parallel_combinations(config: EngineConfig) -> None:
         return
     sizes = (f"tensor_parallel_size={parallel.tensor_parallel_size}, "
              f"pipeline_parallel_size={parallel.pipeline_parallel_size}")
-    spec = config.speculative
-    if spec is not None and parallel.pipeline_parallel_size > 1:
-        raise ConfigError(f"speculative decoding does not run with pipeline parallelism yet "
-                          f"({sizes}); use pipeline_parallel_size=1")
-    if spec is not None and spec.method not in PARALLEL_PROPOSERS:
-        raise ConfigError(f"speculative decoding with method {spec.method!r} does not run "
-                          f"with several workers yet ({sizes}); methods that do: "
-                          f"{', '.join(PARALLEL_PROPOSERS)}")
+    # With n-gram drafts at TP=2 a run was seen to differ from the same run without them
+    # (seed 653238017 of tests/parallel), which one rank never does: refused until found.
+    if config.speculative is not None:
+        raise ConfigError(f"speculative decoding does not run with several workers yet "
+                          f"({sizes}); use one worker")
 
 
 def flat_fields() -> list[tuple[str, Field[Any]]]:
