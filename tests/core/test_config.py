@@ -3,6 +3,9 @@ engine flags generated from the fields, and clear errors for what is not built y
 
 from __future__ import annotations
 
+import re
+import sys
+
 import click
 import pytest
 from click.testing import CliRunner
@@ -51,9 +54,13 @@ def test_each_default_is_written_once_and_the_flags_come_from_it() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"data_parallel_size": 3}, "data_parallel_size=3: data parallelism is not available"),
     ({"enable_expert_parallel": True}, "it needs tensor_parallel_size > 1"),
-    ({"distributed_executor_backend": "ray"}, "'ray' is not available yet"),
+    ({"data_parallel_size": 2, "tensor_parallel_size": 2, "enable_expert_parallel": True},
+     "experts spread over data-parallel engines"),
+    ({"data_parallel_size": 2, "data_parallel_start_rank": 1, "data_parallel_size_local": 2},
+     "name engines beyond data_parallel_size=2"),
+    ({"data_parallel_size": 2, "data_parallel_rank": 2}, "is not one of this node's engines"),
+    ({"data_parallel_backend": "slurm"}, "must be one of mp, ray"),
     ({"distributed_executor_backend": "slurm"}, "must be one of uni, mp, ray"),
     ({"distributed_executor_backend": "uni", "tensor_parallel_size": 2},
      "'uni' runs one worker"),
@@ -62,6 +69,23 @@ def test_each_default_is_written_once_and_the_flags_come_from_it() -> None:
 def test_parallelism_not_built_yet_is_refused_clearly(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         ParallelConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"distributed_executor_backend": "ray"},
+                                    {"data_parallel_size": 2, "data_parallel_backend": "ray"}])
+def test_ray_backends_without_ray_name_what_to_install(kwargs: dict,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # find_spec: not installed
+    with pytest.raises(ConfigError, match=re.escape("pip install 'octavo[ray]'")):
+        ParallelConfig(**kwargs)
+
+
+def test_data_parallel_defaults_run_every_engine_here() -> None:
+    config = ParallelConfig(data_parallel_size=3)
+    assert config.data_parallel_size_local == 3
+    headless = ParallelConfig(data_parallel_size=3, data_parallel_start_rank=1,
+                              data_parallel_rank=2)
+    assert (headless.data_parallel_size_local, headless.data_parallel_rank_local) == (2, 1)
 
 
 def test_executor_backend_follows_the_world_size() -> None:

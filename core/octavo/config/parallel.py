@@ -1,18 +1,22 @@
 """``ParallelConfig``: how a model is spread over devices and engines (vLLM's names).
 
-Tensor and pipeline parallelism run on the ``mp`` executor (a worker process per rank);
-data parallelism and the ``ray`` executor belong to the multi-node work and are refused
-here with a message that says so.
+Tensor and pipeline parallelism split one engine's model over workers (``mp``: a process
+per rank on this machine; ``ray``: an actor per rank on a Ray cluster). Data parallelism
+runs several engines, each with its own workers, behind one API server; a headless node
+(``octavo serve --headless``) runs some of them for a front end on another node.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 
 from octavo.config.errors import ConfigError
 from octavo.config.parse import check_positive_ints
 
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+DATA_PARALLEL_BACKENDS = ("mp", "ray")
+RAY_MISSING = "Ray is not installed: pip install 'octavo[ray]'"
 
 
 @dataclass
@@ -23,26 +27,50 @@ class ParallelConfig:
         "help": "Pipeline stages: each worker holds a run of consecutive layers.",
         "alias": "-pp"})
     data_parallel_size: int = field(default=1, metadata={
-        "help": "Engine cores behind one server (planned: only 1 runs today).", "alias": "-dp"})
+        "help": "Engines behind one server, each with its own workers (replicas); requests "
+                "go to the least loaded.", "alias": "-dp"})
+    data_parallel_size_local: int | None = field(default=None, metadata={
+        "help": "Engines on this node (default: all of them); the rest hand-shake from "
+                "headless nodes."})
+    data_parallel_start_rank: int = field(default=0, metadata={
+        "help": "The data-parallel rank of this node's first engine (headless nodes)."})
+    data_parallel_address: str = field(default="127.0.0.1", metadata={
+        "help": "The front end's address: it binds its engine sockets there, and "
+                "headless nodes connect to it."})
+    data_parallel_rpc_port: int = field(default=29550, metadata={
+        "help": "The front end's port for headless engines' handshakes."})
+    data_parallel_backend: str = field(default="mp", metadata={
+        "help": "How the engines run: mp (processes on this node) or ray (Ray actors).",
+        "choices": DATA_PARALLEL_BACKENDS})
+    # This engine's rank among the data-parallel engines: set per engine, not a flag.
+    data_parallel_rank: int = 0
     enable_expert_parallel: bool = field(default=False, metadata={
         "help": "Shard MoE experts over the tensor-parallel workers (whole experts per "
                 "worker) instead of slicing each expert."})
     distributed_executor_backend: str | None = field(default=None, metadata={
-        "help": "How workers run: uni (in the engine process; one worker only) or mp (a "
-                "process per worker); default: uni for one worker, mp for more. ray is "
-                "planned.",
+        "help": "How one engine's workers run: uni (in the engine process; one worker "
+                "only), mp (a process per worker) or ray (an actor per worker on a Ray "
+                "cluster); default: uni for one worker, mp for more.",
         "choices": EXECUTOR_BACKENDS})
 
     def __post_init__(self) -> None:
         check_positive_ints("", tensor_parallel_size=self.tensor_parallel_size,
                             pipeline_parallel_size=self.pipeline_parallel_size,
-                            data_parallel_size=self.data_parallel_size)
+                            data_parallel_size=self.data_parallel_size,
+                            data_parallel_rpc_port=self.data_parallel_rpc_port)
         backend = self.distributed_executor_backend
         if backend is not None and backend not in EXECUTOR_BACKENDS:
             raise ConfigError(f"distributed_executor_backend must be one of "
                               f"{', '.join(EXECUTOR_BACKENDS)}; got {backend!r}")
+        if self.data_parallel_backend not in DATA_PARALLEL_BACKENDS:
+            raise ConfigError(f"data_parallel_backend must be one of "
+                              f"{', '.join(DATA_PARALLEL_BACKENDS)}; got "
+                              f"{self.data_parallel_backend!r}")
         if backend is None:
             self.distributed_executor_backend = "uni" if self.world_size == 1 else "mp"
+        if self.data_parallel_size_local is None:
+            self.data_parallel_size_local = self.data_parallel_size - self.data_parallel_start_rank
+        self._check_data_parallel_ranks()
         self._refuse_what_is_not_built()
 
     @property
@@ -50,13 +78,37 @@ class ParallelConfig:
         """Workers of one engine: tensor x pipeline."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
+    @property
+    def data_parallel_rank_local(self) -> int:
+        """This engine's index among the engines of its node (its share of the cores)."""
+        return self.data_parallel_rank - self.data_parallel_start_rank
+
+    def node_worker_index(self, rank: int) -> tuple[int, int]:
+        """Worker ``rank`` of this engine as (index, count) among the workers of all the
+        engines on this node: what its cores and its device are chosen by."""
+        assert self.data_parallel_size_local is not None
+        return (self.data_parallel_rank_local * self.world_size + rank,
+                self.data_parallel_size_local * self.world_size)
+
+    @property
+    def uses_ray(self) -> bool:
+        return "ray" in (self.distributed_executor_backend, self.data_parallel_backend)
+
+    def _check_data_parallel_ranks(self) -> None:
+        local, start, size = (self.data_parallel_size_local, self.data_parallel_start_rank,
+                              self.data_parallel_size)
+        assert local is not None
+        if local < 0 or start < 0 or start + local > size:
+            raise ConfigError(f"data_parallel_start_rank={start} and "
+                              f"data_parallel_size_local={local} name engines beyond "
+                              f"data_parallel_size={size}")
+        if not start <= self.data_parallel_rank < max(start + local, 1):
+            raise ConfigError(f"data_parallel_rank={self.data_parallel_rank} is not one of "
+                              f"this node's engines ({start} to {start + local - 1})")
+
     def _refuse_what_is_not_built(self) -> None:
-        if self.data_parallel_size != 1:
-            raise ConfigError(f"data_parallel_size={self.data_parallel_size}: data "
-                              "parallelism is not available yet; use data_parallel_size=1")
-        if self.distributed_executor_backend == "ray":
-            raise ConfigError("distributed_executor_backend='ray' is not available yet; "
-                              "use 'mp' (a process per worker on this machine)")
+        if self.uses_ray and importlib.util.find_spec("ray") is None:
+            raise ConfigError(f"the 'ray' backend needs Ray. {RAY_MISSING}")
         if self.distributed_executor_backend == "uni" and self.world_size > 1:
             raise ConfigError(f"distributed_executor_backend='uni' runs one worker, but "
                               f"tensor_parallel_size x pipeline_parallel_size = "
@@ -64,3 +116,9 @@ class ParallelConfig:
         if self.enable_expert_parallel and self.tensor_parallel_size == 1:
             raise ConfigError("enable_expert_parallel shards experts over the "
                               "tensor-parallel workers: it needs tensor_parallel_size > 1")
+        if self.enable_expert_parallel and self.data_parallel_size > 1:
+            raise ConfigError("enable_expert_parallel with data_parallel_size > 1 is not "
+                              "built: Octavo's expert group is one engine's tensor-parallel "
+                              "workers, and experts spread over data-parallel engines (whose "
+                              "idle engines would step dummy batches) are not implemented; "
+                              "use data_parallel_size=1")

@@ -33,8 +33,9 @@ from dataclasses import dataclass, field, replace
 from typing import ParamSpec, Protocol, TypeVar
 
 from octavo.config import EngineConfig
-from octavo.engine.core_client import EngineCoreClient, EngineDeadError, request_error
+from octavo.engine.core_client import EngineClient, EngineDeadError, request_error
 from octavo.engine.core_proc import EngineReady
+from octavo.engine.dp_client import start_engine_client
 from octavo.engine.output_processor import OutputProcessor, ParentState
 from octavo.engine.outputs import CompletionOutput, RequestOutput
 from octavo.engine.processor import InvalidRequestError, ProcessedPrompt, PromptType
@@ -67,8 +68,9 @@ class IterationStats:
 class StatLogger(Protocol):
     """Told about every batch of core outputs (e.g. the Prometheus metrics)."""
 
-    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats) -> None:
-        ...
+    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats,
+               engine_index: int = 0) -> None:
+        """``engine_index``: the data-parallel rank of the engine the stats are from."""
 
 
 class _RequestState:
@@ -109,7 +111,7 @@ class _RequestState:
 
 
 class AsyncLLM:
-    def __init__(self, client: EngineCoreClient, ready: EngineReady,
+    def __init__(self, client: EngineClient, ready: EngineReady,
                  config: EngineConfig) -> None:
         """Use ``await AsyncLLM.start(config)``."""
         self.client = client
@@ -124,15 +126,17 @@ class AsyncLLM:
         self.stat_loggers: list[StatLogger] = []
         self._pool = ThreadPoolExecutor(PROCESSING_THREADS, thread_name_prefix="octavo-processor")
         self._states: dict[str, _RequestState] = {}
+        # Each engine's newest scheduler state, by data-parallel rank (for /health).
+        self.engine_stats: dict[int, SchedulerStats] = {}
         self._num_processing = 0  # requests on the processing threads, not yet in _states
         self._error: Exception | None = None
         self._handler = asyncio.get_running_loop().create_task(self._handle_outputs())
 
     @classmethod
     async def start(cls, config: EngineConfig) -> AsyncLLM:
-        """Spawn the engine core process and wait until its model is loaded; raises
-        ``EngineStartError`` with the reason when it cannot start."""
-        client, ready = await EngineCoreClient.start(config)
+        """Spawn the engine core process (one per data-parallel engine) and wait until its
+        model is loaded; raises ``EngineStartError`` with the reason when it cannot start."""
+        client, ready = await start_engine_client(config)
         return cls(client, ready, config)
 
     async def restart(self) -> None:
@@ -141,7 +145,7 @@ class AsyncLLM:
         start (the old one stays the current, dead one; ``check_health`` says it is being
         restarted until a restart succeeds)."""
         self.restarting = True
-        client, ready = await EngineCoreClient.start(self.config)
+        client, ready = await start_engine_client(self.config)
         self.restarting = False
         self._handler.cancel()
         self.client.shutdown()
@@ -239,8 +243,7 @@ class AsyncLLM:
         self.output_processor.add_request(request_id, processed.prompt, children)
         self._states[request_id] = state
         try:
-            for child in children:
-                self.client.add_request(child)
+            self.client.add_requests(children)
         except Exception as exc:  # cannot be encoded for the core: nothing of it stays
             self.abort(request_id)
             raise InvalidRequestError(f"the request cannot be sent to the engine: "
@@ -290,12 +293,15 @@ class AsyncLLM:
         # A dead engine runs nothing and holds no KV cache: the metrics must say so at once.
         stopped = SchedulerStats(0, 0, 0.0, PrefixCacheStats())
         for stat_logger in self.stat_loggers:
-            stat_logger.record(stopped, IterationStats())
+            for engine_index in range(self.config.parallel.data_parallel_size):
+                stat_logger.record(stopped, IterationStats(), engine_index)
 
     def _process(self, message: EngineCoreOutputs) -> None:
         now = time.monotonic()
         for refused in [out for out in message.outputs if out.error is not None]:
             self._fail_request(refused.request_id, request_error(refused))
+        if message.scheduler_stats is not None:
+            self.engine_stats[message.engine_index] = message.scheduler_stats
         outputs, to_abort = self.output_processor.process_outputs(message.outputs)
         stats = IterationStats()
         for output in outputs:
@@ -309,7 +315,7 @@ class AsyncLLM:
                 del self._states[output.request_id]
         self.client.abort_requests(to_abort)  # ended by a stop string
         for stat_logger in self.stat_loggers:
-            stat_logger.record(message.scheduler_stats, stats)
+            stat_logger.record(message.scheduler_stats, stats, message.engine_index)
 
     def _fail_request(self, engine_request_id: str, error: Exception) -> None:
         """The user request of a refused engine request fails with ``error``; its other

@@ -19,7 +19,8 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Awaitable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
@@ -70,6 +71,40 @@ def request_error(output: EngineCoreOutput) -> Exception:
     return InvalidRequestError(message)
 
 
+@dataclass
+class EngineStatus:
+    """One engine as ``/health`` shows it."""
+
+    index: int  # its data-parallel rank
+    alive: bool
+    pid: int | None  # None for an engine on another node
+
+
+class EngineClient(Protocol):
+    """What ``AsyncLLM`` needs of its engines: one core (``EngineCoreClient``) or several
+    data-parallel ones (``octavo.engine.dp_client``)."""
+
+    @property
+    def dead(self) -> bool:
+        """Whether no engine is left to serve."""
+
+    def add_requests(self, requests: list[Request]) -> None: ...
+
+    def abort_requests(self, request_ids: list[str]) -> None: ...
+
+    async def call_utility(self, method: str, *args: Any) -> Any: ...
+
+    async def get_output(self) -> EngineCoreOutputs: ...
+
+    def check_alive(self) -> None: ...
+
+    def death_message(self) -> str: ...
+
+    def statuses(self) -> list[EngineStatus]: ...
+
+    def shutdown(self) -> None: ...
+
+
 class EngineCoreClient:
     def __init__(self, config: EngineConfig) -> None:
         """Bind the sockets and spawn the core process; ``start()`` waits for it."""
@@ -116,6 +151,18 @@ class EngineCoreClient:
     def add_request(self, request: Request) -> None:
         """Queue the request on the socket (sends keep their order; none waits here)."""
         self._send(RequestKind.ADD, request)
+
+    def add_requests(self, requests: list[Request]) -> None:
+        """A user request's samples (n > 1: one engine request each)."""
+        for request in requests:
+            self.add_request(request)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid
+
+    def statuses(self) -> list[EngineStatus]:
+        return [EngineStatus(0, not self.dead, self.pid)]
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Like ``add_request``, and a no-op once the core is gone, so cleanup code (a

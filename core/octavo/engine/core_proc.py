@@ -121,8 +121,10 @@ class EngineCoreProc:
         self.outputs: queue.Queue[Any] = queue.Queue()
         self.context = zmq.Context()
         self.endpoint = endpoint
-        self._reported: SchedulerStats | None = None
+        self.engine_index = config.parallel.data_parallel_rank
+        self._reported: tuple[SchedulerStats, int] | None = None  # stats, requests taken in
         self._failed_steps = 0  # in a row
+        self._num_received = 0  # ADD messages taken in
         self.input_thread = _start_thread("input", self._receive_inputs)
         self.output_thread = _start_thread("output", self._send_outputs)
 
@@ -189,6 +191,7 @@ class EngineCoreProc:
 
     def _add_request(self, request: Request | UndecodableRequest) -> None:
         """A request the engine refuses fails alone, with the reason, and the engine runs on."""
+        self._num_received += 1
         if isinstance(request, UndecodableRequest):
             self._refuse(request.request_id, request.reason)
             return
@@ -200,15 +203,20 @@ class EngineCoreProc:
     def _refuse(self, request_id: str, reason: str) -> None:
         logger.warning("request %s refused: %s", request_id, reason)
         refused = EngineCoreOutput(request_id, [], finish_reason="abort", error=reason)
-        self.outputs.put(EngineCoreOutputs([refused], self.core.scheduler.make_stats()))
+        self.outputs.put(self._message([refused], self.core.scheduler.make_stats()))
 
     def _report(self, outputs: list[EngineCoreOutput]) -> None:
         """Send the outputs and the scheduler's state; nothing when neither is news (a step
         of a long prefill chunk, say), so the front end is not flooded."""
         stats = self.core.scheduler.make_stats()
-        if outputs or stats != self._reported:
-            self.outputs.put(EngineCoreOutputs(outputs, stats))
-            self._reported = stats
+        news = (stats, self._num_received)
+        if outputs or news != self._reported:
+            self.outputs.put(self._message(outputs, stats))
+            self._reported = news
+
+    def _message(self, outputs: list[EngineCoreOutput], stats: SchedulerStats,
+                 ) -> EngineCoreOutputs:
+        return EngineCoreOutputs(outputs, stats, self.engine_index, self._num_received)
 
     def _call_utility(self, call: UtilityCall) -> UtilityResult:
         method = getattr(self.core, call.method, None)

@@ -43,6 +43,10 @@ def build_processor(tokenizer: Any, hf_config: dict[str, Any], max_model_len: in
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
+        if config.parallel.data_parallel_size > 1:
+            raise ConfigError(f"data_parallel_size={config.parallel.data_parallel_size}: "
+                              "data-parallel engines run behind `octavo serve` (AsyncLLM); "
+                              "the offline LLM runs one engine (use data_parallel_size=1)")
         self.config = config
         platform = resolve_platform(config.device.backend)
         check_names(config, get_registries(), platform)  # before the model load, not after

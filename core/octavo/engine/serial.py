@@ -54,6 +54,10 @@ class EngineCoreOutputs:
 
     outputs: list[EngineCoreOutput] = field(default_factory=list)
     scheduler_stats: SchedulerStats | None = None
+    engine_index: int = 0  # the sender's data-parallel rank
+    # Requests the core had taken in when it made the stats: the front end's balancer counts
+    # what it sent since as waiting there (the stats of a step do not show them yet).
+    num_requests_received: int = 0
 
 
 @dataclass

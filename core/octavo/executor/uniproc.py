@@ -16,6 +16,9 @@ class UniProcExecutor(Executor):
     def __init__(self, config: EngineConfig, platform: type[Platform],
                  files: ModelFiles) -> None:
         super().__init__(config, platform, files)
+        index, count = config.parallel.node_worker_index(0)
+        if count > 1:  # data-parallel engines on this node: each keeps to its own cores
+            platform.init_worker_process(index, count)
         self.worker = make_worker(config, platform, files)
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:

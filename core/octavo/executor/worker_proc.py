@@ -82,7 +82,7 @@ def _start(init: WorkerInit) -> tuple[WorkerInterface, RankInfo, MessageQueue, M
     info = RankInfo.of(init.rank, parallel.tensor_parallel_size,
                        parallel.pipeline_parallel_size)
     platform = resolve_platform(config.device.backend, get_registries().platforms)
-    platform.init_worker_process(info.rank, info.world_size)
+    platform.init_worker_process(*parallel.node_worker_index(info.rank))
     init_distributed(info, platform.dist_backend, init.init_method, DIST_TIMEOUT_S,
                      tensor_communicator=platform.tensor_communicator,
                      enable_expert_parallel=parallel.enable_expert_parallel)
@@ -99,10 +99,14 @@ def _serve(worker: WorkerInterface, info: RankInfo, calls: MessageQueue,
         kind, payload = call_codec.decode(calls.dequeue())
         if kind is CallKind.SHUTDOWN:
             return
-        replies.enqueue(reply_codec.encode(_run(worker, info, kind, payload)))
+        replies.enqueue(reply_codec.encode(run_call(worker, info, kind, payload)))
 
 
-def _run(worker: WorkerInterface, info: RankInfo, kind: CallKind, payload: Any) -> WorkerReply:
+def run_call(worker: WorkerInterface, info: RankInfo, kind: CallKind,
+             payload: Any) -> WorkerReply:
+    """Run one call on the worker and make its answer: the step's output (an empty one on
+    every rank but the output rank), the RPC's result, or the text of the error it raised.
+    The ``ray`` executor's actors answer their calls with it too."""
     try:
         if kind is CallKind.EXECUTE:
             output = worker.execute_model(payload)

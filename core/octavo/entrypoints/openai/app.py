@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from octavo.engine.async_llm import AsyncLLM
+from octavo.engine.core_client import EngineStatus
 from octavo.entrypoints.openai.errors import OpenAIError, install_error_handlers
 from octavo.entrypoints.openai.metrics import PrometheusMetrics
 from octavo.entrypoints.openai.openapi_doc import (
@@ -40,6 +41,8 @@ from octavo.entrypoints.openai.protocol import (
     CompletionResponse,
     DetokenizeRequest,
     DetokenizeResponse,
+    EngineHealth,
+    HealthResponse,
     ModelCard,
     ModelList,
     ResetPrefixCacheRequest,
@@ -52,6 +55,7 @@ from octavo.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from octavo.entrypoints.openai.serving_engine import OpenAIServing
 from octavo.entrypoints.openai.settings import ServerSettings
 from octavo.entrypoints.openai.web_safety import install_web_safety, require_json
+from octavo.outputs import SchedulerStats
 from octavo.version import __version__
 
 JSON_ONLY = [Depends(require_json)]
@@ -59,7 +63,8 @@ JSON_ONLY = [Depends(require_json)]
 
 def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     """The app serving ``engine``; shutting the app down shuts the engine down."""
-    metrics = PrometheusMetrics(settings.served_model_name)
+    metrics = PrometheusMetrics(settings.served_model_name,
+                                engine.config.parallel.data_parallel_size)
     engine.stat_loggers.append(metrics)
 
     @asynccontextmanager
@@ -98,11 +103,15 @@ def _api_key_check(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
 def _open_routes(engine: AsyncLLM, metrics: PrometheusMetrics) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/health", response_class=Response,
-                responses={**ok_empty("The engine is alive"), **errors(*ANY_ROUTE, 503)})
-    async def health() -> Response:
-        engine.check_health()  # EngineDeadError -> 503
-        return Response(status_code=200)
+    @router.get("/health", response_model=None,
+                responses={**ok_json(HealthResponse), **errors(*ANY_ROUTE, 503)})
+    async def health() -> dict[str, Any]:
+        engine.check_health()  # no engine left (or restarting) -> 503
+        engines = [_engine_health(status, engine.engine_stats.get(status.index))
+                   for status in engine.client.statuses()]
+        degraded = not all(entry.alive for entry in engines)
+        return HealthResponse(status="degraded" if degraded else "ok",
+                              engines=engines).model_dump()
 
     @router.get("/version", response_model=None,
                 responses={**ok_json(VersionResponse), **errors(*ANY_ROUTE)})
@@ -117,6 +126,13 @@ def _open_routes(engine: AsyncLLM, metrics: PrometheusMetrics) -> APIRouter:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return router
+
+
+def _engine_health(status: EngineStatus, stats: SchedulerStats | None) -> EngineHealth:
+    alive = status.alive and stats is not None
+    return EngineHealth(index=status.index, alive=status.alive, pid=status.pid,
+                        num_requests_running=stats.num_running_reqs if alive else 0,
+                        num_requests_waiting=stats.num_waiting_reqs if alive else 0)
 
 
 def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:

@@ -1,11 +1,17 @@
 """``/metrics``: the server's Prometheus metrics (vLLM's set, under ``octavo:`` names).
 
-Gauges follow the scheduler's state as the engine core reports it after each step (and
+Every sample carries the labels ``model_name`` and ``engine`` (the data-parallel rank of the
+engine it describes, as vLLM's do), so a server with several engines shows each one's
+waiting and running requests and KV usage; sum over ``engine`` for the server's.
+
+Gauges follow the scheduler's state as each engine core reports it after each step (and
 after aborts, when no step follows); counters and latency histograms are fed from what
 the API process sees of each batch of outputs (``IterationStats``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -19,24 +25,26 @@ ITL_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
                1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
 E2E_BUCKETS = [0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+LABELS = ("model_name", "engine")
+KV_TRANSFER_COUNTERS = (
+    ("loads", "Requests whose prompt KV a KV connector loaded."),
+    ("loaded_tokens", "Prompt tokens loaded by a KV connector, not computed."),
+    ("failed_loads", "KV loads that failed (those prompts were computed)."),
+    ("saves", "Requests whose prompt KV a KV connector saved."))
 
 
-class PrometheusMetrics:
-    """A ``StatLogger`` with its own registry (so servers in one process do not clash)."""
+class _Families:
+    """The metric families, registered once; each engine gets its labelled children."""
 
-    def __init__(self, model_name: str) -> None:
-        self.registry = CollectorRegistry()
-        labels = {"model_name": model_name}
-
+    def __init__(self, registry: CollectorRegistry) -> None:
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, list(labels), registry=self.registry).labels(**labels)
+            return Gauge(name, doc, LABELS, registry=registry)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, list(labels), registry=self.registry).labels(**labels)
+            return Counter(name, doc, LABELS, registry=registry)
 
         def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
-            return Histogram(name, doc, list(labels), buckets=buckets,
-                             registry=self.registry).labels(**labels)
+            return Histogram(name, doc, LABELS, buckets=buckets, registry=registry)
 
         self.running = gauge("octavo:num_requests_running", "Requests in the running batch.")
         self.waiting = gauge("octavo:num_requests_waiting", "Requests waiting to be scheduled.")
@@ -56,15 +64,8 @@ class PrometheusMetrics:
                              "Time between consecutive outputs of a request.", ITL_BUCKETS)
         self.e2e = histogram("octavo:e2e_request_latency_seconds",
                              "Time from arrival to the last output token.", E2E_BUCKETS)
-        self._seen_queries = 0
-        self._seen_hits = 0
-        self.kv_transfer = {
-            name: counter(f"octavo:kv_transfer_{name}", doc) for name, doc in (
-                ("loads", "Requests whose prompt KV a KV connector loaded."),
-                ("loaded_tokens", "Prompt tokens loaded by a KV connector, not computed."),
-                ("failed_loads", "KV loads that failed (those prompts were computed)."),
-                ("saves", "Requests whose prompt KV a KV connector saved."))}
-        self._seen_kv_transfer = KVTransferStats()
+        self.kv_transfer = {name: counter(f"octavo:kv_transfer_{name}", doc)
+                            for name, doc in KV_TRANSFER_COUNTERS}
         # Speculative decoding, vLLM's spec_decode_* counters (present, at 0, when off).
         self.spec_drafts = counter("octavo:spec_decode_num_drafts",
                                    "Verification steps of requests that had drafts.")
@@ -75,49 +76,90 @@ class PrometheusMetrics:
         self.spec_accepted_per_pos = Counter(
             "octavo:spec_decode_num_accepted_tokens_per_pos",
             "Draft tokens accepted, by position in the draft (0 = first).",
-            [*labels, "position"], registry=self.registry)
-        self._model_name = model_name
-        self._seen_spec = SpecDecodingStats()
+            [*LABELS, "position"], registry=registry)
 
-    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats) -> None:
+
+@dataclass
+class _Seen:
+    """One engine's totals since it started, as last recorded: a counter adds what grew."""
+
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    kv_transfer: KVTransferStats = field(default_factory=KVTransferStats)
+    spec: SpecDecodingStats = field(default_factory=SpecDecodingStats)
+
+
+class PrometheusMetrics:
+    """A ``StatLogger`` with its own registry (so servers in one process do not clash)."""
+
+    def __init__(self, model_name: str, num_engines: int = 1) -> None:
+        self.registry = CollectorRegistry()
+        self._families = _Families(self.registry)
+        self._model_name = model_name
+        self._seen: dict[int, _Seen] = {}
+        for engine_index in range(num_engines):  # each engine's samples exist, at 0, at once
+            self._labels(engine_index)
+
+    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats,
+               engine_index: int = 0) -> None:
+        labels = self._labels(engine_index)
+        families = self._families
         if scheduler_stats is not None:
-            self._record_scheduler(scheduler_stats)
-        self.prompt_tokens.inc(iteration.num_prompt_tokens)
-        self.generation_tokens.inc(iteration.num_generation_tokens)
-        for value in iteration.time_to_first_tokens:
-            self.ttft.observe(value)
-        for value in iteration.inter_token_latencies:
-            self.itl.observe(value)
-        for value in iteration.e2e_latencies:
-            self.e2e.observe(value)
+            self._record_scheduler(scheduler_stats, labels, self._seen[engine_index])
+        families.prompt_tokens.labels(**labels).inc(iteration.num_prompt_tokens)
+        families.generation_tokens.labels(**labels).inc(iteration.num_generation_tokens)
+        for histogram, values in ((families.ttft, iteration.time_to_first_tokens),
+                                  (families.itl, iteration.inter_token_latencies),
+                                  (families.e2e, iteration.e2e_latencies)):
+            child = histogram.labels(**labels)
+            for value in values:
+                child.observe(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
-    def _record_scheduler(self, stats: SchedulerStats) -> None:
-        self.running.set(stats.num_running_reqs)
-        self.waiting.set(stats.num_waiting_reqs)
-        self.kv_usage.set(stats.kv_cache_usage)
+    def _labels(self, engine_index: int) -> dict[str, str]:
+        """The engine's labels; its samples are created (at 0) the first time."""
+        labels = {"model_name": self._model_name, "engine": str(engine_index)}
+        if engine_index not in self._seen:
+            self._seen[engine_index] = _Seen()
+            for family in vars(self._families).values():
+                for metric in (family.values() if isinstance(family, dict) else [family]):
+                    if metric is not self._families.spec_accepted_per_pos:
+                        metric.labels(**labels)
+        return labels
+
+    def _record_scheduler(self, stats: SchedulerStats, labels: dict[str, str],
+                          seen: _Seen) -> None:
+        families = self._families
+        families.running.labels(**labels).set(stats.num_running_reqs)
+        families.waiting.labels(**labels).set(stats.num_waiting_reqs)
+        families.kv_usage.labels(**labels).set(stats.kv_cache_usage)
         prefix = stats.prefix_cache  # totals since the engine started
-        self.prefix_hit_rate.set(prefix.hit_rate)
-        _add_total(self.prefix_queries, prefix.queries, self._seen_queries)
-        _add_total(self.prefix_hits, prefix.hits, self._seen_hits)
-        self._seen_queries, self._seen_hits = prefix.queries, prefix.hits
-        for name, counter in self.kv_transfer.items():  # totals since the engine started
-            _add_total(counter, getattr(stats.kv_transfer, name),
-                       getattr(self._seen_kv_transfer, name))
-        self._seen_kv_transfer = stats.kv_transfer
+        families.prefix_hit_rate.labels(**labels).set(prefix.hit_rate)
+        _add_total(families.prefix_queries.labels(**labels), prefix.queries,
+                   seen.prefix_queries)
+        _add_total(families.prefix_hits.labels(**labels), prefix.hits, seen.prefix_hits)
+        seen.prefix_queries, seen.prefix_hits = prefix.queries, prefix.hits
+        for name, counter in families.kv_transfer.items():  # totals since the engine started
+            _add_total(counter.labels(**labels), getattr(stats.kv_transfer, name),
+                       getattr(seen.kv_transfer, name))
+        seen.kv_transfer = stats.kv_transfer
         if stats.spec_decoding is not None:  # totals since the engine started
-            new = stats.spec_decoding.since(self._seen_spec)
-            if new.num_drafts < 0:  # a restarted engine's totals
-                new = stats.spec_decoding
-            self.spec_drafts.inc(new.num_drafts)
-            self.spec_draft_tokens.inc(new.num_draft_tokens)
-            self.spec_accepted.inc(new.num_accepted_tokens)
-            for position, count in enumerate(new.accepted_per_position):
-                self.spec_accepted_per_pos.labels(model_name=self._model_name,
-                                                  position=str(position)).inc(count)
-            self._seen_spec = stats.spec_decoding
+            self._record_spec(stats.spec_decoding, labels, seen)
+
+    def _record_spec(self, spec: SpecDecodingStats, labels: dict[str, str],
+                     seen: _Seen) -> None:
+        families = self._families
+        new = spec.since(seen.spec)
+        if new.num_drafts < 0:  # a restarted engine's totals
+            new = spec
+        families.spec_drafts.labels(**labels).inc(new.num_drafts)
+        families.spec_draft_tokens.labels(**labels).inc(new.num_draft_tokens)
+        families.spec_accepted.labels(**labels).inc(new.num_accepted_tokens)
+        for position, count in enumerate(new.accepted_per_position):
+            families.spec_accepted_per_pos.labels(**labels, position=str(position)).inc(count)
+        seen.spec = spec
 
 
 def _add_total(counter: Counter, total: int, seen: int) -> None:

@@ -403,6 +403,21 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
+class EngineHealth(BaseModel):
+    index: int  # the engine's data-parallel rank
+    alive: bool
+    pid: int | None  # None for an engine on another node
+    num_requests_running: int
+    num_requests_waiting: int
+
+
+class HealthResponse(BaseModel):
+    # "ok": every engine serves; "degraded": some data-parallel engines died, the others
+    # serve (the answer is 503 when none is left).
+    status: Literal["ok", "degraded"]
+    engines: list[EngineHealth]
+
+
 class VersionResponse(BaseModel):
     version: str
     platform: str
