@@ -18,7 +18,8 @@ class StatsRecorder:
     def __init__(self) -> None:
         self.latest: SchedulerStats | None = None
 
-    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats) -> None:
+    def record(self, scheduler_stats: SchedulerStats | None, iteration: IterationStats,
+               engine_index: int = 0) -> None:
         if scheduler_stats is not None:
             self.latest = scheduler_stats
 

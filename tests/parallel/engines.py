@@ -35,17 +35,26 @@ def one_thread():
         torch.set_num_threads(previous)
 
 
+def make_llm(model: str, **engine: Any) -> LLM:
+    """The engine the comparisons run: fp32, a small KV cache, a fixed seed."""
+    return LLM(model, dtype="float32", kv_cache_memory=KV_BYTES, max_model_len=512, seed=0,
+               **engine)
+
+
 def run(model: str, prompts: list[list[int]], max_tokens: int, **engine: Any) -> Run:
     """Greedy generation of ``max_tokens`` per prompt; the engine is shut down after."""
-    llm = LLM(model, dtype="float32", kv_cache_memory=KV_BYTES, max_model_len=512, seed=0,
-              **engine)
+    llm = make_llm(model, **engine)
     try:
-        params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
-                                prompt_logprobs=TOP_LOGPROBS)
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                               use_tqdm=False)
+        return generate(llm, prompts, max_tokens)
     finally:
         llm.shutdown()
+
+
+def generate(llm: LLM, prompts: list[list[int]], max_tokens: int) -> Run:
+    """Greedy generation of ``max_tokens`` per prompt on a running engine."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                            prompt_logprobs=TOP_LOGPROBS)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     return Run(
         tokens=[o.outputs[0].token_ids for o in outputs],
         prompt_logprobs=[[{t: lp.logprob for t, lp in position.items()}

@@ -42,8 +42,9 @@ class ParallelConfig:
     data_parallel_backend: str = field(default="mp", metadata={
         "help": "How the engines run: mp (processes on this node) or ray (Ray actors).",
         "choices": DATA_PARALLEL_BACKENDS})
-    # This engine's rank among the data-parallel engines: set per engine, not a flag.
-    data_parallel_rank: int = 0
+    # This engine's rank among the data-parallel engines: set per engine, not a flag
+    # (None: the node's first, data_parallel_start_rank).
+    data_parallel_rank: int | None = None
     enable_expert_parallel: bool = field(default=False, metadata={
         "help": "Shard MoE experts over the tensor-parallel workers (whole experts per "
                 "worker) instead of slicing each expert."})
@@ -70,6 +71,8 @@ class ParallelConfig:
             self.distributed_executor_backend = "uni" if self.world_size == 1 else "mp"
         if self.data_parallel_size_local is None:
             self.data_parallel_size_local = self.data_parallel_size - self.data_parallel_start_rank
+        if self.data_parallel_rank is None:
+            self.data_parallel_rank = self.data_parallel_start_rank
         self._check_data_parallel_ranks()
         self._refuse_what_is_not_built()
 
@@ -81,6 +84,7 @@ class ParallelConfig:
     @property
     def data_parallel_rank_local(self) -> int:
         """This engine's index among the engines of its node (its share of the cores)."""
+        assert self.data_parallel_rank is not None
         return self.data_parallel_rank - self.data_parallel_start_rank
 
     def node_worker_index(self, rank: int) -> tuple[int, int]:
@@ -97,7 +101,7 @@ class ParallelConfig:
     def _check_data_parallel_ranks(self) -> None:
         local, start, size = (self.data_parallel_size_local, self.data_parallel_start_rank,
                               self.data_parallel_size)
-        assert local is not None
+        assert local is not None and self.data_parallel_rank is not None
         if local < 0 or start < 0 or start + local > size:
             raise ConfigError(f"data_parallel_start_rank={start} and "
                               f"data_parallel_size_local={local} name engines beyond "

@@ -111,12 +111,13 @@ class _RequestState:
 
 
 class AsyncLLM:
-    def __init__(self, client: EngineClient, ready: EngineReady,
-                 config: EngineConfig) -> None:
+    def __init__(self, client: EngineClient, ready: EngineReady, config: EngineConfig,
+                 data_parallel_secret: bytes | None = None) -> None:
         """Use ``await AsyncLLM.start(config)``."""
         self.client = client
         self.ready = ready
         self.config = config  # to start the engine core again, should it die
+        self._secret = data_parallel_secret
         self.restarting = False
         self.tokenizer = ready.tokenizer
         from octavo.engine.llm_engine import build_processor  # the model stack: after spawning
@@ -133,11 +134,13 @@ class AsyncLLM:
         self._handler = asyncio.get_running_loop().create_task(self._handle_outputs())
 
     @classmethod
-    async def start(cls, config: EngineConfig) -> AsyncLLM:
-        """Spawn the engine core process (one per data-parallel engine) and wait until its
-        model is loaded; raises ``EngineStartError`` with the reason when it cannot start."""
-        client, ready = await start_engine_client(config)
-        return cls(client, ready, config)
+    async def start(cls, config: EngineConfig,
+                    data_parallel_secret: bytes | None = None) -> AsyncLLM:
+        """Spawn the engine core process (one per data-parallel engine here) and wait until
+        its model is loaded, and for the engines of headless nodes (the secret authenticates
+        their handshakes); raises ``EngineStartError`` with the reason when it cannot start."""
+        client, ready = await start_engine_client(config, data_parallel_secret)
+        return cls(client, ready, config, data_parallel_secret)
 
     async def restart(self) -> None:
         """Replace a dead engine core with a new one (``--restart-engine``): requests of the
@@ -145,7 +148,7 @@ class AsyncLLM:
         start (the old one stays the current, dead one; ``check_health`` says it is being
         restarted until a restart succeeds)."""
         self.restarting = True
-        client, ready = await start_engine_client(self.config)
+        client, ready = await start_engine_client(self.config, self._secret)
         self.restarting = False
         self._handler.cancel()
         self.client.shutdown()

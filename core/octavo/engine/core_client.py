@@ -16,10 +16,12 @@ closes when it exits) is watched by the event loop, and from then on every call 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
 
 import zmq
@@ -106,22 +108,15 @@ class EngineClient(Protocol):
 
 
 class EngineCoreClient:
-    def __init__(self, config: EngineConfig) -> None:
-        """Bind the sockets and spawn the core process; ``start()`` waits for it."""
+    """The client of one engine core process on this node (``RemoteEngineClient``: one on
+    a headless node)."""
+
+    def __init__(self, context: zmq.asyncio.Context, sockets: EngineSockets) -> None:
+        """Take over the context and the bound sockets; use ``start()``."""
         self._loop = asyncio.get_running_loop()
-        self._context = zmq.asyncio.Context()
-        try:
-            self.sockets = EngineSockets(self._context)
-        except BaseException:
-            self._context.destroy(linger=0)
-            raise
-        self._input, self._output = self.sockets.input, self.sockets.output
-        try:
-            self.proc, self._handshake = start_engine_core_process(config, self.sockets.core)
-        except BaseException:
-            self.sockets.close()
-            self._context.destroy(linger=0)
-            raise
+        self._context = context
+        self.sockets = sockets
+        self._input, self._output = sockets.input, sockets.output
         self._encoder = Encoder()
         self._decoder = Decoder(OutputKind)
         self._outputs: asyncio.Queue[EngineCoreOutputs | EngineDeadError] = asyncio.Queue()
@@ -130,23 +125,39 @@ class EngineCoreClient:
         self._receiver: asyncio.Task[None] | None = None
         self.dead = False
         self._closed = False
+        self.proc: BaseProcess | None = None
 
     @classmethod
     async def start(cls, config: EngineConfig) -> tuple[EngineCoreClient, EngineReady]:
-        """Spawn the core process and wait (without blocking the loop) until it has loaded
-        the model; raises ``EngineStartError`` with the reason when it cannot."""
-        client = cls(config)
+        """Bind the sockets, spawn the core process and wait (without blocking the loop)
+        until it has loaded the model; raises ``EngineStartError`` with the reason when it
+        cannot."""
+        context = zmq.asyncio.Context()
         try:
-            await _readable(client._loop, client._handshake.fileno())
-            ready = read_handshake(client.proc, client._handshake)
+            sockets = EngineSockets(context)
+        except BaseException:
+            context.destroy(linger=0)
+            raise
+        client = cls(context, sockets)
+        try:
+            client.proc, handshake = start_engine_core_process(config, sockets.core)
+        except BaseException:
+            client.shutdown()
+            raise
+        try:
+            await _readable(client._loop, handshake.fileno())
+            ready = read_handshake(client.proc, handshake)
         except BaseException:
             client.shutdown()
             raise
         finally:
-            client._handshake.close()
+            handshake.close()
         client._loop.add_reader(client.proc.sentinel, client._on_engine_exit)
-        client._receiver = client._loop.create_task(client._receive())
+        client.start_receiving()
         return client, ready
+
+    def start_receiving(self) -> None:
+        self._receiver = self._loop.create_task(self._receive())
 
     def add_request(self, request: Request) -> None:
         """Queue the request on the socket (sends keep their order; none waits here)."""
@@ -159,7 +170,7 @@ class EngineCoreClient:
 
     @property
     def pid(self) -> int | None:
-        return self.proc.pid
+        return self.proc.pid if self.proc is not None else None
 
     def statuses(self) -> list[EngineStatus]:
         return [EngineStatus(0, not self.dead, self.pid)]
@@ -195,21 +206,29 @@ class EngineCoreClient:
         if self._closed:
             return
         self._closed = True
-        self._loop.remove_reader(self.proc.sentinel)
         if self._receiver is not None:
             self._receiver.cancel()
-        if self.proc.is_alive():
+        if not self.dead:
             # A synchronous view of the socket: shutdown may run with no event loop running.
             sync_input: zmq.Socket[bytes] = zmq.Socket.shadow(self._input.underlying)
-            sync_input.send_multipart(self._encoder.encode(RequestKind.SHUTDOWN), zmq.NOBLOCK)
-            self.proc.join(SHUTDOWN_TIMEOUT_S)
+            with contextlib.suppress(zmq.Again):  # a core that is gone takes nothing
+                sync_input.send_multipart(self._encoder.encode(RequestKind.SHUTDOWN),
+                                          zmq.NOBLOCK)
+        self._stop_core()
+        self.sockets.close()
+        self._context.destroy(linger=0)
+        self._fail_all(EngineDeadError("the engine was shut down"))
+
+    def _stop_core(self) -> None:
+        """Wait for the process to obey SHUTDOWN; kill it if it does not."""
+        if self.proc is None:
+            return
+        self._loop.remove_reader(self.proc.sentinel)
+        self.proc.join(SHUTDOWN_TIMEOUT_S)
         if self.proc.is_alive():  # it ignores SIGTERM, so no polite signal is left
             logger.warning("engine core process %d did not stop; killing it", self.proc.pid)
             self.proc.kill()
             self.proc.join()
-        self.sockets.close()
-        self._context.destroy(linger=0)
-        self._fail_all(EngineDeadError("the engine was shut down"))
 
     def check_alive(self) -> None:
         """Raise ``EngineDeadError`` if the core process is gone."""
@@ -223,7 +242,13 @@ class EngineCoreClient:
     async def _receive(self) -> None:
         try:
             while True:
-                frames = await self._output.recv_multipart(copy=False)
+                try:
+                    frames = await self._output.recv_multipart(copy=False)
+                except zmq.Again:
+                    # pyzmq's asyncio socket can wake with no message (seen once per TCP
+                    # connection, on the first output of a headless engine); a message is
+                    # received whole or not at all, so nothing was lost: wait again.
+                    continue
                 try:
                     kind, payload = self._decoder.decode([frame.buffer for frame in frames])
                 except Exception as exc:  # one bad frame is not the engine's death
@@ -247,14 +272,16 @@ class EngineCoreClient:
             future.set_result(result.result)
 
     def _on_engine_exit(self) -> None:
-        self._loop.remove_reader(self.proc.sentinel)
-        self.proc.join()
+        if self.proc is not None:
+            self._loop.remove_reader(self.proc.sentinel)
+            self.proc.join()
         self.dead = True
         message = self.death_message()
         logger.error(message)
         self._fail_all(EngineDeadError(message))
 
     def death_message(self) -> str:
+        assert self.proc is not None
         return (f"the engine core process (pid {self.proc.pid}) exited with code "
                 f"{self.proc.exitcode}")
 

@@ -43,6 +43,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from octavo.config import ConfigError, EngineConfig
 from octavo.engine.ipc import CoreEndpoint
@@ -125,6 +126,7 @@ class EngineCoreProc:
         self._reported: tuple[SchedulerStats, int] | None = None  # stats, requests taken in
         self._failed_steps = 0  # in a row
         self._num_received = 0  # ADD messages taken in
+        self.stopping = threading.Event()  # told to stop: a disconnect is no failure then
         self.input_thread = _start_thread("input", self._receive_inputs)
         self.output_thread = _start_thread("output", self._send_outputs)
 
@@ -158,6 +160,7 @@ class EngineCoreProc:
 
     def shutdown(self) -> None:
         """Send what is queued, then close the sockets (the input thread closed its own)."""
+        self.stopping.set()
         self.outputs.put(_SHUTDOWN)
         self.output_thread.join()
         self.input_thread.join()
@@ -248,11 +251,15 @@ class EngineCoreProc:
 
     def _send_outputs(self) -> None:
         socket = self.endpoint.connect(self.context, zmq.PUSH, self.endpoint.output_address)
+        if self.endpoint.is_tcp:
+            _exit_when_disconnected(socket, self.endpoint.output_address, self.stopping)
         encoder = Encoder()
         while (message := self.outputs.get()) is not _SHUTDOWN:
             kind = (OutputKind.UTILITY_RESULT if isinstance(message, UtilityResult)
                     else OutputKind.OUTPUTS)
             socket.send_multipart(encoder.encode(kind, message), copy=False)
+        if self.endpoint.is_tcp:
+            socket.disable_monitor()  # its watch thread closes the monitor and ends
         socket.close()
 
 
@@ -270,6 +277,29 @@ def _start_thread(name: str, target: Callable[[], None]) -> threading.Thread:
     thread = threading.Thread(target=run, name=f"EngineCore-{name}", daemon=True)
     thread.start()
     return thread
+
+
+def _exit_when_disconnected(socket: zmq.Socket, address: str,
+                            stopping: threading.Event) -> None:
+    """A headless node's core (TCP): exit once the front end is gone - its connection
+    closed, or its heartbeats stopped - since no one is left to serve."""
+    monitor = socket.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+                                        | zmq.EVENT_MONITOR_STOPPED)
+
+    def watch() -> None:
+        connected = False
+        while True:
+            event = recv_monitor_message(monitor)["event"]
+            if event == zmq.EVENT_MONITOR_STOPPED:  # the socket is closing
+                monitor.close(linger=0)
+                return
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                connected = True
+            elif event == zmq.EVENT_DISCONNECTED and connected and not stopping.is_set():
+                logger.critical("the front end at %s is gone; this engine stops", address)
+                os._exit(1)
+
+    threading.Thread(target=watch, name="EngineCore-front-end-watch", daemon=True).start()
 
 
 def _exit_on_worker_death(reason: str) -> None:

@@ -17,18 +17,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from octavo.config import EngineConfig
 from octavo.engine.balancer import LoadBalancer
 from octavo.engine.core_client import EngineCoreClient, EngineDeadError, EngineStatus
-from octavo.engine.core_proc import STEP_FAILED, EngineReady
+from octavo.engine.core_proc import STEP_FAILED, EngineReady, EngineStartError
+from octavo.engine.dp_handshake import SECRET_ENV, Ready, engine_identity
+from octavo.engine.remote_client import EngineJoinServer, RemoteEngineClient
 from octavo.engine.serial import EngineCoreOutputs
 from octavo.outputs import EngineCoreOutput, SchedulerStats
 from octavo.request import Request
 from octavo.stats import PrefixCacheStats
 
 logger = logging.getLogger(__name__)
+
+REMOTE_START_TIMEOUT_S = 600.0  # for headless nodes to join and load their models
 
 
 class DPEngineClient:
@@ -138,27 +143,59 @@ def engine_config(config: EngineConfig, rank: int) -> EngineConfig:
     return replace(config, parallel=replace(config.parallel, data_parallel_rank=rank))
 
 
-async def start_engine_client(config: EngineConfig,
+async def start_engine_client(config: EngineConfig, secret: bytes | None = None,
                               ) -> tuple[EngineCoreClient | DPEngineClient, EngineReady]:
-    """Start this node's engine cores, concurrently, and wait for them all; one engine
-    is served by its ``EngineCoreClient`` alone. If any cannot start, those that did are
-    stopped and its ``EngineStartError`` is raised."""
+    """Start this node's engine cores, concurrently, and wait for them and for the engines
+    of headless nodes (``secret`` authenticates those); one engine is served by its
+    ``EngineCoreClient`` alone. If any cannot start, those that did are stopped and its
+    ``EngineStartError`` is raised."""
     parallel = config.parallel
     if parallel.data_parallel_size == 1:
         return await EngineCoreClient.start(config)
     assert parallel.data_parallel_size_local is not None
-    ranks = range(parallel.data_parallel_start_rank,
-                  parallel.data_parallel_start_rank + parallel.data_parallel_size_local)
-    started = await asyncio.gather(*(EngineCoreClient.start(engine_config(config, rank))
-                                     for rank in ranks), return_exceptions=True)
-    failures = [result for result in started if isinstance(result, BaseException)]
-    if failures:
-        for result in started:
-            if not isinstance(result, BaseException):
-                result[0].shutdown()
-        raise failures[0]
-    clients = [result[0] for result in started]  # type: ignore[index]
+    local = list(range(parallel.data_parallel_start_rank,
+                       parallel.data_parallel_start_rank + parallel.data_parallel_size_local))
+    remote = [rank for rank in range(parallel.data_parallel_size) if rank not in local]
+    join = _join_server(config, secret, remote) if remote else None
+    try:
+        results = await asyncio.gather(
+            *(EngineCoreClient.start(engine_config(config, rank)) for rank in local),
+            join.gather(REMOTE_START_TIMEOUT_S) if join is not None else _no_engines(),
+            return_exceptions=True)
+    finally:
+        if join is not None:
+            join.close()  # the engines that joined keep their own sockets
+    started = results[:-1]
+    clients = [result[0] for result in started if not isinstance(result, BaseException)]
+    if join is not None:
+        clients += [join.ready[rank][0] for rank in remote if rank in join.ready]
+    failure = next((r for r in results if isinstance(r, BaseException)), None)
+    if failure is not None:
+        for client in clients:
+            client.shutdown()
+        raise failure
     readies = [result[1] for result in started]  # type: ignore[index]
-    logger.info("%d data-parallel engines ready (pids %s)", len(clients),
-                ", ".join(str(ready.pid) for ready in readies))
+    logger.info("%d data-parallel engines ready: %d here (pids %s), %d on headless nodes",
+                len(clients), len(local), ", ".join(str(r.pid) for r in readies), len(remote))
     return DPEngineClient(clients), readies[0]
+
+
+async def _no_engines() -> dict[int, tuple[RemoteEngineClient, Ready]]:
+    return {}
+
+
+def _join_server(config: EngineConfig, secret: bytes | None,
+                 remote: list[int]) -> EngineJoinServer:
+    from octavo.models.loader import default_model_path
+
+    parallel = config.parallel
+    if not secret:
+        raise EngineStartError(f"engines {remote} are to join from headless nodes, which needs "
+                               f"a shared secret: --data-parallel-secret or {SECRET_ENV} (the "
+                               "same on every node)")
+    if parallel.data_parallel_size_local == 0:
+        raise EngineStartError("data_parallel_size_local=0: the front end runs at least one "
+                               "engine (its tokenizer and limits come from it)")
+    model_path = Path(config.model.model) if config.model.model else default_model_path()
+    return EngineJoinServer(parallel.data_parallel_address, parallel.data_parallel_rpc_port,
+                            secret, engine_identity(config, model_path), remote)

@@ -14,28 +14,74 @@ forge the core's outputs:
   spawn arguments (the pipe ``multiprocessing`` sends them through, private to parent and
   child), never through the environment or a file.
 
-CURVE does not care about the transport, so a TCP address (headless or multi-node engines)
-would be authenticated and encrypted the same way: it would only change the addresses
-made here.
+An engine on a headless node (``octavo serve --headless``) reaches the front end over TCP
+instead: the sockets bind to ``--data-parallel-address`` on ports the system picks, with
+ZMTP heartbeats (a vanished peer is noticed within ``HEARTBEAT_TIMEOUT_MS``), and the keys
+are not sent at all: both ends derive them from the shared secret and the two nonces of
+their handshake (``CurveKeys.derive``, ``octavo.engine.dp_handshake``). CURVE then
+authenticates and encrypts the TCP traffic as it does the ``ipc://`` traffic.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
 import zmq.asyncio
+import zmq.utils.z85
 from zmq.auth.thread import ThreadAuthenticator
 
 from octavo.paths import MAX_SOCKET_PATH, SOCKET_DIR_PREFIX, make_socket_dir
 
-__all__ = ["MAX_SOCKET_PATH", "SOCKET_DIR_PREFIX", "CoreEndpoint", "EngineSockets",
-           "make_socket_dir"]
+__all__ = ["MAX_SOCKET_PATH", "SOCKET_DIR_PREFIX", "CoreEndpoint", "CurveKeys",
+           "EngineSockets", "make_socket_dir", "set_heartbeat"]
 
 ZAP_DOMAIN = "octavo-engine"
 _SOCKET_NAMES = ("input", "output")
+HEARTBEAT_IVL_MS = 1000  # TCP sockets ping their peer this often...
+HEARTBEAT_TIMEOUT_MS = 3000  # ...and drop the connection when no answer came for this long
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """The API process's (server) and the core's (client) CURVE key pairs, z85-encoded."""
+
+    server_public: bytes
+    server_secret: bytes = field(repr=False)
+    client_public: bytes
+    client_secret: bytes = field(repr=False)
+
+    @classmethod
+    def fresh(cls) -> CurveKeys:
+        """Keys for one launch on this node (they reach the core in its spawn arguments)."""
+        server_public, server_secret = zmq.curve_keypair()
+        client_public, client_secret = zmq.curve_keypair()
+        return cls(server_public, server_secret, client_public, client_secret)
+
+    @classmethod
+    def derive(cls, secret: bytes, salt: bytes) -> CurveKeys:
+        """The same keys on both nodes, from the shared secret and the handshake's nonces:
+        no key travels, and one who lacks the secret cannot compute them."""
+        def keypair(label: bytes) -> tuple[bytes, bytes]:
+            raw = hmac.new(secret, label + salt, hashlib.sha256).digest()
+            private = zmq.utils.z85.encode(raw)
+            return zmq.curve_public(private), private
+
+        server_public, server_secret = keypair(b"octavo-dp-server")
+        client_public, client_secret = keypair(b"octavo-dp-client")
+        return cls(server_public, server_secret, client_public, client_secret)
+
+
+def set_heartbeat(socket: zmq.Socket) -> None:
+    """ZMTP heartbeats on a TCP socket: a peer that vanished without closing its connection
+    (a node powered off, a cable pulled) is disconnected, and its monitor says so."""
+    socket.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+    socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    socket.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TIMEOUT_MS)
 
 
 @dataclass(frozen=True)
@@ -49,11 +95,16 @@ class CoreEndpoint:
     server_public_key: bytes
     public_key: bytes
     secret_key: bytes = field(repr=False)
-    directory: Path  # the sockets' private directory
+    directory: Path | None  # the sockets' private directory; None for TCP
+
+    @property
+    def is_tcp(self) -> bool:
+        return self.input_address.startswith("tcp://")
 
     def remove_directory(self) -> None:
         """For the core when the API process died without removing it (SIGKILL)."""
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def connect(self, context: zmq.Context, socket_type: int, address: str) -> zmq.Socket:
         """A CURVE client socket of ``socket_type`` connected to ``address``."""
@@ -62,6 +113,8 @@ class CoreEndpoint:
         socket.curve_serverkey = self.server_public_key
         socket.curve_publickey = self.public_key
         socket.curve_secretkey = self.secret_key
+        if self.is_tcp:
+            set_heartbeat(socket)
         socket.connect(address)
         return socket
 
@@ -77,28 +130,31 @@ class _OnlyKey:
 
 
 class EngineSockets:
-    """The API process's side: the private directory, this launch's keys, the ZAP
+    """The API process's side: the private directory (or a TCP host), the keys, the ZAP
     authenticator, and the two bound sockets (``input``: PUSH, ``output``: PULL)."""
 
-    def __init__(self, context: zmq.asyncio.Context) -> None:
-        self.directory = make_socket_dir()
+    def __init__(self, context: zmq.asyncio.Context, tcp_host: str | None = None,
+                 keys: CurveKeys | None = None) -> None:
+        """``ipc://`` in a new private directory, or with ``tcp_host`` TCP ports the system
+        picks there; ``keys``: fresh ones unless given (derived, for a headless engine)."""
+        self.directory = None if tcp_host is not None else make_socket_dir()
         self._auth: ThreadAuthenticator | None = None
         self._sockets: list[zmq.asyncio.Socket] = []
+        keys = keys or CurveKeys.fresh()
         try:
-            server_public, server_secret = zmq.curve_keypair()
-            core_public, core_secret = zmq.curve_keypair()
             self._auth = ThreadAuthenticator(context)
             self._auth.start()
-            self._auth.configure_curve_callback(ZAP_DOMAIN, _OnlyKey(core_public))
-            input_address, output_address = (f"ipc://{self.directory / name}"
-                                             for name in _SOCKET_NAMES)
-            self.input = self._bind(context, zmq.PUSH, input_address, server_secret)
-            self.output = self._bind(context, zmq.PULL, output_address, server_secret)
+            self._auth.configure_curve_callback(ZAP_DOMAIN, _OnlyKey(keys.client_public))
+            addresses = [f"tcp://{tcp_host}:0" if tcp_host is not None
+                         else f"ipc://{self.directory / name}" for name in _SOCKET_NAMES]
+            self.input = self._bind(context, zmq.PUSH, addresses[0], keys.server_secret)
+            self.output = self._bind(context, zmq.PULL, addresses[1], keys.server_secret)
         except BaseException:
             self.close()
             raise
-        self.core = CoreEndpoint(input_address, output_address, server_public, core_public,
-                                 core_secret, self.directory)
+        self.core = CoreEndpoint(_bound_address(self.input), _bound_address(self.output),
+                                 keys.server_public, keys.client_public, keys.client_secret,
+                                 self.directory)
 
     def close(self) -> None:
         """Close the sockets, stop the authenticator and remove the directory. Idempotent;
@@ -109,7 +165,8 @@ class EngineSockets:
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def _bind(self, context: zmq.asyncio.Context, socket_type: int, address: str,
               secret_key: bytes) -> zmq.asyncio.Socket:
@@ -119,5 +176,12 @@ class EngineSockets:
         socket.curve_server = True
         socket.curve_secretkey = secret_key
         socket.zap_domain = ZAP_DOMAIN.encode()
+        if address.startswith("tcp://"):
+            set_heartbeat(socket)
         socket.bind(address)
         return socket
+
+
+def _bound_address(socket: zmq.asyncio.Socket) -> str:
+    """Where the socket listens (a TCP port the system picked, for ``tcp://host:0``)."""
+    return socket.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
+from octavo.config import EngineConfig
+from octavo.engine.dp_handshake import SECRET_ENV
 from octavo.entrypoints.backend import resolve_backend_or_exit
 from octavo.entrypoints.engine_args import build_config, engine_options
 from octavo.entrypoints.openai.settings import DEFAULT_MODEL_NAME, ServerSettings
@@ -96,8 +100,16 @@ class NameList(click.ParamType):
 @click.option("--restart-engine", "restart_engine", is_flag=True, default=False,
               help="Restart the engine core (with backoff) when it dies, instead of exiting "
                    "non-zero for a supervisor to restart the server.")
+@click.option("--headless", is_flag=True, default=False,
+              help="Run this node's data-parallel engines (--data-parallel-size-local, "
+                   "--data-parallel-start-rank) for the front end at --data-parallel-address "
+                   "and --data-parallel-rpc-port, and no HTTP server.")
+@click.option("--data-parallel-secret", envvar=SECRET_ENV, default=None,
+              help="The secret that authenticates headless engines to the front end (the "
+                   f"same on every node; or set {SECRET_ENV}).")
 @engine_options
-def serve(served_model_name: str | None, **kwargs: Any) -> None:
+def serve(served_model_name: str | None, headless: bool, data_parallel_secret: str | None,
+          **kwargs: Any) -> None:
     """Serve a model over an OpenAI-compatible HTTP API."""
     from octavo.engine.core_client import EngineDeadError
     from octavo.engine.core_proc import EngineStartError
@@ -107,11 +119,51 @@ def serve(served_model_name: str | None, **kwargs: Any) -> None:
     if config.device.backend != "auto":  # "auto" always resolves (the CPU at least); checking it
         # here would import the whole model stack before the engine core is even spawned
         resolve_backend_or_exit(config.device.backend)
+    secret = _data_parallel_secret(config, headless, data_parallel_secret)
+    if headless:
+        _serve_headless(config, secret)
+        return
+    if kwargs["restart_engine"] and _has_remote_engines(config):
+        raise click.UsageError("--restart-engine restarts the engines of this node; it is not "
+                               "available with engines on headless nodes")
     # The flags left once the engine's are taken are ServerSettings' fields, by name.
     settings = ServerSettings(
         served_model_name=served_model_name or config.model.model or DEFAULT_MODEL_NAME,
         **kwargs)
     try:
-        asyncio.run(run_server(config, settings))
+        asyncio.run(run_server(config, settings, secret))
     except (EngineStartError, EngineDeadError) as exc:
         raise click.ClickException(str(exc)) from None  # exit code 1
+
+
+def _has_remote_engines(config: EngineConfig) -> bool:
+    return config.parallel.data_parallel_size_local != config.parallel.data_parallel_size
+
+
+def _data_parallel_secret(config: EngineConfig, headless: bool,
+                          secret: str | None) -> bytes | None:
+    """The secret, required wherever engines hand-shake across nodes."""
+    if not (headless or _has_remote_engines(config)):
+        return None
+    if not secret:
+        raise click.UsageError(f"engines on headless nodes hand-shake with a shared secret: "
+                               f"give --data-parallel-secret (or set {SECRET_ENV}), the same "
+                               "on every node")
+    return secret.encode()
+
+
+def _serve_headless(config: EngineConfig, secret: bytes | None) -> None:
+    """Run the engines; exit with their code (1 if one failed or the front end vanished)."""
+    from octavo.engine.core_proc import EngineStartError
+    from octavo.engine.headless import run_headless
+    from octavo.models.loader import default_model_path
+
+    assert secret is not None
+    if config.parallel.data_parallel_size_local == 0:
+        raise click.UsageError("--headless with --data-parallel-size-local 0 runs no engine")
+    model = Path(config.model.model) if config.model.model else default_model_path()
+    try:
+        code = run_headless(config, secret, model)
+    except EngineStartError as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.exit(code)

@@ -211,8 +211,8 @@ class MultiprocExecutor(Executor):
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, for torch.distributed's rendezvous."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now, for torch.distributed's rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((host, 0))
         return int(probe.getsockname()[1])

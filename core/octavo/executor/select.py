@@ -14,13 +14,17 @@ from octavo.platforms import Platform
 def make_executor(config: EngineConfig, platform: type[Platform], files: ModelFiles,
                   on_failure: Callable[[str], None] | None = None) -> Executor:
     """Start the workers; ``on_failure`` runs (on a monitor thread) when a worker process
-    dies, with the reason."""
+    (or Ray actor) dies, with the reason."""
     check_model_fits(config, files.hf_config, files.source)
     backend = config.parallel.distributed_executor_backend
     if backend == "mp":
         from octavo.executor.multiproc import MultiprocExecutor
 
         return MultiprocExecutor(config, platform, files, on_failure)
+    if backend == "ray":
+        from octavo.executor.ray_executor import RayExecutor
+
+        return RayExecutor(config, platform, files, on_failure)
     assert backend == "uni", f"executor backend {backend!r} is not built"
     from octavo.executor.uniproc import UniProcExecutor
 

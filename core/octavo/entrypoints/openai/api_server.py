@@ -33,8 +33,9 @@ def log_plugins() -> None:
                            record.reason.splitlines()[0] if record.reason else "")
 
 
-async def run_server(config: EngineConfig, settings: ServerSettings) -> None:
-    starting = asyncio.ensure_future(AsyncLLM.start(config))
+async def run_server(config: EngineConfig, settings: ServerSettings,
+                     data_parallel_secret: bytes | None = None) -> None:
+    starting = asyncio.ensure_future(AsyncLLM.start(config, data_parallel_secret))
     await asyncio.sleep(0)  # runs start() until it has spawned the core and awaits it
     log_plugins()
     # The engine core loads the model in its own process meanwhile (on another core):

@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from octavo.engine.core_client import EngineDeadError
+from octavo.engine.core_client import EngineDeadError, EngineStepError
 from octavo.engine.processor import InvalidRequestError
 from octavo.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 
@@ -61,6 +61,14 @@ def error_response(error: OpenAIError) -> JSONResponse:
 
 def engine_dead_error(exc: EngineDeadError) -> OpenAIError:
     return OpenAIError(503, f"the engine is not running: {exc}", code="engine_dead")
+
+
+def stream_error(exc: EngineDeadError | EngineStepError) -> OpenAIError:
+    """The error event that ends a stream whose request the engine failed: 503 when no
+    engine is left, else 500 (a step it was in failed, or its data-parallel engine died)."""
+    if isinstance(exc, EngineDeadError):
+        return engine_dead_error(exc)
+    return internal_error(exc)
 
 
 def internal_error(exc: BaseException) -> OpenAIError:

@@ -13,9 +13,9 @@ import jinja2
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from octavo.engine.core_client import EngineDeadError
+from octavo.engine.core_client import EngineDeadError, EngineStepError
 from octavo.engine.outputs import CompletionOutput, RequestOutput
-from octavo.entrypoints.openai.errors import OpenAIError, engine_dead_error, error_body
+from octavo.entrypoints.openai.errors import OpenAIError, error_body, stream_error
 from octavo.entrypoints.openai.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -97,8 +97,8 @@ class OpenAIServingChat(OpenAIServing):
                         index=delta.index, delta=message,
                         logprobs=self._logprobs(c, delta.first_new_token, request),
                         finish_reason=_finish_reason(request, c), stop_reason=c.stop_reason)])
-        except EngineDeadError as exc:
-            error = engine_dead_error(exc)
+        except (EngineDeadError, EngineStepError) as exc:
+            error = stream_error(exc)
             yield sse(error_body(error.status, error.message, code=error.code))
         else:
             if request.include_usage and final is not None:

@@ -8,10 +8,10 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from octavo.engine.core_client import EngineDeadError
+from octavo.engine.core_client import EngineDeadError, EngineStepError
 from octavo.engine.outputs import CompletionOutput, RequestOutput
 from octavo.engine.processor import PromptType
-from octavo.entrypoints.openai.errors import OpenAIError, engine_dead_error, error_body
+from octavo.entrypoints.openai.errors import OpenAIError, error_body, stream_error
 from octavo.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -66,8 +66,8 @@ class OpenAIServingCompletion(OpenAIServing):
                                           delta.first_new_token, request)
                     yield sse(CompletionResponse(id=request_id, model=self.model_name,
                                                  choices=[choice]))
-        except EngineDeadError as exc:
-            error = engine_dead_error(exc)
+        except (EngineDeadError, EngineStepError) as exc:
+            error = stream_error(exc)
             yield sse(error_body(error.status, error.message, code=error.code))
         else:
             if request.include_usage:
