@@ -22,6 +22,7 @@ their tensor collectives run over gloo, as across machines. In order:
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ import ray
 from octavo.config import ConfigError
 from octavo.cpu.threads import THREADS_BIND_ENV
 from octavo.executor.base import WorkerDiedError
+from octavo.executor.multiproc import free_port
 from octavo.sampling_params import SamplingParams
 
 from ..core.tiny_models import save_tiny_model
@@ -52,6 +55,7 @@ RELEASE_TIMEOUT_S = 30.0
 HOLD = "--hold"  # argv of the child that holds an engine until it is killed
 HELD = "HELD"
 HOLD_S = 120.0
+SERVE_READY_S = 120.0
 
 
 def guarded(check: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -161,6 +165,48 @@ def engine_killed(model: str) -> dict[str, Any]:
         holder.wait()
 
 
+def serve_on_ray(model: str) -> dict[str, Any]:
+    """``octavo serve --data-parallel-size 2 --data-parallel-backend ray``: launch to ready
+    timed, eight concurrent greedy completions, each engine's share from /metrics, then
+    SIGTERM: the server exits 0 and its engine actors are gone."""
+    from ..e2e.server import Server
+    from ..e2e.test_serve_data_parallel import requests_per_engine
+
+    with tempfile.TemporaryDirectory(prefix="serve-ray-") as folder:
+        server = Server(["--model", model, "--dtype", "float32", "--kv-cache-memory", "32MiB",
+                         "--data-parallel-size", "2", "--data-parallel-backend", "ray",
+                         "--data-parallel-rpc-port", str(free_port())],
+                        Path(folder) / "server.log")
+        try:
+            server.wait_ready(timeout=SERVE_READY_S)
+            body = {"model": model, "prompt": "Tell me a story", "max_tokens": 8,
+                    "temperature": 0, "ignore_eos": True}
+            with ThreadPoolExecutor(8) as pool:
+                answers = list(pool.map(lambda _: server.request("POST", "/v1/completions",
+                                                                 body), range(8)))
+            _, _, health = server.request("GET", "/health")
+            found = {"ready_s": server.ready_s, "health": health,
+                     "statuses": [status for status, _, _ in answers],
+                     "texts": sorted({a[2]["choices"][0]["text"] for a in answers
+                                      if a[0] == 200}),
+                     "per_engine": requests_per_engine(server),
+                     "engine_actors": len(engine_actor_pids())}
+            server.proc.send_signal(signal.SIGTERM)
+            found["exit_code"] = server.proc.wait(60)
+            deadline = time.monotonic() + RELEASE_TIMEOUT_S
+            while engine_actor_pids() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            found["actors_after"] = len(engine_actor_pids())
+            return found
+        finally:
+            server.stop()
+
+
+def engine_actor_pids() -> list[int]:
+    return [p.pid for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [""])[0].startswith("ray::EngineActor")]
+
+
 def actor_pids() -> list[int]:
     """The processes of live RayWorker actors (Ray titles them ``ray::RayWorker``); in this
     PID namespace, only this cluster's."""
@@ -217,6 +263,7 @@ def run_checks(model: str, prompts: list[list[int]], results: dict[str, Any]) ->
         results["too_few_cpus"] = guarded(refused, model=model,
                                           distributed_executor_backend="ray",
                                           tensor_parallel_size=4)
+        results["serve_dp2"] = guarded(serve_on_ray, model)
         results["released"] = guarded(released, 2)
 
 

@@ -9,6 +9,7 @@ across machines; greedy tokens must equal ``mp``'s, and the first step's logprob
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,20 @@ def test_too_few_cpus_are_refused_with_what_there_is(results: dict[str, Any]) ->
     assert "has 2 CPU in all (2 node(s))" in found["refused"]
     assert "4 workers need 4" in found["refused"]
     assert found["seconds"] < 10
+
+
+def test_serve_runs_data_parallel_engines_as_ray_actors(results: dict[str, Any]) -> None:
+    found = check(results, "serve_dp2")
+    print(f"\noctavo serve -dp 2 --data-parallel-backend ray: ready {found['ready_s']:.1f} s "
+          f"after launch; requests per engine {found['per_engine']}")
+    assert found["statuses"] == [200] * 8, found
+    assert len(found["texts"]) == 1, "the two engines' greedy texts differ"
+    assert found["health"]["status"] == "ok" and len(found["health"]["engines"]) == 2
+    assert sorted(found["per_engine"]) == ["0", "1"] and min(found["per_engine"].values()) >= 2
+    assert found["engine_actors"] == 2
+    # uvicorn re-raises the signal it caught once it has shut down (as without Ray).
+    assert found["exit_code"] in (0, -signal.SIGTERM), found
+    assert found["actors_after"] == 0, found
 
 
 def test_engines_leave_the_cluster_as_they_found_it(results: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ fields (:func:`flat_fields`), so every default is written once, in its part.
 
 from __future__ import annotations
 
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 
 from octavo.config.cache import CacheConfig
@@ -66,6 +66,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_parallel_combinations(self)
+
+    def for_data_parallel_rank(self, rank: int) -> EngineConfig:
+        """The config of data-parallel engine ``rank`` (each engine knows its rank)."""
+        return replace(self, parallel=replace(self.parallel, data_parallel_rank=rank))
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -35,7 +35,7 @@ from typing import ParamSpec, Protocol, TypeVar
 from octavo.config import EngineConfig
 from octavo.engine.core_client import EngineClient, EngineDeadError, request_error
 from octavo.engine.core_proc import EngineReady
-from octavo.engine.dp_client import start_engine_client
+from octavo.engine.launch import start_engine_client
 from octavo.engine.output_processor import OutputProcessor, ParentState
 from octavo.engine.outputs import CompletionOutput, RequestOutput
 from octavo.engine.processor import InvalidRequestError, ProcessedPrompt, PromptType

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-from octavo.config import EngineConfig
 from octavo.engine.balancer import LoadBalancer
 from octavo.engine.core_client import EngineCoreClient, EngineDeadError, EngineStatus
-from octavo.engine.core_proc import STEP_FAILED, EngineReady, EngineStartError
-from octavo.engine.dp_handshake import SECRET_ENV, Ready, engine_identity
-from octavo.engine.remote_client import EngineJoinServer, RemoteEngineClient
+from octavo.engine.core_proc import STEP_FAILED
 from octavo.engine.serial import EngineCoreOutputs
 from octavo.outputs import EngineCoreOutput, SchedulerStats
 from octavo.request import Request
@@ -33,13 +29,14 @@ from octavo.stats import PrefixCacheStats
 
 logger = logging.getLogger(__name__)
 
-REMOTE_START_TIMEOUT_S = 600.0  # for headless nodes to join and load their models
-
 
 class DPEngineClient:
-    def __init__(self, clients: list[EngineCoreClient]) -> None:
-        """Use ``start_engine_client``; ``clients[i]`` is the engine of data-parallel rank i."""
+    def __init__(self, clients: list[EngineCoreClient],
+                 on_shutdown: Callable[[], None] | None = None) -> None:
+        """Use ``octavo.engine.launch.start_engine_client``; ``clients[i]`` is the engine of
+        data-parallel rank i; ``on_shutdown`` releases what placed them (Ray actors)."""
         self.clients = clients
+        self._on_shutdown = on_shutdown
         self.balancer = LoadBalancer(len(clients))
         self._owner: dict[str, int] = {}  # engine request id -> the engine holding it
         self._outputs: asyncio.Queue[EngineCoreOutputs | EngineDeadError] = asyncio.Queue()
@@ -103,6 +100,9 @@ class DPEngineClient:
             forwarder.cancel()
         for client in self.clients:
             client.shutdown()
+        if self._on_shutdown is not None:
+            self._on_shutdown()
+            self._on_shutdown = None
         self._outputs.put_nowait(EngineDeadError("the engine was shut down"))
 
     async def _forward(self, index: int) -> None:
@@ -136,66 +136,3 @@ class DPEngineClient:
         self._outputs.put_nowait(EngineCoreOutputs(failed, stopped, engine_index=index))
         if self.dead:
             self._outputs.put_nowait(EngineDeadError(self.death_message()))
-
-
-def engine_config(config: EngineConfig, rank: int) -> EngineConfig:
-    """The config of data-parallel engine ``rank``."""
-    return replace(config, parallel=replace(config.parallel, data_parallel_rank=rank))
-
-
-async def start_engine_client(config: EngineConfig, secret: bytes | None = None,
-                              ) -> tuple[EngineCoreClient | DPEngineClient, EngineReady]:
-    """Start this node's engine cores, concurrently, and wait for them and for the engines
-    of headless nodes (``secret`` authenticates those); one engine is served by its
-    ``EngineCoreClient`` alone. If any cannot start, those that did are stopped and its
-    ``EngineStartError`` is raised."""
-    parallel = config.parallel
-    if parallel.data_parallel_size == 1:
-        return await EngineCoreClient.start(config)
-    assert parallel.data_parallel_size_local is not None
-    local = list(range(parallel.data_parallel_start_rank,
-                       parallel.data_parallel_start_rank + parallel.data_parallel_size_local))
-    remote = [rank for rank in range(parallel.data_parallel_size) if rank not in local]
-    join = _join_server(config, secret, remote) if remote else None
-    try:
-        results = await asyncio.gather(
-            *(EngineCoreClient.start(engine_config(config, rank)) for rank in local),
-            join.gather(REMOTE_START_TIMEOUT_S) if join is not None else _no_engines(),
-            return_exceptions=True)
-    finally:
-        if join is not None:
-            join.close()  # the engines that joined keep their own sockets
-    started = results[:-1]
-    clients = [result[0] for result in started if not isinstance(result, BaseException)]
-    if join is not None:
-        clients += [join.ready[rank][0] for rank in remote if rank in join.ready]
-    failure = next((r for r in results if isinstance(r, BaseException)), None)
-    if failure is not None:
-        for client in clients:
-            client.shutdown()
-        raise failure
-    readies = [result[1] for result in started]  # type: ignore[index]
-    logger.info("%d data-parallel engines ready: %d here (pids %s), %d on headless nodes",
-                len(clients), len(local), ", ".join(str(r.pid) for r in readies), len(remote))
-    return DPEngineClient(clients), readies[0]
-
-
-async def _no_engines() -> dict[int, tuple[RemoteEngineClient, Ready]]:
-    return {}
-
-
-def _join_server(config: EngineConfig, secret: bytes | None,
-                 remote: list[int]) -> EngineJoinServer:
-    from octavo.models.loader import default_model_path
-
-    parallel = config.parallel
-    if not secret:
-        raise EngineStartError(f"engines {remote} are to join from headless nodes, which needs "
-                               f"a shared secret: --data-parallel-secret or {SECRET_ENV} (the "
-                               "same on every node)")
-    if parallel.data_parallel_size_local == 0:
-        raise EngineStartError("data_parallel_size_local=0: the front end runs at least one "
-                               "engine (its tokenizer and limits come from it)")
-    model_path = Path(config.model.model) if config.model.model else default_model_path()
-    return EngineJoinServer(parallel.data_parallel_address, parallel.data_parallel_rpc_port,
-                            secret, engine_identity(config, model_path), remote)

@@ -33,7 +33,6 @@ from octavo.engine.core_proc import (
     read_handshake,
     start_engine_core_process,
 )
-from octavo.engine.dp_client import engine_config
 from octavo.engine.dp_handshake import (
     Failed,
     Hello,
@@ -62,12 +61,15 @@ class _Engine:
     handshake: multiprocessing.connection.Connection
 
 
-def run_headless(config: EngineConfig, secret: bytes, model_path: Path) -> int:
-    """Run this node's engines until they stop; the exit code."""
+def run_headless(config: EngineConfig, secret: bytes, model_path: Path,
+                 ranks: list[int] | None = None, handle_signals: bool = True) -> int:
+    """Run this node's engines (or those of ``ranks``) until they stop; the exit code.
+    ``handle_signals``: SIGTERM and SIGINT stop them (only in a process's main thread)."""
     parallel = config.parallel
     assert parallel.data_parallel_size_local is not None
-    ranks = range(parallel.data_parallel_start_rank,
-                  parallel.data_parallel_start_rank + parallel.data_parallel_size_local)
+    if ranks is None:
+        ranks = list(range(parallel.data_parallel_start_rank,
+                           parallel.data_parallel_start_rank + parallel.data_parallel_size_local))
     front_end = f"tcp://{parallel.data_parallel_address}:{parallel.data_parallel_rpc_port}"
     identity = engine_identity(config, model_path)
     context = zmq.Context()
@@ -75,12 +77,12 @@ def run_headless(config: EngineConfig, secret: bytes, model_path: Path) -> int:
     try:
         for rank in ranks:
             engines.append(_join(context, front_end, secret, identity,
-                                 engine_config(config, rank)))
+                                 config.for_data_parallel_rank(rank)))
         for engine in engines:
             _report_ready(engine, secret)
         logger.info("headless node: %d engines (ranks %s) serve the front end at %s",
                     len(engines), ", ".join(map(str, ranks)), front_end)
-        return _wait(engines)
+        return _wait(engines, handle_signals)
     finally:
         for engine in engines:
             _stop(engine.proc)
@@ -127,7 +129,7 @@ def _report_ready(engine: _Engine, secret: bytes) -> None:
                                   ready.max_model_len), secret, engine.salt))
 
 
-def _wait(engines: list[_Engine]) -> int:
+def _wait(engines: list[_Engine], handle_signals: bool) -> int:
     """Until every core has exited (SIGTERM/SIGINT stop them all)."""
     stopping = False
 
@@ -138,7 +140,7 @@ def _wait(engines: list[_Engine]) -> int:
         for engine in engines:
             engine.proc.kill()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM, signal.SIGINT) if handle_signals else ():
         signal.signal(signum, stop)
     running = {engine.proc.sentinel: engine for engine in engines}
     code = 0

@@ -31,10 +31,9 @@ logger = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 60.0  # for a busy cluster to free the resources it has
 
-NO_CLUSTER = ("distributed_executor_backend='ray' places the workers on a running Ray "
-              "cluster, and none was found: start one with `ray start --head` (and `ray "
-              "start --address HEAD:PORT` on the other nodes), or set RAY_ADDRESS to its "
-              "address")
+NO_CLUSTER = ("{flag}='ray' places the {what} on a running Ray cluster, and none was "
+              "found: start one with `ray start --head` (and `ray start --address HEAD:PORT` "
+              "on the other nodes), or set RAY_ADDRESS to its address")
 
 # A platform's torch device type -> the Ray resource one of its workers takes (AMD GPUs are
 # torch's "cuda" too, and Ray's "GPU").
@@ -53,15 +52,16 @@ class NodePlacement:
         return ipaddress.ip_address(self.ip).is_loopback
 
 
-def connect() -> bool:
+def connect(flag: str = "distributed_executor_backend", what: str = "workers") -> bool:
     """Join the Ray cluster unless this process already has; True when it joined now (then
-    it is the one to leave: ``ray.shutdown``)."""
+    it is the one to leave: ``ray.shutdown``). ``flag`` and ``what`` name, in the error when
+    there is no cluster, the setting that wants Ray and what it places."""
     if ray.is_initialized():
         return False
     try:
         ray.init(address=os.environ.get("RAY_ADDRESS", "auto"))
     except ConnectionError as exc:
-        raise ConfigError(NO_CLUSTER) from exc
+        raise ConfigError(NO_CLUSTER.format(flag=flag, what=what)) from exc
     return True
 
 
@@ -74,24 +74,27 @@ def ray_resource(platform: type[Platform]) -> str:
                           f"platform's is {platform.device_type!r}: use 'mp'") from None
 
 
-def reserve(resource: str, world_size: int) -> PlacementGroup:
-    """One bundle of one ``resource`` per rank, placed (or a ``ConfigError`` saying what
-    the cluster has and what the engine needs)."""
+def reserve(resource: str, count: int, size: int = 1, what: str | None = None,
+            ) -> PlacementGroup:
+    """``count`` bundles of ``size`` ``resource`` each (one per rank; one per engine, of
+    its workers' share, for data-parallel engines), placed - or a ``ConfigError`` saying
+    what the cluster has and what ``what`` (default: the engine's workers) need."""
+    what = what or (f"the engine's tensor_parallel_size x pipeline_parallel_size = {count} "
+                    "workers")
     total = ray.cluster_resources().get(resource, 0.0)
-    if total < world_size:
+    if total < count * size:
         raise ConfigError(
             f"the Ray cluster has {total:g} {resource} in all "
-            f"({len(_alive_nodes())} node(s)), and the engine's "
-            f"tensor_parallel_size x pipeline_parallel_size = {world_size} workers need "
-            f"{world_size} (one each): add nodes or lower the sizes")
-    group = placement_group([{resource: 1}] * world_size, strategy="PACK")
+            f"({len(_alive_nodes())} node(s)), and {what} need {count * size} ({size} "
+            "each): add nodes or lower the sizes")
+    group = placement_group([{resource: size}] * count, strategy="PACK")
     if not group.wait(timeout_seconds=PLACEMENT_TIMEOUT_S):
         free = ray.available_resources().get(resource, 0.0)
         remove_placement_group(group)
         raise ConfigError(
-            f"the Ray cluster could not place {world_size} workers of one {resource} each "
-            f"within {PLACEMENT_TIMEOUT_S:.0f} s: {free:g} of its {total:g} {resource} are "
-            "free (`ray status` shows what holds the others)")
+            f"the Ray cluster could not place {what} ({size} {resource} each) within "
+            f"{PLACEMENT_TIMEOUT_S:.0f} s: {free:g} of its {total:g} {resource} are free "
+            "(`ray status` shows what holds the others)")
     return group
 
 
