@@ -10,8 +10,11 @@ server, on the default model (SmolLM2-135M).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -100,6 +103,20 @@ def test_a_burst_while_one_runs_is_balanced(dp2_server: Server,
     landed = {engine: after[engine] - before[engine] for engine in after}
     print(f"\ntwo bursts of 32: {landed} requests per engine")
     assert all(abs(count - 32) <= BALANCE_SLACK for count in landed.values()), landed
+
+
+def test_bench_serve_reports_requests_per_engine(dp2_server: Server, tmp_path: Path) -> None:
+    result_path = tmp_path / "serve.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "octavo", "bench", "serve", "--base-url", dp2_server.url,
+         "--num-prompts", "16", "--random-input-len", "32", "--random-output-len", "8",
+         "--save-result", str(result_path), "--disable-tqdm"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "requests per engine" in done.stdout, done.stdout
+    counts = json.loads(result_path.read_text())["runs"][0]["requests_per_engine"]
+    assert sorted(counts) == ["0", "1"] and sum(counts.values()) == 16, counts
+    assert min(counts.values()) >= 16 // 2 - BALANCE_SLACK, counts
 
 
 def test_one_engine_killed_mid_load(dp2_server: Server, w1_prompts: list[list[int]]) -> None:

@@ -58,8 +58,10 @@ def throughput_table(result: ThroughputResult) -> str:
     return format_table(["metric", "value"], rows)
 
 
-def serve_table(labels: list[str], metrics: list[ServeMetrics]) -> str:
-    """One column per run (e.g. per request rate), one row per figure."""
+def serve_table(labels: list[str], metrics: list[ServeMetrics],
+                requests_per_engine: list[dict[str, int] | None] | None = None) -> str:
+    """One column per run (e.g. per request rate), one row per figure; with per-engine
+    counts (a data-parallel server's /metrics), a row of them."""
     rows: list[list[Any]] = []
 
     def row(name: str, values: list[Any]) -> None:
@@ -76,6 +78,9 @@ def serve_table(labels: list[str], metrics: list[ServeMetrics]) -> str:
     if metrics[0].goodput is not None:
         row("goodput (req/s)", [f"{m.goodput:.2f}" for m in metrics])
     row("peak concurrency", [m.peak_concurrency for m in metrics])
+    if requests_per_engine and any(requests_per_engine):
+        row("requests per engine", [", ".join(f"{e}: {n}" for e, n in counts.items())
+                                    if counts else "-" for counts in requests_per_engine])
     percentiles = list(metrics[0].ttft_ms.percentiles)
     columns = " / ".join(["mean", "median", *(f"p{p:g}" for p in percentiles)])
     for key, name in LATENCY_NAMES.items():
@@ -114,7 +119,8 @@ def serve_json(run: ServeRun, metrics: ServeMetrics) -> dict[str, Any]:
             "output_lens": [r.output_len for r in records],
             "start_times": [r.start for r in records],
             "ttfts": [r.ttft for r in records], "itls": [r.itl for r in records],
-            "e2els": [r.latency for r in records], "errors": [r.error for r in records]}
+            "e2els": [r.latency for r in records], "errors": [r.error for r in records],
+            "requests_per_engine": run.requests_per_engine}
 
 
 def rate_label(rate: float) -> str:

@@ -67,6 +67,9 @@ class ServeRun:
     ramp_up: RampUp | None
     records: list[RequestRecord]
     duration_s: float
+    # Requests each engine finished during the run, from the server's /metrics (data
+    # parallelism); None when the server publishes no per-engine counts.
+    requests_per_engine: dict[str, int] | None = None
 
 
 async def send_request(session: aiohttp.ClientSession, target: ServeTarget,
@@ -137,9 +140,37 @@ async def fetch_model_name(base_url: str, api_key: str | None = None) -> str:
     return str(models[0]["id"])
 
 
+async def engine_request_counts(target: ServeTarget) -> dict[str, int] | None:
+    """Finished requests by engine, as ``/metrics`` counts them (the ``engine`` label of
+    Octavo's and vLLM's ``e2e_request_latency_seconds`` histograms); None without them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = target.base_url.rstrip("/") + "/metrics"
+    try:
+        async with aiohttp.ClientSession() as session, \
+                session.get(url, headers=target.headers()) as response:
+            if response.status != 200:
+                return None
+            text = await response.text()
+    except aiohttp.ClientError:
+        return None
+    counts = {sample.labels["engine"]: int(sample.value)
+              for family in text_string_to_metric_families(text) for sample in family.samples
+              if sample.name.endswith(":e2e_request_latency_seconds_count")
+              and "engine" in sample.labels}
+    return counts or None
+
+
+def _counted(before: dict[str, int] | None,
+             after: dict[str, int] | None) -> dict[str, int] | None:
+    if before is None or after is None:
+        return None
+    return {engine: count - before.get(engine, 0) for engine, count in sorted(after.items())}
+
+
 async def _run(target: ServeTarget, requests: list[BenchRequest], offsets: list[float],
                max_concurrency: int | None, show_progress: bool,
-               ) -> tuple[list[RequestRecord], float]:
+               ) -> tuple[list[RequestRecord], float, dict[str, int] | None]:
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     connector = aiohttp.TCPConnector(limit=max_concurrency or 0)
     limit = asyncio.Semaphore(max_concurrency or len(requests))
@@ -147,6 +178,7 @@ async def _run(target: ServeTarget, requests: list[BenchRequest], offsets: list[
         probe = await send_request(session, target, requests[0], time.perf_counter())
         if not probe.success:
             raise EndpointError(f"the first test request to {target.url} failed: {probe.error}")
+        before = await engine_request_counts(target)  # the probe's already counted
         bar = tqdm(total=len(requests), desc="Requests", unit="req", disable=not show_progress,
                    dynamic_ncols=True)
         t0 = time.perf_counter()
@@ -166,7 +198,7 @@ async def _run(target: ServeTarget, requests: list[BenchRequest], offsets: list[
         records = list(await asyncio.gather(*tasks))
         duration = time.perf_counter() - t0
         bar.close()
-    return records, duration
+    return records, duration, _counted(before, await engine_request_counts(target))
 
 
 def run_serve(target: ServeTarget, requests: list[BenchRequest], request_rate: float = math.inf,
@@ -181,6 +213,7 @@ def run_serve(target: ServeTarget, requests: list[BenchRequest], request_rate: f
     if max_concurrency is not None and max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be at least 1, got {max_concurrency}")
     offsets = arrival_offsets(len(requests), request_rate, burstiness, seed, ramp_up).tolist()
-    records, duration = asyncio.run(
+    records, duration, per_engine = asyncio.run(
         _run(target, requests, offsets, max_concurrency, show_progress))
-    return ServeRun(request_rate, burstiness, max_concurrency, ramp_up, records, duration)
+    return ServeRun(request_rate, burstiness, max_concurrency, ramp_up, records, duration,
+                    per_engine)

@@ -269,7 +269,8 @@ def serve_bench(ctx: click.Context, **kwargs: Any) -> None:
     data = {"base_url": base_url, "endpoint": target.endpoint, "model": model,
             "workload": options.workload, "dataset": options.dataset_name, "goodput_slos": slos,
             "runs": [serve_json(run, m) for run, m in zip(runs, metrics)]}
-    report(serve_table(labels, metrics), kwargs["save_result"], data)
+    report(serve_table(labels, metrics, [run.requests_per_engine for run in runs]),
+           kwargs["save_result"], data)
     if kwargs["plot"]:
         plot_serve(kwargs["plot"], runs)
         click.echo(f"plot written to {kwargs['plot']}")
