@@ -129,3 +129,18 @@ def test_an_unwritable_cache_falls_back_to_reading_the_gguf(
     with caplog.at_level(logging.WARNING, logger=gguf_cache.__name__):
         assert_same_model(path, seed)
     assert "cannot write the conversion cache" in caplog.text
+
+
+def test_a_second_conversion_of_the_same_file_leaves_the_first_entry_in_place(
+        cache_dir: Path, gguf: tuple[Path, int]) -> None:
+    """Two engines converting one GGUF at once (data-parallel engines of a fresh cache):
+    the one that finishes second must not remove the entry the first stored, which that
+    engine is loading; it finds the entry there and uses it."""
+    path, seed = gguf
+    load_model_files(path)
+    entry = gguf_cache.entry_path(path)
+    first = (entry / gguf_cache.WEIGHTS).stat().st_ino
+    assert gguf_cache.store(path, gguf_file.read_gguf(path)) == entry
+    assert (entry / gguf_cache.WEIGHTS).stat().st_ino == first, "the first entry was replaced"
+    assert [p.name for p in (cache_dir / "gguf").iterdir()] == [entry.name]  # no leftovers
+    assert_same_model(path, seed)

@@ -20,12 +20,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
+import psutil
 import pytest
 from openai import OpenAI
 
 from ..core.tiny_models import TinyModel, fresh_tiny_llama
 from .conftest import TINY_SERVER_ARGS
-from .server import ONE_THREAD_ENV, Server, free_port
+from .server import ONE_THREAD_ENV, Server, free_port, still_running
 from .test_serve_data_parallel import requests_per_engine
 
 SECRET = "a-shared-secret"
@@ -195,3 +196,29 @@ def test_without_a_secret_the_front_end_does_not_start(tiny_model: TinyModel,
         timeout=60)
     assert result.returncode == 2, result.stderr
     assert "give --data-parallel-secret (or set OCTAVO_DATA_PARALLEL_SECRET)" in result.stderr
+
+
+def test_the_node_exits_when_the_front_end_vanishes(tiny_model: TinyModel,
+                                                    tmp_path: Path) -> None:
+    """SIGKILL leaves the front end no chance to stop the node's engines: they notice the
+    connection's end and exit, and so does the node (code 1), leaving no process."""
+    port = free_port()
+    front_end = Server(["--model", str(tiny_model.folder), *TINY_SERVER_ARGS, "-dp", "2",
+                        "--data-parallel-size-local", "1", "--data-parallel-rpc-port",
+                        str(port), "--data-parallel-secret", SECRET], tmp_path / "server.log")
+    node = HeadlessNode(tiny_model.folder, port, tmp_path / "node.log")
+    try:
+        front_end.wait_ready(timeout=240)
+        engines = psutil.Process(node.proc.pid).children(recursive=True)
+        os.killpg(front_end.proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        code = node.proc.wait(30)
+        exited_s = time.monotonic() - killed
+    finally:
+        front_end.stop()
+        node.kill()
+    print(f"\nfront end killed: the headless node exited with {code} after {exited_s:.1f} s")
+    assert code == 1, node.log()
+    assert "the front end at tcp://127.0.0.1:" in node.log() and "is gone" in node.log()
+    assert exited_s < 10
+    assert still_running(engines, timeout=5) == []

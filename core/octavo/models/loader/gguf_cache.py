@@ -78,7 +78,7 @@ def store(gguf: Path, files: ModelFiles) -> Path | None:
         return None
     try:
         _write_entry(building, gguf, files)
-        _remove_older_entries(gguf, entry.parent)
+        _remove_older_entries(gguf, entry)
         os.rename(building, entry)
     except OSError as e:
         shutil.rmtree(building, ignore_errors=True)
@@ -123,10 +123,14 @@ def _check_entry(entry: Path) -> str | None:
     return None
 
 
-def _remove_older_entries(gguf: Path, folder: Path) -> None:
-    """Drop entries of earlier versions of the same file (same path, other size/mtime)."""
+def _remove_older_entries(gguf: Path, entry: Path) -> None:
+    """Drop entries of earlier versions of the same file (same path, other size/mtime) -
+    never ``entry`` itself: another process (a data-parallel engine converting the same file
+    at the same time) may have just stored it, and be loading it."""
     source = str(gguf.resolve())
-    for old in folder.glob(f"{gguf.resolve().stem}-*"):
+    for old in entry.parent.glob(f"{gguf.resolve().stem}-*"):
+        if old == entry:
+            continue
         try:
             if json.loads((old / MANIFEST).read_text()).get("source") == source:
                 shutil.rmtree(old, ignore_errors=True)
