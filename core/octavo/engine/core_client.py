@@ -194,11 +194,7 @@ class EngineCoreClient:
 
     async def get_output(self) -> EngineCoreOutputs:
         """The next step's outputs; raises ``EngineDeadError`` once the core is gone."""
-        item = await self._outputs.get()
-        if isinstance(item, EngineDeadError):
-            self._outputs.put_nowait(item)  # every later call fails the same way
-            raise item
-        return item
+        return await next_output(self._outputs)
 
     def shutdown(self) -> None:
         """Stop the core process (by message, then by SIGKILL) and close the sockets.
@@ -291,6 +287,17 @@ class EngineCoreClient:
         for future in self._calls.values():
             if not future.done():
                 future.set_exception(error)
+
+
+async def next_output(queue: asyncio.Queue[EngineCoreOutputs | EngineDeadError],
+                      ) -> EngineCoreOutputs:
+    """The next outputs from ``queue``; the ``EngineDeadError`` that ends it is raised, and
+    left there, so every later call fails the same way."""
+    item = await queue.get()
+    if isinstance(item, EngineDeadError):
+        queue.put_nowait(item)
+        raise item
+    return item
 
 
 async def _readable(loop: asyncio.AbstractEventLoop, fd: int) -> None:

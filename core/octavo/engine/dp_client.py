@@ -20,7 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 from octavo.engine.balancer import LoadBalancer
-from octavo.engine.core_client import EngineCoreClient, EngineDeadError, EngineStatus
+from octavo.engine.core_client import (
+    EngineCoreClient,
+    EngineDeadError,
+    EngineStatus,
+    next_output,
+)
 from octavo.engine.core_proc import STEP_FAILED
 from octavo.engine.serial import EngineCoreOutputs
 from octavo.outputs import EngineCoreOutput, SchedulerStats
@@ -78,11 +83,7 @@ class DPEngineClient:
         return results[0]
 
     async def get_output(self) -> EngineCoreOutputs:
-        item = await self._outputs.get()
-        if isinstance(item, EngineDeadError):
-            self._outputs.put_nowait(item)  # every later call fails the same way
-            raise item
-        return item
+        return await next_output(self._outputs)
 
     def check_alive(self) -> None:
         if self.dead:

@@ -33,20 +33,15 @@ from collections.abc import Callable
 from typing import Any
 
 from octavo.config import EngineConfig
-from octavo.distributed.state import output_rank
-from octavo.executor.base import Executor, WorkerCallError, WorkerDiedError
+from octavo.executor.base import RankedExecutor, WorkerCallError, WorkerDiedError
 from octavo.executor.messages import (
-    CallCodec,
     CallKind,
-    ReplyCodec,
-    RpcCall,
     WorkerInit,
     WorkerReady,
     WorkerReply,
 )
 from octavo.executor.shm_queue import MessageQueue, QueueClosed
 from octavo.models.loader import ModelFiles
-from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.paths import make_socket_dir
 from octavo.platforms import Platform
 
@@ -56,17 +51,10 @@ STARTUP_TIMEOUT_S = 600.0  # loading a large model in every worker takes a while
 STOP_TIMEOUT_S = 5.0  # after SHUTDOWN, before a worker is killed
 
 
-class MultiprocExecutor(Executor):
+class MultiprocExecutor(RankedExecutor):
     def __init__(self, config: EngineConfig, platform: type[Platform], files: ModelFiles,
                  on_failure: Callable[[str], None] | None = None) -> None:
-        super().__init__(config, platform, files)
-        self.world_size = config.parallel.world_size
-        self.output_rank = output_rank(config.parallel.tensor_parallel_size,
-                                       config.parallel.pipeline_parallel_size)
-        self.on_failure = on_failure
-        self.failure: str | None = None  # why the executor is dead
-        self._stopping = False
-        self._call_codec, self._reply_codec = CallCodec(), ReplyCodec()
+        super().__init__(config, platform, files, on_failure)
         self.socket_dir = make_socket_dir()
         self.calls = MessageQueue.create(self.world_size, self.socket_dir)
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -134,15 +122,6 @@ class MultiprocExecutor(Executor):
         raise WorkerDiedError(message)
 
     # -- calls --------------------------------------------------------------------------
-    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        replies = self._call(CallKind.RPC, RpcCall(method, list(args)))
-        return [reply.result for reply in replies]
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        output = self._call(CallKind.EXECUTE, scheduler_output)[self.output_rank].output
-        assert output is not None, "the output rank answered a step without its output"
-        return output
-
     def _call(self, kind: CallKind, payload: Any) -> list[WorkerReply]:
         """Send a call to every worker and wait for every answer; the first error raises
         ``WorkerCallError`` (after all answers are in, so the queues stay in step)."""

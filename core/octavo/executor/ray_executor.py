@@ -39,9 +39,8 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from octavo.config import EngineConfig
-from octavo.distributed.state import output_rank
-from octavo.executor.base import Executor, WorkerCallError, WorkerDiedError
-from octavo.executor.messages import CallCodec, CallKind, ReplyCodec, RpcCall, WorkerReply
+from octavo.executor.base import RankedExecutor, WorkerCallError, WorkerDiedError
+from octavo.executor.messages import CallKind, WorkerReply
 from octavo.executor.multiproc import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S
 from octavo.executor.ray_placement import (
     NodePlacement,
@@ -52,7 +51,6 @@ from octavo.executor.ray_placement import (
 )
 from octavo.executor.ray_worker import RayWorker, RayWorkerInit
 from octavo.models.loader import ModelFiles
-from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
 
 logger = logging.getLogger(__name__)
@@ -60,17 +58,10 @@ logger = logging.getLogger(__name__)
 SECRET_ENV = frozenset({"OCTAVO_API_KEY"})  # the server's, not the workers'
 
 
-class RayExecutor(Executor):
+class RayExecutor(RankedExecutor):
     def __init__(self, config: EngineConfig, platform: type[Platform], files: ModelFiles,
                  on_failure: Callable[[str], None] | None = None) -> None:
-        super().__init__(config, platform, files)
-        self.world_size = config.parallel.world_size
-        self.output_rank = output_rank(config.parallel.tensor_parallel_size,
-                                       config.parallel.pipeline_parallel_size)
-        self.on_failure = on_failure
-        self.failure: str | None = None  # why the executor is dead
-        self._stopping = False
-        self._call_codec, self._reply_codec = CallCodec(), ReplyCodec()
+        super().__init__(config, platform, files, on_failure)
         self.actors: list[Any] = []  # ray ActorHandles, in rank order
         self.placement: list[NodePlacement] = []  # each rank's node
         self._placement_group: Any = None
@@ -126,15 +117,6 @@ class RayExecutor(Executor):
         self._sentinels = [actor.wait_forever.remote() for actor in self.actors]
 
     # -- calls --------------------------------------------------------------------------
-    def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        replies = self._call(CallKind.RPC, RpcCall(method, list(args)))
-        return [reply.result for reply in replies]
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        output = self._call(CallKind.EXECUTE, scheduler_output)[self.output_rank].output
-        assert output is not None, "the output rank answered a step without its output"
-        return output
-
     def _call(self, kind: CallKind, payload: Any) -> list[WorkerReply]:
         """Send a call to every worker and wait for every answer; the first error (in rank
         order) raises ``WorkerCallError``, after all answers are in, as ``mp``'s does."""
