@@ -110,7 +110,7 @@ def report(summary: str, output_json: str | None, data: dict[str, Any]) -> None:
 
 @click.group()
 def bench() -> None:
-    """Benchmarks: latency, throughput, online serving, auto-tuning."""
+    """Benchmarks: latency, throughput, online serving, auto-tuning, the roofline sweep."""
 
 
 @bench.command()
@@ -151,6 +151,51 @@ def latency(input_len: int, output_len: int, batch_size: int, num_iters_warmup: 
                                        vocab_size=len(llm.get_tokenizer()))
         result = run_latency(llm, requests, num_iters_warmup, num_iters)
     report(latency_table(result), output_json, {"workload": workload, **result.to_json()})
+
+
+@bench.command()
+@click.option("--max-batch-size", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Sweep B = 1, 2, 4, ... up to this.")
+@click.option("--context-len", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Prompt tokens of every sequence (the context the steps attend over).")
+@click.option("--steps", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Decode steps timed in each iteration.")
+@click.option("--num-iters-warmup", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--num-iters", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--plot", default=None,
+              help="Draw step time and throughput against B with the roofline (PNG).")
+@click.option("--output-json", default=None, help="Write the results here as JSON.")
+@engine_options
+def sweep(max_batch_size: int, context_len: int, steps: int, num_iters_warmup: int,
+          num_iters: int, plot: str | None, output_json: str | None, **kwargs: Any) -> None:
+    """Decode step time at batch sizes 1, 2, 4, ..., beside the roofline: the bytes and
+    FLOPs each step must move and do, against the machine's measured peaks."""
+    from octavo.bench.calibrate import measure_peaks
+    from octavo.bench.report import require_matplotlib
+    from octavo.bench.roofline import ModelShape
+    from octavo.bench.sweep import batch_sizes, run_sweep
+    from octavo.bench.sweep_report import plot_sweep, sweep_table
+    from octavo.plugins.resolve import resolve_platform
+
+    seed = kwargs["seed"]
+    with usage_errors():
+        if plot:
+            require_matplotlib()
+        sizes = batch_sizes(max_batch_size)
+        llm = make_llm(kwargs)
+        engine = llm.llm_engine
+        shape = ModelShape.from_hf_config(engine.model_files.hf_config)
+        dtype = engine.config.model.torch_dtype(
+            resolve_platform(engine.config.device.backend).default_dtype)
+        click.echo("measuring the machine's peak FLOP/s and bandwidth ...")
+        peaks = measure_peaks(shape, dtype)
+        element = dtype.itemsize
+        result = run_sweep(llm, shape, peaks, sizes, context_len, steps, num_iters_warmup,
+                           num_iters, seed, weight_bytes=element, kv_bytes=element)
+    report(sweep_table(result), output_json, result.to_json())
+    if plot:
+        plot_sweep(plot, result)
+        click.echo(f"plot written to {plot}")
 
 
 @bench.command()

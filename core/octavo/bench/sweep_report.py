@@ -1,0 +1,65 @@
+"""``octavo bench sweep``'s table and plot: the measured points beside the roofline."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from octavo.bench.roofline import decode_step_cost, predict
+from octavo.bench.sweep import SweepResult
+from octavo.entrypoints.table import format_table
+
+
+def sweep_table(result: SweepResult) -> str:
+    """One row per batch size, then the peaks and both B_sat."""
+    rows = [[p.batch_size, f"{p.step_s * 1000:.2f}", f"{p.tokens_per_s:.1f}",
+             f"{p.bytes_per_s / 1e9:.1f}", f"{p.flops_per_s / 1e9:.1f}",
+             f"{p.predicted.step_s * 1000:.2f} ({p.predicted.bound})",
+             f"{p.over_bound:.2f}x"] for p in result.points]
+    table = format_table(["batch", "step (ITL) ms", "output tok/s", "GB/s", "GFLOP/s",
+                          "roofline ms (bound)", "measured / roofline"], rows)
+    observed = result.b_sat_observed
+    return "\n".join([
+        table,
+        f"peaks (measured): {result.peaks.flops_per_s / 1e9:.1f} GFLOP/s, "
+        f"{result.peaks.bytes_per_s / 1e9:.1f} GB/s; context {result.context_len} tokens "
+        f"+ {result.steps} steps",
+        f"B_sat predicted: {result.b_sat_predicted:.1f}; observed: "
+        + (f"the step leaves its floor (>= 1.5x the B=1 step) at B = {observed}"
+           if observed is not None else "the step stays within 1.5x the B=1 step")])
+
+
+def plot_sweep(path: str | Path, result: SweepResult) -> None:
+    """Step time and throughput against B on log axes: the roofline's two regimes as
+    lines, B_sat marked, the measured points on top."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [p.batch_size for p in result.points]
+    # The roofline as a smooth line: four points an octave, from 1 to the largest B.
+    grid = [2 ** (i / 4) for i in range(int(4 * math.log2(sizes[-1])) + 1)] or [1.0]
+    context = result.context_len + result.steps // 2
+    predicted = [predict(decode_step_cost(result.shape, b, context), result.peaks)  # type: ignore[arg-type]
+                 for b in grid]
+    fig, (ax_itl, ax_tput) = plt.subplots(1, 2, figsize=(12, 4.5))
+    ax_itl.plot(grid, [q.memory_s * 1000 for q in predicted], "--", label="memory bound")
+    ax_itl.plot(grid, [q.compute_s * 1000 for q in predicted], ":", label="compute bound")
+    ax_itl.plot(sizes, [p.step_s * 1000 for p in result.points], "o-", label="measured")
+    ax_tput.plot(grid, [b / q.step_s for b, q in zip(grid, predicted)], "--",
+                 label="roofline")
+    ax_tput.plot(sizes, [p.tokens_per_s for p in result.points], "o-", label="measured")
+    for ax in (ax_itl, ax_tput):
+        if math.isfinite(result.b_sat_predicted):
+            ax.axvline(result.b_sat_predicted, color="grey", alpha=0.5,
+                       label=f"B_sat = {result.b_sat_predicted:.1f}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("batch size B")
+        ax.legend(fontsize="small")
+    ax_itl.set(title="decode step time (ITL)", ylabel="ms")
+    ax_tput.set(title="output throughput", ylabel="tokens/s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
