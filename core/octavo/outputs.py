@@ -170,3 +170,8 @@ class SchedulerStats:
     prefix_cache: PrefixCacheStats
     kv_transfer: KVTransferStats = field(default_factory=KVTransferStats)
     spec_decoding: SpecDecodingStats | None = None  # totals since start; None: spec off
+
+    @classmethod
+    def stopped(cls) -> SchedulerStats:
+        """What a dead engine reports: nothing running or waiting, no KV cache held."""
+        return cls(0, 0, 0.0, PrefixCacheStats())

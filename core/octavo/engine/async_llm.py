@@ -43,7 +43,6 @@ from octavo.engine.serial import EngineCoreOutputs
 from octavo.outputs import SchedulerStats
 from octavo.request import Request
 from octavo.sampling_params import SamplingParams
-from octavo.stats import PrefixCacheStats
 
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -294,7 +293,7 @@ class AsyncLLM:
             self._error = exc
             self._fail_all(EngineDeadError(f"the engine's output handler failed: {exc}"))
         # A dead engine runs nothing and holds no KV cache: the metrics must say so at once.
-        stopped = SchedulerStats(0, 0, 0.0, PrefixCacheStats())
+        stopped = SchedulerStats.stopped()
         for stat_logger in self.stat_loggers:
             for engine_index in range(self.config.parallel.data_parallel_size):
                 stat_logger.record(stopped, IterationStats(), engine_index)

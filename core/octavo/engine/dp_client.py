@@ -30,7 +30,6 @@ from octavo.engine.core_proc import STEP_FAILED
 from octavo.engine.serial import EngineCoreOutputs
 from octavo.outputs import EngineCoreOutput, SchedulerStats
 from octavo.request import Request
-from octavo.stats import PrefixCacheStats
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +50,6 @@ class DPEngineClient:
     @property
     def dead(self) -> bool:
         return all(client.dead for client in self.clients)
-
-    @property
-    def degraded(self) -> bool:
-        """Some engines are dead, not all."""
-        return not self.dead and any(client.dead for client in self.clients)
 
     def add_requests(self, requests: list[Request]) -> None:
         """Send a user request's samples to the least loaded live engine."""
@@ -133,7 +127,7 @@ class DPEngineClient:
         error = f"data-parallel engine {index} died while running this request: {reason}"
         failed = [EngineCoreOutput(rid, [], finish_reason=STEP_FAILED, error=error)
                   for rid in held]
-        stopped = SchedulerStats(0, 0, 0.0, PrefixCacheStats())
-        self._outputs.put_nowait(EngineCoreOutputs(failed, stopped, engine_index=index))
+        self._outputs.put_nowait(EngineCoreOutputs(failed, SchedulerStats.stopped(),
+                                                   engine_index=index))
         if self.dead:
             self._outputs.put_nowait(EngineDeadError(self.death_message()))

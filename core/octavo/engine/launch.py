@@ -95,10 +95,13 @@ async def _start_on_ray(config: EngineConfig) -> tuple[Engines, EngineReady]:
                                           model_path(config))
         gathering = asyncio.ensure_future(join.gather(REMOTE_START_TIMEOUT_S))
         watching = asyncio.ensure_future(engines.watch())
-        await asyncio.wait([gathering, watching], return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait([gathering, watching],
+                                     return_when=asyncio.FIRST_COMPLETED)
+        if watching in done:  # an actor ended before every engine joined
+            gathering.cancel()
+            await watching  # raises why
         watching.cancel()
-        joined = gathering.result() if gathering.done() else await _failed(gathering,
-                                                                           watching)
+        joined = gathering.result()
         ready = await _front_end_ready(config, joined[0][1])
     except BaseException:
         _stop([client for client, _ in join.ready.values()])
@@ -109,17 +112,6 @@ async def _start_on_ray(config: EngineConfig) -> tuple[Engines, EngineReady]:
         join.close()
     logger.info("%d data-parallel engines ready on Ray", len(ranks))
     return DPEngineClient([joined[rank][0] for rank in ranks], engines.shutdown), ready
-
-
-async def _failed(gathering: asyncio.Future[object],
-                  watching: asyncio.Future[None]) -> dict[int, tuple[RemoteEngineClient, Ready]]:
-    """An engine actor ended before every engine joined: raise why."""
-    gathering.cancel()
-    try:
-        await watching
-    except asyncio.CancelledError:
-        pass
-    raise watching.exception() or EngineStartError("a data-parallel engine actor ended")
 
 
 async def _no_engines() -> dict[int, tuple[RemoteEngineClient, Ready]]:

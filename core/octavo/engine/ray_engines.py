@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.util.placement_group import remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from octavo.config import EngineConfig
 from octavo.engine.core_proc import EngineStartError
@@ -32,8 +30,10 @@ from octavo.engine.headless import run_headless
 from octavo.executor.ray_placement import (
     NodePlacement,
     connect,
+    in_bundle,
     placement_of,
     ray_resource,
+    release,
     reserve,
 )
 from octavo.platforms import Platform
@@ -75,9 +75,7 @@ class RayEngines:
 
     def _start(self, rank: int, config: EngineConfig, placement: list[NodePlacement],
                secret: bytes, model_path: Path) -> Any:
-        strategy = PlacementGroupSchedulingStrategy(placement_group=self._group,
-                                                    placement_group_bundle_index=rank)
-        actor = EngineActor.options(scheduling_strategy=strategy).remote()  # type: ignore[attr-defined]
+        actor = EngineActor.options(scheduling_strategy=in_bundle(self._group, rank)).remote()  # type: ignore[attr-defined]
         self.actors.append(actor)
         return actor.run.remote(engine_on_node(config, rank, placement), secret, str(model_path))
 
@@ -96,12 +94,8 @@ class RayEngines:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
         self.actors.clear()
-        if self._group is not None:
-            remove_placement_group(self._group)
-            self._group = None
-        if self._joined:
-            ray.shutdown()
-            self._joined = False
+        release(self._group, self._joined)
+        self._group, self._joined = None, False
 
 
 def engine_on_node(config: EngineConfig, rank: int,

@@ -35,8 +35,6 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayError, RayTaskError
-from ray.util.placement_group import remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from octavo.config import EngineConfig
 from octavo.executor.base import RankedExecutor, WorkerCallError, WorkerDiedError
@@ -45,8 +43,10 @@ from octavo.executor.multiproc import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S
 from octavo.executor.ray_placement import (
     NodePlacement,
     connect,
+    in_bundle,
     placement_of,
     ray_resource,
+    release,
     reserve,
 )
 from octavo.executor.ray_worker import RayWorker, RayWorkerInit
@@ -109,11 +109,9 @@ class RayExecutor(RankedExecutor):
         env = worker_env(self.placement)
         amounts = {"num_cpus": 1} if resource == "CPU" else {"num_cpus": 0, "num_gpus": 1}
         for rank in range(self.world_size):
-            strategy = PlacementGroupSchedulingStrategy(
-                placement_group=self._placement_group, placement_group_bundle_index=rank)
             self.actors.append(RayWorker.options(  # type: ignore[attr-defined]
-                scheduling_strategy=strategy, runtime_env={"env_vars": env},
-                **amounts).remote(rank))
+                scheduling_strategy=in_bundle(self._placement_group, rank),
+                runtime_env={"env_vars": env}, **amounts).remote(rank))
         self._sentinels = [actor.wait_forever.remote() for actor in self.actors]
 
     # -- calls --------------------------------------------------------------------------
@@ -190,10 +188,7 @@ class RayExecutor(RankedExecutor):
         self._kill_actors()
         if self._monitor is not None:
             self._monitor.join(STOP_TIMEOUT_S)  # it wakes as the actors die
-        if self._placement_group is not None:
-            remove_placement_group(self._placement_group)
-        if self._joined_ray:
-            ray.shutdown()
+        release(self._placement_group, self._joined_ray)
 
 
 def worker_env(placement: list[NodePlacement]) -> dict[str, str]:

@@ -23,6 +23,7 @@ from ray.util.placement_group import (
     placement_group_table,
     remove_placement_group,
 )
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from octavo.config import ConfigError
 from octavo.platforms import Platform
@@ -107,3 +108,17 @@ def placement_of(group: PlacementGroup) -> list[NodePlacement]:
 
 def _alive_nodes() -> list[dict[str, Any]]:
     return [node for node in ray.nodes() if node["Alive"]]
+
+
+def in_bundle(group: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
+    """The scheduling strategy that puts an actor in bundle ``index`` of ``group``."""
+    return PlacementGroupSchedulingStrategy(placement_group=group,
+                                            placement_group_bundle_index=index)
+
+
+def release(group: PlacementGroup | None, joined: bool) -> None:
+    """Give the reserved bundles back, and leave the cluster if ``connect`` joined it."""
+    if group is not None:
+        remove_placement_group(group)
+    if joined:
+        ray.shutdown()
