@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,7 @@ from octavo.bench.server import ServerProcess, free_port
 from octavo.entrypoints.cli import main
 
 from ..helpers import run_octavo
-from .conftest import ENGINE_ARGS, BenchModel
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def server(bench_model: BenchModel) -> Iterator[ServerProcess]:
-    with ServerProcess(["--model", str(bench_model.folder), *ENGINE_ARGS]) as server:
-        yield server
+from .conftest import ENGINE_ARGS, PNG_MAGIC, BenchModel
 
 
 def test_bench_serve_writes_json_and_png(server: ServerProcess, bench_model: BenchModel,

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from octavo.bench.autotune import seqs_grid_around
 from octavo.bench.roofline import (
     ModelShape,
     Peaks,
@@ -16,11 +18,12 @@ from octavo.bench.roofline import (
     predict,
     saturation_batch,
 )
+from octavo.bench.server import ServerProcess
 from octavo.bench.sweep import batch_sizes
+from octavo.entrypoints.bench_cmd import auto_seqs_grid
 
-from .conftest import ENGINE_ARGS, BenchModel
-from .test_offline import run_octavo
-from .test_serve_live import PNG_MAGIC
+from ..helpers import run_octavo
+from .conftest import ENGINE_ARGS, PNG_MAGIC, BenchModel
 
 # 2 layers, hidden 8, 2 query heads and 1 KV head of 4, MLP 16, vocabulary 10, tied.
 TINY = ModelShape(num_layers=2, hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4,
@@ -88,3 +91,35 @@ def test_sweep_cli_writes_table_json_and_png(bench_model: BenchModel, tmp_path: 
     assert data["peaks"]["flops_per_s"] > 0 and data["peaks"]["bytes_per_s"] > 0
     assert data["points"][0]["bytes"] == decode_step_cost(
         ModelShape(**data["shape"]), 1, 8 + 3 // 2, 4, 4).bytes  # fp32: 4 bytes each
+
+
+def test_the_autotune_grid_is_centred_on_b_sat(tmp_path: Path) -> None:
+    assert seqs_grid_around(33.0) == [16, 32, 64]
+    assert seqs_grid_around(0.3) == [1, 2]
+    assert seqs_grid_around(math.inf) == [64, 256, 1024]
+    saved = tmp_path / "sweep.json"
+    saved.write_text(json.dumps({"b_sat_observed": 8, "b_sat_predicted": 33.0}))
+    assert auto_seqs_grid(None, str(saved)) == [4, 8, 16]  # the observed one first
+    saved.write_text(json.dumps({"b_sat_observed": None, "b_sat_predicted": "inf"}))
+    assert auto_seqs_grid(None, str(saved)) == [64, 256, 1024]
+
+
+def test_sweep_against_a_server_plots_beside_a_saved_sweep(
+        server: ServerProcess, bench_model: BenchModel, tmp_path: Path) -> None:
+    offline, plot = tmp_path / "offline.json", tmp_path / "both.png"
+    offline.write_text(json.dumps({
+        "label": "saved", "shape": asdict(TINY), "context_len": 8, "steps": 3,
+        "peaks": {"flops_per_s": 1e9, "bytes_per_s": 1e9}, "b_sat_predicted": 4.0,
+        "points": [{"batch_size": 1, "step_s": 0.01, "tokens_per_s": 100.0}]}))
+    result = run_octavo("bench", "sweep", "--base-url", server.base_url, "--shapes-from",
+                        str(bench_model.folder), "--dtype-bytes", "4", "--max-batch-size", "2",
+                        "--context-len", "8", "--steps", "3", "--num-iters", "1",
+                        "--label", "tiny server", "--plot", str(plot),
+                        "--plot-with", str(offline), "--output-json",
+                        str(tmp_path / "server.json"), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert plot.read_bytes()[:8] == PNG_MAGIC
+    data = json.loads((tmp_path / "server.json").read_text())
+    assert data["label"] == "tiny server"
+    assert [p["batch_size"] for p in data["points"]] == [1, 2]
+    assert all(p["step_s"] > 0 for p in data["points"])

@@ -107,3 +107,13 @@ def parse_rates(text: str) -> list[float]:
     if not rates or any(r <= 0 or math.isnan(r) for r in rates):
         raise ValueError(f"--request-rates {text!r}: each rate must be positive")
     return rates
+
+
+def seqs_grid_around(b_sat: float) -> list[int]:
+    """``max_num_seqs`` values around the saturation batch size: past ``B_sat`` a step grows
+    with the batch and the throughput no longer does, so the best setting is near it. Powers
+    of two from half to twice it (a memory-bound model, ``inf``: large batches)."""
+    if not math.isfinite(b_sat):
+        return [64, 256, 1024]
+    centre = max(1, 2 ** round(math.log2(max(b_sat, 1.0))))
+    return sorted({max(1, centre // 2), centre, centre * 2})

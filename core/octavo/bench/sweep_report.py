@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
-from octavo.bench.roofline import decode_step_cost, predict
+from octavo.bench.roofline import ModelShape, Peaks, decode_step_cost, predict
 from octavo.bench.sweep import SweepResult
 from octavo.entrypoints.table import format_table
 
@@ -29,36 +30,43 @@ def sweep_table(result: SweepResult) -> str:
            if observed is not None else "the step stays within 1.5x the B=1 step")])
 
 
-def plot_sweep(path: str | Path, result: SweepResult) -> None:
-    """Step time and throughput against B on log axes: the roofline's two regimes as
-    lines, B_sat marked, the measured points on top."""
+def plot_sweep(path: str | Path, sweeps: list[dict[str, Any]]) -> None:
+    """Step time and throughput against B on log axes: the roofline's two regimes (of the
+    first sweep's model and peaks) as lines, B_sat marked, each sweep's measured points on
+    top (sweeps as ``SweepResult.to_json`` gives them, e.g. Octavo's and vLLM's)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = [p.batch_size for p in result.points]
+    first = sweeps[0]
+    shape, peaks = ModelShape(**first["shape"]), Peaks(**first["peaks"])
+    largest = max(p["batch_size"] for sweep in sweeps for p in sweep["points"])
     # The roofline as a smooth line: four points an octave, from 1 to the largest B.
-    grid = [2 ** (i / 4) for i in range(int(4 * math.log2(sizes[-1])) + 1)] or [1.0]
-    context = result.context_len + result.steps // 2
-    predicted = [predict(decode_step_cost(result.shape, b, context), result.peaks)  # type: ignore[arg-type]
+    grid = [2 ** (i / 4) for i in range(int(4 * math.log2(largest)) + 1)] or [1.0]
+    context = first["context_len"] + first["steps"] // 2
+    predicted = [predict(decode_step_cost(shape, b, context), peaks)  # type: ignore[arg-type]
                  for b in grid]
     fig, (ax_itl, ax_tput) = plt.subplots(1, 2, figsize=(12, 4.5))
     ax_itl.plot(grid, [q.memory_s * 1000 for q in predicted], "--", label="memory bound")
     ax_itl.plot(grid, [q.compute_s * 1000 for q in predicted], ":", label="compute bound")
-    ax_itl.plot(sizes, [p.step_s * 1000 for p in result.points], "o-", label="measured")
     ax_tput.plot(grid, [b / q.step_s for b, q in zip(grid, predicted)], "--",
                  label="roofline")
-    ax_tput.plot(sizes, [p.tokens_per_s for p in result.points], "o-", label="measured")
+    for sweep in sweeps:
+        sizes = [p["batch_size"] for p in sweep["points"]]
+        ax_itl.plot(sizes, [p["step_s"] * 1000 for p in sweep["points"]], "o-",
+                    label=f"{sweep['label']} (measured)")
+        ax_tput.plot(sizes, [p["tokens_per_s"] for p in sweep["points"]], "o-",
+                     label=f"{sweep['label']} (measured)")
+    b_sat = float(first["b_sat_predicted"])  # "inf" in JSON when there is none
     for ax in (ax_itl, ax_tput):
-        if math.isfinite(result.b_sat_predicted):
-            ax.axvline(result.b_sat_predicted, color="grey", alpha=0.5,
-                       label=f"B_sat = {result.b_sat_predicted:.1f}")
+        if math.isfinite(b_sat):
+            ax.axvline(b_sat, color="grey", alpha=0.5, label=f"B_sat = {b_sat:.1f}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch size B")
         ax.legend(fontsize="small")
-    ax_itl.set(title="decode step time (ITL)", ylabel="ms")
+    ax_itl.set(title=f"decode step time (ITL), context {first['context_len']}", ylabel="ms")
     ax_tput.set(title="output throughput", ylabel="tokens/s")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

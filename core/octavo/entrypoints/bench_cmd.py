@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import shlex
 from collections.abc import Callable, Iterator
@@ -162,40 +163,87 @@ def latency(input_len: int, output_len: int, batch_size: int, num_iters_warmup: 
               help="Decode steps timed in each iteration.")
 @click.option("--num-iters-warmup", type=click.IntRange(min=0), default=1, show_default=True)
 @click.option("--num-iters", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--base-url", default=None,
+              help="Sweep this OpenAI-compatible server (B streams at once) instead of an "
+                   "engine in this process; the roofline then uses --shapes-from and this "
+                   "machine's peaks.")
+@click.option("--shapes-from", default=None,
+              help="With --base-url: the local HF folder or .gguf whose shapes the server's "
+                   "model has (default: Octavo's default model).")
+@click.option("--dtype-bytes", type=click.IntRange(min=1), default=2, show_default=True,
+              help="With --base-url: bytes per weight and KV element on the server (2: bf16).")
+@click.option("--label", default=None, help="The engine's name in the plot and JSON.")
 @click.option("--plot", default=None,
               help="Draw step time and throughput against B with the roofline (PNG).")
+@click.option("--plot-with", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="Draw this saved sweep (--output-json) too, e.g. another engine's.")
 @click.option("--output-json", default=None, help="Write the results here as JSON.")
 @engine_options
 def sweep(max_batch_size: int, context_len: int, steps: int, num_iters_warmup: int,
-          num_iters: int, plot: str | None, output_json: str | None, **kwargs: Any) -> None:
+          num_iters: int, base_url: str | None, shapes_from: str | None, dtype_bytes: int,
+          label: str | None, plot: str | None, plot_with: tuple[str, ...],
+          output_json: str | None, **kwargs: Any) -> None:
     """Decode step time at batch sizes 1, 2, 4, ..., beside the roofline: the bytes and
     FLOPs each step must move and do, against the machine's measured peaks."""
-    from octavo.bench.calibrate import measure_peaks
     from octavo.bench.report import require_matplotlib
-    from octavo.bench.roofline import ModelShape
-    from octavo.bench.sweep import batch_sizes, run_sweep
+    from octavo.bench.sweep import batch_sizes
     from octavo.bench.sweep_report import plot_sweep, sweep_table
-    from octavo.plugins.resolve import resolve_platform
 
-    seed = kwargs["seed"]
     with usage_errors():
         if plot:
             require_matplotlib()
         sizes = batch_sizes(max_batch_size)
-        llm = make_llm(kwargs)
-        engine = llm.llm_engine
-        shape = ModelShape.from_hf_config(engine.model_files.hf_config)
-        dtype = engine.config.model.torch_dtype(
-            resolve_platform(engine.config.device.backend).default_dtype)
-        click.echo("measuring the machine's peak FLOP/s and bandwidth ...")
-        peaks = measure_peaks(shape, dtype)
-        element = dtype.itemsize
-        result = run_sweep(llm, shape, peaks, sizes, context_len, steps, num_iters_warmup,
-                           num_iters, seed, weight_bytes=element, kv_bytes=element)
+        earlier = [json.loads(Path(path).read_text()) for path in plot_with]
+        settings = (sizes, context_len, steps, num_iters_warmup, num_iters, kwargs["seed"])
+        result = (_server_sweep(base_url, shapes_from, dtype_bytes, settings) if base_url
+                  else _engine_sweep(kwargs, settings))
+    if label is not None:
+        result.label = label
     report(sweep_table(result), output_json, result.to_json())
     if plot:
-        plot_sweep(plot, result)
+        plot_sweep(plot, [result.to_json(), *earlier])
         click.echo(f"plot written to {plot}")
+
+
+def _engine_sweep(kwargs: dict[str, Any], settings: tuple[Any, ...]) -> Any:
+    from octavo.bench.roofline import ModelShape
+    from octavo.bench.sweep import run_sweep
+    from octavo.plugins.resolve import resolve_platform
+
+    llm = make_llm(kwargs)
+    engine = llm.llm_engine
+    shape = ModelShape.from_hf_config(engine.model_files.hf_config)
+    dtype = engine.config.model.torch_dtype(
+        resolve_platform(engine.config.device.backend).default_dtype)
+    peaks = _peaks(shape, dtype)
+    return run_sweep(llm, shape, peaks, *settings, weight_bytes=dtype.itemsize,
+                     kv_bytes=dtype.itemsize)
+
+
+def _server_sweep(base_url: str, shapes_from: str | None, dtype_bytes: int,
+                  settings: tuple[Any, ...]) -> Any:
+    import torch
+
+    from octavo.bench.roofline import ModelShape
+    from octavo.bench.serve import ServeTarget, fetch_model_name
+    from octavo.bench.sweep import run_server_sweep
+    from octavo.models.loader import load_model_files
+
+    files = load_model_files(shapes_from)
+    shape = ModelShape.from_hf_config(files.hf_config)
+    dtype = {2: torch.bfloat16, 4: torch.float32}.get(dtype_bytes, torch.bfloat16)
+    peaks = _peaks(shape, dtype)
+    target = ServeTarget(base_url, asyncio.run(fetch_model_name(base_url)))
+    sizes, context_len, steps, _, num_iters, seed = settings
+    return run_server_sweep(target, shape, peaks, sizes, context_len, steps, num_iters, seed,
+                            len(files.tokenizer), dtype_bytes, dtype_bytes)
+
+
+def _peaks(shape: Any, dtype: Any) -> Any:
+    from octavo.bench.calibrate import measure_peaks
+
+    click.echo("measuring this machine's peak FLOP/s and memory bandwidth ...")
+    return measure_peaks(shape, dtype)
 
 
 @bench.command()
@@ -370,8 +418,13 @@ def ramp_up_setting(kwargs: dict[str, Any]) -> Any:
 @bench.command()
 @click.option("--model", default=None,
               help="Model for `octavo serve` (default: Octavo's default model).")
-@click.option("--max-num-seqs", "seqs_grid", default="16,64,256", show_default=True,
-              help="Grid values, comma-separated.")
+@click.option("--max-num-seqs", "seqs_grid", default="auto", show_default=True,
+              help="Grid values, comma-separated; auto: powers of two from half to twice "
+                   "the saturation batch size B_sat (of --sweep-json, else the roofline's "
+                   "from this machine's measured peaks).")
+@click.option("--sweep-json", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A saved `octavo bench sweep --output-json`: its observed B_sat (else its "
+                   "predicted one) centres the auto grid.")
 @click.option("--max-num-batched-tokens", "tokens_grid", default="512,2048,8192",
               show_default=True, help="Grid values, comma-separated.")
 @click.option("--max-latency-ms", type=float, required=True,
@@ -384,9 +437,9 @@ def ramp_up_setting(kwargs: dict[str, Any]) -> Any:
 @dataset_options
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--save-result", default=None, help="Write the table and the best setting here.")
-def autotune(model: str | None, seqs_grid: str, tokens_grid: str, max_latency_ms: float,
-             request_rates: str, burstiness: float, serve_args: str, seed: int,
-             save_result: str | None, **kwargs: Any) -> None:
+def autotune(model: str | None, seqs_grid: str, sweep_json: str | None, tokens_grid: str,
+             max_latency_ms: float, request_rates: str, burstiness: float, serve_args: str,
+             seed: int, save_result: str | None, **kwargs: Any) -> None:
     """For each max-num-seqs x max-num-batched-tokens, find the highest request rate whose
     p99 end-to-end latency stays within --max-latency-ms."""
     from octavo.bench.autotune import TuneSettings, best_point, parse_rates, to_json
@@ -399,8 +452,9 @@ def autotune(model: str | None, seqs_grid: str, tokens_grid: str, max_latency_ms
         settings = TuneSettings(max_latency_ms, parse_rates(request_rates), burstiness, seed,
                                 ([] if model is None else ["--model", model])
                                 + shlex.split(serve_args))
-        grid = (int_list(seqs_grid, "--max-num-seqs"),
-                int_list(tokens_grid, "--max-num-batched-tokens"))
+        seqs = (auto_seqs_grid(model, sweep_json) if seqs_grid == "auto"
+                else int_list(seqs_grid, "--max-num-seqs"))
+        grid = (seqs, int_list(tokens_grid, "--max-num-batched-tokens"))
         requests = serve_requests(options, model)
         points = run_autotune(*grid, requests, settings, on_point=lambda p: click.echo(
             f"max_num_seqs={p.max_num_seqs} max_num_batched_tokens="
@@ -409,6 +463,29 @@ def autotune(model: str | None, seqs_grid: str, tokens_grid: str, max_latency_ms
     best = best_point(points)
     report(autotune_table(points, best, max_latency_ms), save_result,
            to_json(points, best, settings))
+
+
+def auto_seqs_grid(model: str | None, sweep_json: str | None) -> list[int]:
+    """The ``--max-num-seqs`` grid around B_sat: a saved sweep's observed one (else its
+    predicted one), or the roofline's for ``model`` from this machine's measured peaks."""
+    from octavo.bench.autotune import seqs_grid_around
+
+    if sweep_json is not None:
+        saved = json.loads(Path(sweep_json).read_text())
+        b_sat = float(saved.get("b_sat_observed") or saved["b_sat_predicted"])
+        source = f"{sweep_json}"
+    else:
+        import torch
+
+        from octavo.bench.roofline import ModelShape, saturation_batch
+        from octavo.models.loader import load_model_files
+
+        shape = ModelShape.from_hf_config(load_model_files(model).hf_config)
+        b_sat = saturation_batch(shape, _peaks(shape, torch.bfloat16), context_len=256)
+        source = "the roofline (bf16, context 256)"
+    grid = seqs_grid_around(b_sat)
+    click.echo(f"B_sat {b_sat:.1f} from {source}: --max-num-seqs grid {grid}")
+    return grid
 
 
 def int_list(text: str, flag: str) -> list[int]:
