@@ -48,16 +48,18 @@ def plot_sweep(path: str | Path, sweeps: list[dict[str, Any]]) -> None:
     predicted = [predict(decode_step_cost(shape, b, context), peaks)  # type: ignore[arg-type]
                  for b in grid]
     fig, (ax_itl, ax_tput) = plt.subplots(1, 2, figsize=(12, 4.5))
-    ax_itl.plot(grid, [q.memory_s * 1000 for q in predicted], "--", label="memory bound")
-    ax_itl.plot(grid, [q.compute_s * 1000 for q in predicted], ":", label="compute bound")
-    ax_tput.plot(grid, [b / q.step_s for b, q in zip(grid, predicted)], "--",
+    # Fixed colours, so that each engine has the same one in both panels.
+    ax_itl.plot(grid, [q.memory_s * 1000 for q in predicted], "--", color="C0",
+                label="memory bound")
+    ax_itl.plot(grid, [q.compute_s * 1000 for q in predicted], ":", color="C1",
+                label="compute bound")
+    ax_tput.plot(grid, [b / q.step_s for b, q in zip(grid, predicted)], "--", color="C0",
                  label="roofline")
-    for sweep in sweeps:
+    for index, sweep in enumerate(sweeps):
         sizes = [p["batch_size"] for p in sweep["points"]]
-        ax_itl.plot(sizes, [p["step_s"] * 1000 for p in sweep["points"]], "o-",
-                    label=f"{sweep['label']} (measured)")
-        ax_tput.plot(sizes, [p["tokens_per_s"] for p in sweep["points"]], "o-",
-                     label=f"{sweep['label']} (measured)")
+        style = {"color": f"C{index + 2}", "label": f"{sweep['label']}, measured"}
+        ax_itl.plot(sizes, [p["step_s"] * 1000 for p in sweep["points"]], "o-", **style)
+        ax_tput.plot(sizes, [p["tokens_per_s"] for p in sweep["points"]], "o-", **style)
     b_sat = float(first["b_sat_predicted"])  # "inf" in JSON when there is none
     for ax in (ax_itl, ax_tput):
         if math.isfinite(b_sat):
