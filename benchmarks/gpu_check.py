@@ -1,10 +1,14 @@
 """The Python half of benchmarks/gpu_check.sh (a machine with one NVIDIA GPU).
 
-    gpu_check.py times OUT_DIR   time each Triton kernel against its torch reference on the
-                                 GPU (bf16, Llama-3-8B-like shapes) -> OUT_DIR/kernels.json
-    gpu_check.py table OUT_DIR   print one table: the kernel tests, the kernel timings, and
-                                 W1/W2 with CUDA graphs on and off (the JSON files that
-                                 ``octavo bench`` wrote into OUT_DIR)
+    gpu_check.py weights MODEL_DIR  fill an HF folder that holds config.json and a tokenizer
+                                    with random bf16 weights of the config's shapes (the
+                                    real weights do not fit in what a device run carries)
+    gpu_check.py times OUT_DIR      time each Triton kernel against its torch reference on
+                                    the GPU (bf16, Llama-3-8B-like shapes) -> kernels.json
+    gpu_check.py table OUT_DIR      print one table: the kernel tests, the kernel timings,
+                                    W1/W2 with CUDA graphs on and off, W2 through the
+                                    multi-process executor, and the GPU memory the engine
+                                    planned (from the files gpu_check.sh wrote into OUT_DIR)
 
 The torch references are the portable implementations the engine uses without the
 plugin: the core's layers and its torch attention backend.
@@ -13,6 +17,7 @@ plugin: the core's layers and its torch attention backend.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +31,20 @@ WORKLOAD_FIGURES = [
     ("W2_latency", "avg_latency", "s end to end", False),
     ("W2_latency", "avg_decode_tok_per_s", "decode tok/s", True),
 ]
+
+
+def weights(model_dir: Path) -> None:
+    """Random weights, seeded, in bf16, saved as the safetensors the loader reads."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    model.save_pretrained(model_dir)
+    count = sum(p.numel() for p in model.parameters())
+    print(f"{model_dir}: {count / 1e6:.1f}M random bf16 parameters "
+          f"({config.architectures[0]}, {config.num_hidden_layers} layers)")
 
 
 def attention_case(context_lens: list[int], query_lens: list[int]) -> dict[str, Any]:
@@ -139,6 +158,13 @@ def _load(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _memory_line(log: Path) -> str:
+    """The GPU worker's "memory: ..." line from a bench log, without the log prefix."""
+    text = log.read_text() if log.exists() else ""
+    match = re.search(r"memory: (.*)", text)
+    return match[1].strip() if match else "not logged (see the W1 log)"
+
+
 def table(out_dir: Path) -> None:
     from octavo.entrypoints.table import format_table
 
@@ -158,10 +184,19 @@ def table(out_dir: Path) -> None:
         ratio = graphs[key] / eager[key] if higher_is_better else eager[key] / graphs[key]
         rows.append([name, "--backend cuda: graphs | --enforce-eager",
                      f"{graphs[key]:.4g} {unit}", f"{eager[key]:.4g} {unit}", f"{ratio:.2f}x"])
+    workers, in_process = (_load(out_dir / f"W2_latency_{m}.json") for m in ("mp", "graphs"))
+    if workers is None or in_process is None:
+        rows.append(["W2_latency", "TP=1, mp executor", "missing (see its log)", "", ""])
+    else:
+        rows.append(["W2_latency", "TP=1: mp executor | in-process worker",
+                     f"{workers['avg_latency']:.4g} s", f"{in_process['avg_latency']:.4g} s",
+                     f"{in_process['avg_latency'] / workers['avg_latency']:.2f}x"])
+    rows.append(["GPU memory", "W1_throughput, graphs",
+                 _memory_line(out_dir / "W1_throughput_graphs.log"), "", ""])
     print(format_table(["check", "configuration", "octavo (triton / graphs)",
                         "reference (torch / eager)", "speedup"], rows))
 
 
 if __name__ == "__main__":
     command, out = sys.argv[1], Path(sys.argv[2])
-    {"times": times, "table": table}[command](out)
+    {"weights": weights, "times": times, "table": table}[command](out)

@@ -1,62 +1,111 @@
 #!/usr/bin/env bash
-# GPU check, for a machine with one NVIDIA GPU (CI has none; everything here is also proven
-# without one by the test suite, under Triton's interpreter and by ahead-of-time compiles):
-#   1. the kernel tests, run on the GPU (tests/triton, tests/cuda);
-#   2. each Triton kernel timed against its torch reference;
-#   3. W1_throughput and W2_latency with --backend cuda, CUDA graphs on and off;
-#   4. on a machine with two GPUs or more, W2_latency at -tp 2 (one worker process per GPU,
-#      NCCL between them);
-# then one table. Each step has its own time limit; the whole stays under 8 minutes.
+# GPU check, for the lent machine with one NVIDIA GPU (CI has none; everything here is also
+# proven without one by the test suite, under Triton's interpreter and by ahead-of-time
+# compiles). That machine has no network, and its python3 (CPython 3.12) holds torch 2.11
+# and triton 3.6 but not all of Octavo's needs, so prepare here first:
+#   benchmarks/gpu/prepare.sh           (writes .gpu/: the missing wheels, the model's files)
+# then, through the device tool, one call:
+#   run(command="benchmarks/gpu_check.sh", carry=[".gpu"], timeout_s=540)
+# It
+#   0. installs .gpu/wheels and Octavo's distributions (editable, no deps) into python3's
+#      environment, offline, and fills .gpu/model with random bf16 weights of
+#      SmolLM2-135M's shapes (its real weights do not fit in what a run carries);
+#   1. runs the kernel tests on the GPU (tests/triton, tests/cuda);
+#   2. times each Triton kernel against its torch reference;
+#   3. runs W1_throughput and W2_latency with --backend cuda, CUDA graphs on and off;
+#   4. runs W2_latency at TP=1 through the multi-process executor (a worker process);
+#   5. on a machine with two GPUs or more, W2_latency at -tp 2 (NCCL between workers);
+# then prints one table. Each step has its own time limit, and the whole stops after 8
+# minutes. Without a CUDA GPU it stops at once with exit code 2.
 #
-#   benchmarks/gpu_check.sh [OUT_DIR]        (default: a new temporary folder)
-# Environment: PYTHON (default .venv/bin/python).
+#   benchmarks/gpu_check.sh [OUT_DIR]   (default: $OUT, the device tool's output folder,
+#                                        else a new temporary folder)
+# OUT_DIR receives summary.txt (the table), image-freeze.txt (the image's packages) and
+# logs.tar.gz (every log and JSON). Environment: PYTHON (default python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-OUT=${1:-$(mktemp -d -t octavo-gpu-check.XXXX)}
-mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+OUT_DIR=${1:-${OUT:-$(mktemp -d -t octavo-gpu-check.XXXX)}}
+BUDGET=470  # seconds for all steps: 8 minutes with the packing at the end
+MODEL=.gpu/model
 start=$SECONDS
-step() { echo; echo "== $1 ($((SECONDS - start)) s elapsed)"; }
 
-if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "gpu_check: torch sees no CUDA GPU here; nothing to check" >&2
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
+        2>/dev/null; then
+    echo "gpu_check: no CUDA GPU here ($PY has no torch, or its torch sees no GPU);" \
+         "nothing to check" >&2
     exit 2
 fi
-"$PY" -c "import torch; print('GPU:', torch.cuda.get_device_name(0), '| torch', torch.__version__)"
+LOGS="$OUT_DIR/logs"
+mkdir -p "$LOGS"
+pack() {
+    tar -czf "$OUT_DIR/logs.tar.gz" -C "$OUT_DIR" logs && rm -rf "$LOGS"
+    echo "gpu_check done in $((SECONDS - start)) s; results in $OUT_DIR"
+}
+trap pack EXIT
 
-step "kernel tests on the GPU"
-timeout 150 "$PY" -m pytest tests/triton tests/cuda -q -p no:cacheprovider 2>&1 \
-    | tee "$OUT/tests.log" | tail -n 5
-tail -n 1 "$OUT/tests.log" | sed 's/=//g' > "$OUT/tests.summary"
+step() { echo; echo "== $1 ($((SECONDS - start)) s elapsed)"; }
+# The time a step may take: its own limit, or what is left of the budget if that is less.
+limit() {
+    local left=$((BUDGET - (SECONDS - start)))
+    if [ "$left" -lt 10 ]; then echo 0; else echo $((left < $1 ? left : $1)); fi
+}
+# run_step NAME LIMIT LOG COMMAND...: run COMMAND under its limit, its output in LOG.
+run_step() {
+    local name=$1 seconds log=$3
+    seconds=$(limit "$2")
+    shift 3
+    step "$name"
+    if [ "$seconds" = 0 ]; then echo "skipped: the 8-minute budget is spent"; return 1; fi
+    if ! timeout "$seconds" "$@" > "$log" 2>&1; then
+        echo "$name failed or ran past ${seconds} s: see $(basename "$log") in logs.tar.gz"
+        tail -n 15 "$log"
+        return 1
+    fi
+    tail -n 4 "$log"
+}
 
-step "kernel timings against torch"
-timeout 60 "$PY" benchmarks/gpu_check.py times "$OUT" 2>&1 | tee "$OUT/kernels.log"
+"$PY" -c "import torch, triton; print('GPU:', torch.cuda.get_device_name(0), '| torch',
+torch.__version__, '| triton', triton.__version__)" | tee "$LOGS/device.txt"
+"$PY" -m pip freeze > "$OUT_DIR/image-freeze.txt" 2>&1
 
-for mode in graphs eager; do
-    flags=()
-    if [ "$mode" = eager ]; then flags=(--enforce-eager); fi
-    step "W1_throughput, --backend cuda, $mode"
-    timeout 70 "$PY" -m octavo bench throughput --workload W1_throughput --backend cuda \
-        "${flags[@]}" --output-json "$OUT/W1_throughput_$mode.json" > "$OUT/W1_$mode.log" 2>&1 \
-        || echo "W1 $mode failed: see $OUT/W1_$mode.log"
-    tail -n 4 "$OUT/W1_$mode.log"
-    step "W2_latency, --backend cuda, $mode"
-    timeout 45 "$PY" -m octavo bench latency --workload W2_latency --backend cuda \
-        "${flags[@]}" --output-json "$OUT/W2_latency_$mode.json" > "$OUT/W2_$mode.log" 2>&1 \
-        || echo "W2 $mode failed: see $OUT/W2_$mode.log"
-    tail -n 4 "$OUT/W2_$mode.log"
-done
+if [ ! -d .gpu/wheels ] || [ ! -d .gpu/build ] || [ ! -f "$MODEL/config.json" ]; then
+    echo "gpu_check: .gpu/ is missing: run benchmarks/gpu/prepare.sh here and carry .gpu" >&2
+    exit 1
+fi
+run_step "install the carried wheels and Octavo (offline)" 90 "$LOGS/install.log" \
+    bash -c "'$PY' -m pip install --no-index --no-deps --no-compile .gpu/wheels/*.whl &&
+             '$PY' -m pip install --no-index --find-links .gpu/build --no-deps \
+                 -e ./core -e ./plugins/triton -e ./plugins/cuda &&
+             '$PY' -m pip check; '$PY' -m octavo --version" || exit 1
+run_step "random bf16 weights of the model's shapes" 60 "$LOGS/weights.log" \
+    "$PY" benchmarks/gpu_check.py weights "$MODEL" || exit 1
+
+run_step "kernel tests on the GPU" 150 "$LOGS/tests.log" \
+    "$PY" -m pytest tests/triton tests/cuda -q -p no:cacheprovider
+tail -n 1 "$LOGS/tests.log" | sed 's/=//g' > "$LOGS/tests.summary"
+
+run_step "kernel timings against torch" 60 "$LOGS/kernels.log" \
+    "$PY" benchmarks/gpu_check.py times "$LOGS"
+
+bench() {  # bench KIND WORKLOAD LABEL LIMIT [FLAGS...]
+    local kind=$1 workload=$2 label=$3 seconds=$4
+    shift 4
+    run_step "$workload, --backend cuda, $label" "$seconds" "$LOGS/${workload}_$label.log" \
+        "$PY" -m octavo bench "$kind" --workload "$workload" --model "$MODEL" \
+        --backend cuda "$@" --output-json "$LOGS/${workload}_$label.json"
+}
+bench throughput W1_throughput graphs 70
+bench throughput W1_throughput eager 50 --enforce-eager
+bench latency W2_latency graphs 45
+bench latency W2_latency eager 35 --enforce-eager
+bench latency W2_latency mp 50 --distributed-executor-backend mp
 
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)"; then
-    step "W2_latency, --backend cuda, -tp 2"
-    timeout 90 "$PY" -m octavo bench latency --workload W2_latency --backend cuda -tp 2 \
-        --output-json "$OUT/W2_latency_tp2.json" > "$OUT/W2_tp2.log" 2>&1 \
-        || echo "W2 -tp 2 failed: see $OUT/W2_tp2.log"
-    tail -n 4 "$OUT/W2_tp2.log"
+    bench latency W2_latency tp2 90 -tp 2
 else
     echo; echo "== -tp 2 skipped: it needs two GPUs"
 fi
 
-step "summary (logs and JSON in $OUT)"
-"$PY" benchmarks/gpu_check.py table "$OUT"
-echo "gpu_check done in $((SECONDS - start)) s"
+step "summary"
+"$PY" benchmarks/gpu_check.py table "$LOGS" | tee "$OUT_DIR/summary.txt"

@@ -28,6 +28,13 @@ def test_flat_keywords_land_in_their_parts() -> None:
         EngineConfig.from_kwargs(max_seqs=8)
 
 
+def test_memory_sizes_are_read_from_keywords_as_from_flags() -> None:
+    assert EngineConfig.from_kwargs(kv_cache_memory="64MiB").cache.kv_cache_memory == 2**26
+    assert EngineConfig.from_kwargs(kv_cache_memory=2**20).cache.kv_cache_memory == 2**20
+    with pytest.raises(ConfigError, match="cannot read '64 apples' as a memory size"):
+        EngineConfig.from_kwargs(kv_cache_memory="64 apples")
+
+
 def test_each_default_is_written_once_and_the_flags_come_from_it() -> None:
     names = [f.name for _, f in flat_fields()]
     assert len(names) == len(set(names))  # one owner per keyword

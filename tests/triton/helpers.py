@@ -25,12 +25,13 @@ def fresh_seed() -> int:
     return random.SystemRandom().randrange(2**32)
 
 
-def compile_ahead_of_time(platform: str, targets: list[str], cache_dir: Path) -> list[str]:
+def compile_ahead_of_time(platform: str, targets: list[str], cache_dir: Path,
+                          env: dict[str, str] | None = None) -> list[str]:
     """Compile every kernel for ``targets`` with ``platform``'s tuning (``module:Class``)
     in a subprocess without the interpreter (``tests/triton/aot.py``), into an empty
     Triton cache so that nothing is reused; returns the ``ok`` lines, asserting that
-    nothing failed."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    nothing failed. ``env``: the subprocess's environment (default: this one's)."""
+    env = {k: v for k, v in (env or os.environ).items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(cache_dir)
     result = subprocess.run([sys.executable, "-m", "tests.triton.aot", platform, *targets],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=500)

@@ -23,6 +23,8 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         check_positive_ints("", block_size=self.block_size)
+        if isinstance(self.kv_cache_memory, str):  # LLM(kv_cache_memory="2GiB"), as the CLI
+            self.kv_cache_memory = parse_memory(self.kv_cache_memory)
         if self.kv_cache_memory is not None and (
                 isinstance(self.kv_cache_memory, bool) or self.kv_cache_memory <= 0):
             raise ConfigError(f"kv_cache_memory must be a positive number of bytes, "

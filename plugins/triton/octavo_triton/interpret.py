@@ -12,6 +12,10 @@ the kernels compute here what they compute on a GPU:
   fp32 first, exactly - the GPU too accumulates bf16 products in fp32;
 - float conversions to and from bf16 and fp8 truncate or mis-round, where GPUs round to
   nearest even: they are done by torch, which rounds as the GPU does.
+
+It also backports one fix of Triton 3.7's interpreter to 3.6 (the oldest Triton the plugin
+accepts): ``range(start, end)`` over values loaded in the kernel, whose interpreter
+tensors hold one-element arrays that 3.6 cannot turn into a Python int.
 """
 
 from __future__ import annotations
@@ -73,7 +77,14 @@ def patch_interpreter() -> None:
             return original_fp_to_fp(self, src, dst_type, rounding_mode)
         return converted
 
+    original_patch_tensor = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        original_patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
     builder.create_dot = create_dot
     builder.cast_impl = cast_impl
     builder.create_fp_to_fp = create_fp_to_fp
+    interpreter._patch_lang_tensor = patch_lang_tensor
     builder.octavo_patched = True
