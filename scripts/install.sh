@@ -33,6 +33,11 @@ if [ "$(uname -m)" = x86_64 ] && { ! command -v cc >/dev/null \
         || [ ! -e /usr/lib/x86_64-linux-gnu/libmvec.so ]; }; then
     apt_install gcc libc6-dev || echo "warning: the CPU backend runs without its fused kernels" >&2
 fi
+# The playground's browser tests (tests/e2e/test_playground_browser.py) drive Debian's
+# Chromium through its chromedriver.
+if [ "${1:-}" = "--dev" ] && ! command -v chromedriver >/dev/null; then
+    apt_install chromium chromium-driver || echo "warning: the browser tests will fail" >&2
+fi
 pip install -q --upgrade pip setuptools wheel
 
 # torch first and pinned: anything that depends on torch must find it already satisfied,

@@ -80,6 +80,8 @@ class NameList(click.ParamType):
 @click.option("--disable-fastapi-docs", "--disable-docs", "disable_docs", is_flag=True,
               default=False,
               help="Serve no /docs, /redoc or /openapi.json (with --api-key, they need the key).")
+@click.option("--disable-playground", is_flag=True, default=False,
+              help="Serve no web playground at / and /playground.")
 @click.option("--max-request-body-size", "max_request_body_size", type=MemorySize(),
               default="8MiB", show_default=True,
               help="Answer 413 to a request body larger than this.")

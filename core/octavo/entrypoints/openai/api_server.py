@@ -54,6 +54,8 @@ async def run_server(config: EngineConfig, settings: ServerSettings,
                     ready.num_blocks, ready.block_size, ready.max_model_len)
         logger.info("serving %r at http://%s:%d%s", settings.served_model_name, settings.host,
                     settings.port, " (API key required)" if settings.api_key else "")
+        if not settings.disable_playground:
+            logger.info("playground: http://%s:%d/", settings.host, settings.port)
         server = DrainingServer(uvicorn_config(build_app(engine, settings), settings),
                                 engine, settings.shutdown_timeout_s)
         watcher = asyncio.ensure_future(supervise(engine, server, settings.restart_engine))

@@ -1,4 +1,5 @@
-"""The FastAPI app: OpenAI's endpoints plus health, version, metrics and tokenizer routes.
+"""The FastAPI app: OpenAI's endpoints plus health, version, metrics and tokenizer routes,
+and the web playground at ``/`` (``playground``).
 
 ``/health``, ``/version`` and ``/metrics`` are open (for probes and scrapers); with an API
 key, every other route needs ``Authorization: Bearer KEY``, the API documentation
@@ -33,6 +34,7 @@ from octavo.entrypoints.openai.openapi_doc import (
     ok_stream,
     ok_text,
 )
+from octavo.entrypoints.openai.playground import playground_router
 from octavo.entrypoints.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -84,6 +86,8 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
                        responses=errors(401))
     if not settings.disable_docs:
         app.include_router(docs_router(app, key_check))
+    if not settings.disable_playground:
+        app.include_router(playground_router())
     return app
 
 

@@ -21,6 +21,7 @@ class ServerSettings:
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
     disable_docs: bool = False  # no /docs, /redoc, /openapi.json
+    disable_playground: bool = False  # no web page at / and /playground
     # Requests accepted but not yet producing tokens beyond which new ones get 503 with
     # Retry-After (None: no cap), so overload shows up as a quick answer, not a timeout.
     max_waiting_requests: int | None = None
