@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
     from octavo.config import EngineConfig as EngineConfig
     from octavo.config import KVTransferConfig as KVTransferConfig
     from octavo.config import SpeculativeConfig as SpeculativeConfig
+    from octavo.cpu.platform import CpuPlatform as CpuPlatform
     from octavo.distributed.state import RankInfo as RankInfo
     from octavo.engine.llm import LLM as LLM
     from octavo.kv.block import KVBlock as KVBlock
@@ -102,6 +103,7 @@ _EXPORTS: dict[str, str] = {
     # platforms and workers
     "Platform": "octavo.platforms:Platform",
     "Availability": "octavo.platforms:Availability",
+    "CpuPlatform": "octavo.cpu.platform:CpuPlatform",  # e.g. to answer as the CPU does
     "Worker": "octavo.worker.worker:Worker",
     "WorkerClasses": "octavo.worker.interface:WorkerClasses",
     "WorkerInterface": "octavo.worker.interface:WorkerInterface",

@@ -183,7 +183,7 @@ def test_scheduler_and_kv_manager_named_by_the_config_are_used(
     ("--scheduler-cls", "countng", "scheduler", "default, counting"),
     ("--kv-manager", "countng", "KV manager", "default, counting"),
     ("--scheduling-policy", "lifo", "scheduling policy", "fcfs, priority"),
-    ("--attention-backend", "flash", "attention backend", "torch, cpu, triton"),
+    ("--attention-backend", "flash", "attention backend", "torch, cpu, nki, triton"),
 ])
 def test_misspelt_names_are_refused_with_the_registered_ones(
     fixture_site: Path, flag: str, value: str, kind: str, known: str

@@ -93,8 +93,9 @@ def test_rotary_embedding(dtype: torch.dtype, head_dim: int) -> None:
     positions = torch.randint(0, 8192, (tokens,), generator=gen)
     q = randn(gen, tokens, 4, head_dim, dtype=dtype)
     k = randn(gen, tokens, 2, head_dim, dtype=dtype)
-    want_q, want_k = RotaryEmbedding(head_dim, RopeConfig())(positions, q, k)
-    got_q, got_k = rotary_embedding(positions, q, k)
+    rope = RotaryEmbedding(head_dim, RopeConfig())
+    want_q, want_k = rope(positions, q, k)
+    got_q, got_k = rotary_embedding(positions, q, k, rope.inv_freq)
     assert_close(got_q, want_q, dtype, seed)
     assert_close(got_k, want_k, dtype, seed)
 

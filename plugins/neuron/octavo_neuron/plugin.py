@@ -1,4 +1,5 @@
-"""Entry point of octavo-neuron: registers the Neuron platform."""
+"""Entry point of octavo-neuron: registers the Neuron platform and its NKI attention
+backend."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from octavo.plugin_api import Registry, hookimpl
 
 # The plugin API range this plugin is written for (see octavo.plugin_api).
-OCTAVO_PLUGIN_API = ">=1.0,<2"
+OCTAVO_PLUGIN_API = ">=1.2,<2"  # 1.2: CpuPlatform
 
 
 @hookimpl
@@ -15,3 +16,10 @@ def octavo_register_platforms(registry: Registry[Any]) -> None:
     from octavo_neuron.platform import NeuronPlatform
 
     registry.register(NeuronPlatform.name, NeuronPlatform)
+
+
+@hookimpl
+def octavo_register_attention_backends(registry: Registry[Any]) -> None:
+    from octavo_neuron.backend import NkiAttentionBackend
+
+    registry.register(NkiAttentionBackend.name, NkiAttentionBackend)

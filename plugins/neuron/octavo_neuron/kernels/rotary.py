@@ -1,5 +1,6 @@
-"""Neox-style rotary embedding (``octavo.models.layers.rotary.RotaryEmbedding`` with the
-default ``RopeConfig``): rotate the two halves of every head by the position's angles.
+"""Neox-style rotary embedding (``octavo.models.layers.rotary.RotaryEmbedding``, whose
+``inv_freq`` carries the rope type's scaling): rotate the two halves of every head by the
+position's angles.
 
 Tokens go 128 to a tile; the angles ``position * inv_freq`` are computed once per tile in
 fp32 (as the reference does) and serve every query and key head.
@@ -51,15 +52,9 @@ def _rotate(src, dst, rows, head, i_h, half, cos, sin, valid) -> None:
     nl.store(dst[rows, head, half + i_h], second, mask=valid)
 
 
-def rope_inv_freq(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
-    """The default rope's inverse frequencies [head_dim / 2] in fp32 (HF's arithmetic)."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-    return 1.0 / (theta ** exponents)
-
-
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                     theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """``RotaryEmbedding.forward(positions, q, k)`` for ``q`` [T, H, D], ``k`` [T, KVH, D]."""
-    inv_freq = rope_inv_freq(q.shape[-1], theta)
-    q_out, k_out = rotary_kernel(positions.to(torch.int32), q, k, inv_freq)
+                     inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``RotaryEmbedding.forward(positions, q, k)`` for ``q`` [T, H, D], ``k`` [T, KVH, D]
+    with that layer's ``inv_freq`` [D/2] (fp32; any rope scaling is already in it)."""
+    q_out, k_out = rotary_kernel(positions.to(torch.int32), q, k, inv_freq.float())
     return as_torch(q_out, q), as_torch(k_out, k)
