@@ -25,11 +25,9 @@ import sys
 import zipfile
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 LOCAL = "image"
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def read_freeze(path: Path) -> dict[str, str]:
@@ -39,7 +37,7 @@ def read_freeze(path: Path) -> dict[str, str]:
     for line in path.read_text().splitlines():
         match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][A-Za-z0-9.]*)", line.strip())
         if match:
-            versions[canonical(match[1])] = match[2]
+            versions[canonicalize_name(match[1])] = match[2]
     return versions
 
 
@@ -54,7 +52,7 @@ def read_packages(path: Path, tested: dict[str, str]) -> list[tuple[str, str]]:
         match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:==([0-9][A-Za-z0-9.]*))?", line)
         if match is None:
             raise SystemExit(f"{path}:{number}: expected name or name==version, got {line!r}")
-        version = match[2] or tested.get(canonical(match[1]))
+        version = match[2] or tested.get(canonicalize_name(match[1]))
         if version is None:
             raise SystemExit(f"{path}:{number}: {match[1]} has no version here and none in "
                              "the tested install")
@@ -69,7 +67,7 @@ def _record_line(name: str, data: bytes) -> str:
 
 def write_stand_in(name: str, version: str, out_dir: Path) -> Path:
     """An installable wheel that holds nothing but metadata (and so needs nothing)."""
-    project = canonical(name).replace("-", "_")
+    project = canonicalize_name(name).replace("-", "_")
     full = f"{version}+{LOCAL}"
     info = f"{project}-{full}.dist-info"
     files = {
@@ -119,7 +117,7 @@ def main(argv: list[str]) -> None:
     for name, version in image:
         write_stand_in(name, version, out_dir)
         print(f"{name}=={version}+{LOCAL}")
-    on_image = {canonical(name) for name, _ in image}
+    on_image = {canonicalize_name(name) for name, _ in image}
     for name, version in sorted(tested.items()):
         if name not in on_image and not name.startswith("octavo"):
             print(f"{name}=={version}")
