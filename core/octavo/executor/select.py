@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from octavo.config import EngineConfig
+from octavo.config import ConfigError, EngineConfig
 from octavo.executor.base import Executor
 from octavo.executor.fits import check_model_fits
 from octavo.models.loader import ModelFiles
@@ -17,6 +17,12 @@ def make_executor(config: EngineConfig, platform: type[Platform], files: ModelFi
     (or Ray actor) dies, with the reason."""
     check_model_fits(config, files.hf_config, files.source)
     backend = config.parallel.distributed_executor_backend
+    if platform.single_controller:  # its one worker drives every rank's device
+        if backend == "ray":
+            raise ConfigError(f"the {platform.name!r} backend runs one worker process for "
+                              "all its devices; distributed_executor_backend='ray' places "
+                              "one per rank: leave it at its default")
+        backend = "uni"
     if backend == "mp":
         from octavo.executor.multiproc import MultiprocExecutor
 

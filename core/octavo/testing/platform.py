@@ -25,7 +25,7 @@ from octavo.plugin_api import (
     LlamaMLP,
     Platform,
     RMSNorm,
-    Worker,
+    WorkerInterface,
     get_registries,
 )
 from octavo.testing.contract import SeededContract, Verdict
@@ -96,7 +96,7 @@ class PlatformContract(SeededContract):
                       f"{self.platform.attention_backend!r} is not among {registry.names()}")
 
     def test_worker_cls_imports_a_worker(self, verdict: Verdict) -> None:
-        contract = "worker_cls is the qualified name of a Worker subclass"
+        contract = "worker_cls is the qualified name of a WorkerInterface subclass"
         qualname = self.platform.worker_cls
         verdict.check(isinstance(qualname, str) and "." in qualname.strip("."), contract,
                       f"worker_cls is {qualname!r}: package.module.ClassName")
@@ -105,8 +105,9 @@ class PlatformContract(SeededContract):
             worker = getattr(importlib.import_module(module_name), attr)
         except Exception as exc:
             verdict.broken(contract, f"importing {qualname!r} raised {exc!r}", traceback=True)
-        verdict.check(isinstance(worker, type) and issubclass(worker, Worker), contract,
-                      f"{qualname!r} is {worker!r}, not a subclass of octavo.plugin_api.Worker")
+        verdict.check(isinstance(worker, type) and issubclass(worker, WorkerInterface), contract,
+                      f"{qualname!r} is {worker!r}, not a subclass of "
+                      "octavo.plugin_api.WorkerInterface (the torch Worker is one)")
 
     def test_memory(self, verdict: Verdict) -> None:
         self._require_available(verdict)

@@ -1,47 +1,78 @@
-"""The TPU platform: available when JAX is installed and sees TPU devices."""
+"""The TPU platform: a JAX worker (``octavo_tpu.worker.TpuWorker``) on the TPU devices JAX
+sees, or, with ``OCTAVO_TPU_INTERPRET=1`` in the environment (read once, at import, as the
+device kind must be fixed before a worker starts), on JAX's CPU devices with every Pallas
+kernel in TPU interpret mode - to check the runner and kernels against the engine's
+answers, not for speed. ``--backend auto`` never picks interpret mode (its priority is
+below the CPU's).
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+from typing import Any
 
-from octavo.plugin_api import Availability, Platform
+from octavo.plugin_api import Availability, CpuPlatform, Platform
+
+INTERPRET_ENV = "OCTAVO_TPU_INTERPRET"
+INTERPRET = os.environ.get(INTERPRET_ENV) == "1"
+JAX_MISSING = ("JAX is not installed (looked for the 'jax' module); install it with: "
+               "pip install 'jax[tpu]'")
+
+
+def devices() -> list[Any]:
+    """The devices a worker runs on: TPUs, or the CPU devices in interpret mode."""
+    import jax
+
+    return jax.devices("cpu" if INTERPRET else "tpu")
+
+
+def interpret_params() -> object:
+    """What the Pallas kernels take as ``interpret=``: TPU interpret mode on the CPU, or
+    False to lower them with Mosaic for a real TPU."""
+    if not INTERPRET:
+        return False
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.InterpretParams()
 
 
 class TpuPlatform(Platform):
     name = "tpu"
-    device_type = "tpu"
-    priority = 80
-    dist_backend = "jax"  # TPU workers talk through JAX collectives, not torch.distributed
-    default_dtype = "bfloat16"
-    attention_backend = "pallas"
+    device_type = "cpu" if INTERPRET else "tpu"
+    priority = -10 if INTERPRET else 80  # interpret mode is for tests: auto keeps the CPU
+    dist_backend = "jax"  # one process drives every device: no torch.distributed
+    default_dtype = "float32" if INTERPRET else "bfloat16"
+    # The core's torch model is built only to load the weights (then converted to jax
+    # arrays); the JAX model's attention is the Pallas ragged paged attention.
+    attention_backend = "torch"
+    worker_cls = "octavo_tpu.worker.TpuWorker"
     distribution = "octavo-tpu"
-    missing_kernels = (
-        "the JAX model runner and Pallas attention kernels are not implemented yet in this "
-        "release; use --backend cpu"
-    )
+    single_controller = True  # -tp N: one worker, one device mesh
 
     @classmethod
     def check_available(cls) -> Availability:
         if importlib.util.find_spec("jax") is None:
-            return Availability.no("JAX is not installed (looked for the 'jax' module); "
-                                   "install it with: pip install 'jax[tpu]'")
+            return Availability.no(JAX_MISSING)
         try:
-            import jax
-
-            devices = jax.devices("tpu")
+            found = devices()
         except Exception as exc:  # jax raises RuntimeError when no TPU backend initialises
             return Availability.no(f"JAX sees no TPU devices ({type(exc).__name__}: {exc})")
-        return Availability.yes(f"{len(devices)} x {devices[0].device_kind}")
+        if INTERPRET:
+            return Availability.yes(
+                f"interpret mode on {len(found)} CPU devices ({INTERPRET_ENV}=1): Pallas "
+                "kernels in TPU interpret mode; for correctness, not speed")
+        return Availability.yes(f"{len(found)} x {found[0].device_kind}")
 
     @classmethod
     def total_memory(cls) -> int:
-        import jax
-
-        return int(jax.devices("tpu")[0].memory_stats()["bytes_limit"])
+        if INTERPRET:
+            return CpuPlatform.total_memory()  # interpret mode runs in RAM
+        return int(devices()[0].memory_stats()["bytes_limit"])
 
     @classmethod
     def free_memory(cls) -> int:
-        import jax
-
-        stats = jax.devices("tpu")[0].memory_stats()
+        if INTERPRET:
+            return CpuPlatform.free_memory()
+        stats = devices()[0].memory_stats()
         return int(stats["bytes_limit"] - stats["bytes_in_use"])

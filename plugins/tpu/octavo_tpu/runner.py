@@ -1,0 +1,229 @@
+"""``TpuModelRunner``: one ``SchedulerOutput`` through the jitted JAX step.
+
+The persistent batch is the core's ``InputBatch`` (each request's token ids, block table
+and computed-token count kept between steps, updated from ``NewRequestData`` and
+``CachedRequestData`` as the torch runner does). Each step's inputs are built in numpy,
+padded to the step's (tokens, requests) bucket and put on the device; the step itself,
+``model.forward`` under ``jax.jit`` with the KV caches donated, was compiled for every
+bucket at start-up (:meth:`warm_up`), and a ``CompileGuard`` counts any compile after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from octavo.plugin_api import (
+    CachedRequestState,
+    InputBatch,
+    LogprobsLists,
+    ModelRunnerOutput,
+    NewRequestData,
+    SchedulerOutput,
+    gather_logprobs,
+)
+from octavo_tpu.buckets import Buckets
+from octavo_tpu.compile_watch import CompileGuard
+from octavo_tpu.mesh import Placement
+from octavo_tpu.model import ModelSpec, Params, forward
+
+logger = logging.getLogger("octavo.tpu")
+
+
+@dataclass
+class HostStep:
+    """One step's padded inputs in numpy, and which rows sample."""
+
+    rows: np.ndarray  # batch rows scheduled, in flattened order
+    sample_mask: np.ndarray  # bool [len(rows)]: the row's prompt is done after this step
+    inputs: dict[str, np.ndarray]
+    metadata: dict[str, np.ndarray]
+
+
+class TpuModelRunner:
+    def __init__(self, spec: ModelSpec, params: Params, placement: Placement, *,
+                 block_size: int, max_num_reqs: int, max_model_len: int,
+                 max_num_batched_tokens: int, dtype: jnp.dtype) -> None:
+        self.spec = spec
+        self.placement = placement
+        self.params = placement.put_params(params)
+        self.block_size = block_size
+        self.dtype = jnp.dtype(dtype)
+        self.pages_per_seq = -(-max_model_len // block_size)
+        self.batch = InputBatch(max_num_reqs, max_model_len, self.pages_per_seq)
+        self.buckets = Buckets.for_limits(max_num_batched_tokens, max_num_reqs)
+        self.kv_caches: list[jax.Array] = []
+        self.guard = CompileGuard()
+        step = partial(forward, spec, placement.attention, placement.write_kv)
+        self._step = jax.jit(step, donate_argnums=(1,),
+                             out_shardings=placement.step_out_shardings(spec.num_layers))
+        self._greedy = jax.jit(lambda logits: jnp.argmax(logits, axis=-1).astype(jnp.int32))
+        self.startup_compile_seconds: float | None = None
+
+    # -- KV cache ---------------------------------------------------------------------
+    def kv_cache_bytes_per_block(self) -> int:
+        per_layer = self.block_size * 2 * self.spec.num_kv_heads * self.spec.head_dim
+        return per_layer * self.dtype.itemsize * self.spec.num_layers
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        shape = (num_blocks, self.block_size, 2 * self.spec.num_kv_heads, self.spec.head_dim)
+        self.kv_caches = [self.placement.zeros(shape, self.dtype)
+                          for _ in range(self.spec.num_layers)]
+
+    def warm_up(self) -> float:
+        """Compile the step (and the greedy pick) for every bucket pair; returns seconds."""
+        start = time.perf_counter()
+        pairs = self.buckets.pairs()
+        for num_tokens, num_reqs in tqdm(pairs, desc="Compiling TPU step buckets",
+                                         unit="bucket"):
+            host = self._empty_step(num_tokens, num_reqs)
+            self.kv_caches, logits = self._run(host)
+            self._greedy(logits).block_until_ready()
+        self.startup_compile_seconds = time.perf_counter() - start
+        logger.info("tpu: compiled %d step buckets (tokens %s x requests %s) in %.1f s",
+                    len(pairs), list(self.buckets.tokens), list(self.buckets.reqs),
+                    self.startup_compile_seconds)
+        self.guard.arm()
+        return self.startup_compile_seconds
+
+    # -- one step -----------------------------------------------------------------------
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(scheduler_output)
+        if not scheduler_output.total_num_scheduled_tokens:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+        host = self._prepare(scheduler_output.num_scheduled_tokens)
+        self.kv_caches, logits = self._run(host)
+        tokens = np.asarray(self._greedy(logits))
+        output = self._record(host, tokens, logits)
+        self.guard.check(f"{host.inputs['input_ids'].shape[0]} tokens, "
+                         f"{host.metadata['kv_lens'].shape[0]} requests")
+        return output
+
+    def _run(self, host: HostStep) -> tuple[list[jax.Array], jax.Array]:
+        put = self.placement.put_input
+        inputs = {k: put(v) for k, v in host.inputs.items()}
+        metadata = {k: put(v) for k, v in host.metadata.items()}
+        return self._step(self.params, self.kv_caches, inputs, metadata)
+
+    def _prepare(self, num_scheduled: dict[str, int]) -> HostStep:
+        batch = self.batch
+        rows = np.sort(np.fromiter((batch.req_index[r] for r in num_scheduled), np.int64,
+                                   count=len(num_scheduled)))
+        counts = np.fromiter((num_scheduled[batch.req_ids[r]] for r in rows), np.int64,
+                             count=len(rows))
+        ends = np.cumsum(counts)
+        total = int(ends[-1])
+        token_req = np.repeat(np.arange(len(rows)), counts)
+        computed = batch.num_computed_tokens[rows]
+        positions = computed[token_req] + np.arange(total) - (ends - counts)[token_req]
+        token_row = rows[token_req]
+        pages = batch.block_table[token_row, positions // self.block_size].astype(np.int64)
+        seq_lens = computed + counts
+        host = self._empty_step(*self.buckets.pad(total, len(rows)))
+        host.rows, host.sample_mask = rows, seq_lens >= batch.num_tokens[rows]
+        n = len(rows)
+        host.inputs["input_ids"][:total] = batch.token_ids[token_row, positions]
+        host.inputs["positions"][:total] = positions
+        host.inputs["slot_mapping"][:total] = pages * self.block_size + positions % self.block_size
+        host.inputs["num_tokens"][0] = total
+        host.inputs["logits_indices"][:n] = ends - 1
+        host.metadata["kv_lens"][:n] = seq_lens
+        host.metadata["page_indices"][:n] = batch.block_table[rows, : self.pages_per_seq]
+        host.metadata["cu_q_lens"][1 : n + 1] = ends
+        host.metadata["cu_q_lens"][n + 1 :] = total
+        host.metadata["num_seqs"][0] = n
+        return host
+
+    def _empty_step(self, num_tokens: int, num_reqs: int) -> HostStep:
+        """A step of the bucket's shape with no live token: all writes dropped."""
+        def zeros(*shape: int) -> np.ndarray:
+            return np.zeros(shape, dtype=np.int32)
+
+        inputs = {"input_ids": zeros(num_tokens), "positions": zeros(num_tokens),
+                  "slot_mapping": zeros(num_tokens), "num_tokens": zeros(1),
+                  "logits_indices": zeros(num_reqs)}
+        metadata = {"kv_lens": zeros(num_reqs),
+                    "page_indices": zeros(num_reqs, self.pages_per_seq),
+                    "cu_q_lens": zeros(num_reqs + 1), "num_seqs": zeros(1)}
+        return HostStep(np.zeros(0, np.int64), np.zeros(0, bool), inputs, metadata)
+
+    def _record(self, host: HostStep, tokens: np.ndarray, logits: jax.Array,
+                ) -> ModelRunnerOutput:
+        """Append the sampled tokens of the rows that finished their prompt; logprobs for
+        those that asked (from the raw logits, as the core's sampler takes them)."""
+        batch = self.batch
+        sampled: list[list[int]] = [[] for _ in host.rows]
+        logprobs: dict[str, LogprobsLists] = {}
+        host_logits: torch.Tensor | None = None
+        for i, row in enumerate(host.rows.tolist()):
+            if not host.sample_mask[i]:
+                continue  # a prompt chunk: nothing to sample yet
+            token = int(tokens[i])
+            batch.append_token(row, token)
+            sampled[i] = [token]
+            req_id = batch.req_ids[row]
+            n = batch.states[req_id].sampling_params.logprobs
+            if n is None:
+                continue
+            if host_logits is None:
+                host_logits = torch.from_numpy(np.array(logits))
+            lp = gather_logprobs(torch.log_softmax(host_logits[i : i + 1], dim=-1),
+                                 torch.tensor([token]), n)
+            logprobs[req_id] = lp.tolists()
+        return ModelRunnerOutput(req_ids=[batch.req_ids[r] for r in host.rows],
+                                 sampled_token_ids=sampled, logprobs=logprobs)
+
+    # -- persistent batch ---------------------------------------------------------------
+    def _update_states(self, so: SchedulerOutput) -> None:
+        for req_id in so.finished_req_ids:
+            if req_id in self.batch.req_index:
+                self.batch.remove(req_id)
+        for new in so.scheduled_new_reqs:
+            self._add_request(new)
+        cached = so.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            row = self.batch.req_index[req_id]
+            self.batch.append_blocks(row, cached.new_block_ids[i])
+            self.batch.num_computed_tokens[row] = cached.num_computed_tokens[i]
+
+    def _add_request(self, new: NewRequestData) -> None:
+        check_supported(new)
+        if new.req_id in self.batch.req_index:  # resumed after preemption: start afresh
+            self.batch.remove(new.req_id)
+        state = CachedRequestState(
+            req_id=new.req_id, prompt_token_ids=list(new.prompt_token_ids),
+            sampling_params=new.sampling_params, output_token_ids=list(new.output_token_ids),
+            generator=None, block_ids=list(new.block_ids))
+        self.batch.add(state, new.num_computed_tokens)
+
+
+def check_supported(new: NewRequestData) -> None:
+    """Refuse, naming the setting, what this runner does not compute (it samples greedily:
+    random sampling, penalties and logit processors come with the JAX sampler; prompt
+    embeddings are not wired into the JAX model)."""
+    params: Any = new.sampling_params
+    unsupported = [name for name, on in (
+        ("temperature > 0", params.temperature > 0),
+        ("prompt_logprobs", params.prompt_logprobs is not None),
+        ("repetition/presence/frequency penalties", params.repetition_penalty != 1.0
+         or bool(params.presence_penalty) or bool(params.frequency_penalty)),
+        ("logit_bias", bool(params.logit_bias)),
+        ("allowed_token_ids", bool(params.allowed_token_ids)),
+        ("bad_words", bool(getattr(params, "bad_words_token_ids", None))),
+        ("min_tokens", bool(params.min_tokens)),
+        ("structured_outputs", params.structured_outputs is not None),
+        ("prompt_embeds", new.prompt_embeds is not None),
+    ) if on]
+    if unsupported:
+        raise ValueError(f"request {new.req_id}: the tpu backend samples greedily only in "
+                         f"this release; unsupported: {', '.join(unsupported)} (use "
+                         "temperature=0 or --backend cpu)")

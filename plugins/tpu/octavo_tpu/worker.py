@@ -1,0 +1,134 @@
+"""``TpuWorker``: the engine's worker for the TPU platform, written in JAX.
+
+It implements the core's ``WorkerInterface`` without the torch ``Worker``: the core's
+loaders build the torch model once (HF folder or GGUF), its weights become jax arrays on
+the device mesh, and each step runs the jitted JAX step (``runner.TpuModelRunner``). With
+``-tp N`` this one worker holds all N devices (the platform is a single controller).
+Before the engine reports ready the worker compiles every step bucket, with JAX's
+persistent compilation cache under the user cache folder, so a restart reuses them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from octavo.plugin_api import (
+    EngineConfig,
+    LlamaForCausalLM,
+    ModelFiles,
+    ModelRunnerOutput,
+    Platform,
+    SchedulerOutput,
+    WorkerClasses,
+    WorkerInterface,
+    build_model,
+    cache_root,
+)
+from octavo_tpu import platform as tpu_platform
+from octavo_tpu.kernels import ragged_paged_attention, write_kv
+from octavo_tpu.mesh import Placement
+from octavo_tpu.model import params_from_torch, spec_from_torch
+from octavo_tpu.runner import TpuModelRunner
+
+logger = logging.getLogger("octavo.tpu")
+
+# Interpret mode keeps the KV cache in RAM: the CPU worker's default budget.
+INTERPRET_DEFAULT_KV_BYTES = 1 * 2**30
+INTERPRET_DEFAULT_KV_FRACTION = 0.4
+
+
+def enable_compilation_cache() -> str:
+    """Turn on JAX's persistent compilation cache in the user cache folder."""
+    directory = str(cache_root() / "jax")
+    jax.config.update("jax_compilation_cache_dir", directory)
+    return directory
+
+
+class TpuWorker(WorkerInterface):
+    def __init__(self, config: EngineConfig, platform: type[Platform], files: ModelFiles,
+                 classes: WorkerClasses) -> None:
+        if config.model.max_model_len is None:
+            raise ValueError("the worker needs config.model.max_model_len resolved")
+        refuse_unsupported(config)
+        self.config = config
+        self.platform = platform
+        logger.info("tpu: persistent compilation cache in %s", enable_compilation_cache())
+        torch_dtype = config.model.torch_dtype(platform.default_dtype)
+        dtype = jnp.dtype(str(torch_dtype).removeprefix("torch."))
+        model = build_model(files, torch.float32, classes.attn_backend,
+                            architectures=classes.architectures)
+        if not isinstance(model, LlamaForCausalLM) or model.config.num_experts:
+            raise ValueError(f"the tpu backend runs the Llama family (Llama, Mistral, Qwen2, "
+                             f"Qwen3); {type(model).__name__} is not built for it yet")
+        spec = spec_from_torch(model)
+        placement = self._placement(config.parallel.tensor_parallel_size)
+        placement.check_model(spec.num_heads, spec.num_kv_heads, model.config.intermediate_size)
+        params = params_from_torch(model, spec, dtype)
+        del model
+        scheduler = config.scheduler
+        self.runner = TpuModelRunner(
+            spec, params, placement, block_size=config.cache.block_size,
+            max_num_reqs=scheduler.max_num_seqs, max_model_len=config.model.max_model_len,
+            max_num_batched_tokens=scheduler.max_num_batched_tokens, dtype=dtype)
+
+    @staticmethod
+    def _placement(tp: int) -> Placement:
+        found = tpu_platform.devices()
+        if tp > len(found):
+            hint = (" (on the CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N "
+                    "before JAX starts makes N)" if tpu_platform.INTERPRET else "")
+            raise ValueError(f"tensor_parallel_size={tp} needs {tp} devices; JAX sees "
+                             f"{len(found)}{hint}")
+        logger.info("tpu: Pallas ragged paged attention on %d %s device(s)%s", tp,
+                    found[0].platform, ", interpret mode" if tpu_platform.INTERPRET else "")
+        return Placement(found[:tp], ragged_paged_attention, write_kv,
+                         tpu_platform.interpret_params())
+
+    def get_kv_cache_spec(self) -> list[int | None]:
+        """One KV group of full-attention blocks (the interface's default): the attention
+        kernel masks each layer's sliding window, and the engine keeps every block (the
+        torch worker's per-window groups, which free blocks out of the window, are not
+        built here)."""
+        return []
+
+    def determine_num_blocks(self) -> int:
+        """KV blocks that fit ``--kv-cache-memory``; by default, in interpret mode the
+        CPU worker's budget, on a TPU ``--gpu-memory-utilization`` of its memory less
+        what is in use (the weights)."""
+        budget = self.config.cache.kv_cache_memory
+        if budget is None:
+            free = self.platform.free_memory()
+            if tpu_platform.INTERPRET:
+                budget = min(INTERPRET_DEFAULT_KV_BYTES, int(free * INTERPRET_DEFAULT_KV_FRACTION))
+            else:
+                total = self.platform.total_memory()
+                budget = int(total * self.config.cache.gpu_memory_utilization) - (total - free)
+        per_block = self.runner.kv_cache_bytes_per_block()
+        num_blocks = budget // per_block
+        if num_blocks < 1:
+            raise ValueError(f"a KV budget of {budget} bytes holds no block of {per_block} "
+                             "bytes; raise --kv-cache-memory")
+        return num_blocks
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the caches, then compile every step bucket before the engine serves."""
+        self.runner.initialize_kv_cache(num_blocks)
+        self.runner.warm_up()
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.runner.execute_model(scheduler_output)
+
+
+def refuse_unsupported(config: EngineConfig) -> None:
+    """Name the engine features this worker does not run (rather than ignoring them)."""
+    problems = [what for what, on in (
+        ("speculative decoding", config.speculative is not None),
+        ("KV transfer", config.kv_transfer is not None),
+        ("pipeline parallelism", config.parallel.pipeline_parallel_size > 1),
+    ) if on]
+    if problems:
+        raise ValueError(f"the tpu backend does not run {', '.join(problems)} yet")

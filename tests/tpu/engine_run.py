@@ -1,0 +1,81 @@
+"""One engine run in a subprocess, reported as JSON: what the TPU tests compare.
+
+``python -m tests.tpu.engine_run MODEL BACKEND ENGINE_JSON [TP]`` generates greedy tokens
+for ``PROMPTS`` (one with ``logprobs``) and reports, besides the tokens, what the worker
+was handed (requests resumed after preemption, prefix-cache hits at first sight, prompt
+chunks that sampled nothing) and, on the tpu backend, the compile guard's count and the
+start-up compile time. A subprocess because interpret mode (and a 2-device CPU mesh) are
+fixed when JAX and the plugin are imported.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+SHARED_PREFIX = list(range(40, 60))  # 20 tokens: its first block is cached for the others
+PROMPTS = [list(range(10, 15)), list(range(100, 123)), SHARED_PREFIX + [7, 8, 9], [5],
+           SHARED_PREFIX + [3], list(range(200, 231)), list(range(60, 70)),
+           SHARED_PREFIX + list(range(1, 9))]
+MAX_TOKENS = 16
+LOGPROBS = 3  # asked for by the first prompt
+# One token bucket (8) and three request buckets: prompts longer than 8 tokens are chunked.
+ENGINE = {"dtype": "float32", "max_num_batched_tokens": 8, "max_num_seqs": 4,
+          "max_model_len": 64}
+
+
+def kv_block_bytes(hf_config: dict[str, Any], dtype_bytes: int = 4) -> int:
+    """Bytes of one 16-token KV block of all layers, to size a budget in blocks."""
+    heads = hf_config["num_attention_heads"]
+    head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // heads
+    kv_heads = hf_config.get("num_key_value_heads") or heads
+    return 16 * 2 * kv_heads * head_dim * dtype_bytes * hf_config["num_hidden_layers"]
+
+
+class Watch:
+    """Wraps the executor's ``execute_model`` to see the plain data crossing the boundary."""
+
+    def __init__(self, executor: Any) -> None:
+        self.resumed = self.prefix_hits = self.chunks = 0
+        self._execute = executor.execute_model
+        executor.execute_model = self
+
+    def __call__(self, scheduler_output: Any) -> Any:
+        for new in scheduler_output.scheduled_new_reqs:
+            self.resumed += bool(new.output_token_ids)
+            self.prefix_hits += new.num_computed_tokens > 0 and not new.output_token_ids
+        output = self._execute(scheduler_output)
+        self.chunks += sum(not tokens for tokens in output.sampled_token_ids)
+        return output
+
+
+def main(model: str, backend: str, engine: dict[str, Any], tp: int = 1) -> dict[str, Any]:
+    from octavo import LLM, SamplingParams
+
+    llm = LLM(model=model, backend=backend, tensor_parallel_size=tp, **engine)
+    executor = llm.llm_engine.core.executor
+    watch = Watch(executor)
+    plain = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    with_logprobs = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True,
+                                   logprobs=LOGPROBS)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                           [with_logprobs] + [plain] * (len(PROMPTS) - 1), use_tqdm=False)
+    first = outputs[0].outputs[0].logprobs
+    report = {
+        "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+        "logprobs": [{str(k): [v.logprob, v.rank] for k, v in step.items()} for step in first],
+        "resumed": watch.resumed, "prefix_hits": watch.prefix_hits, "chunks": watch.chunks,
+    }
+    if backend == "tpu":
+        runner = executor.worker.runner
+        report["compiles_while_serving"] = runner.guard.compiles_while_serving
+        report["startup_compile_seconds"] = runner.startup_compile_seconds
+        report["devices"] = len(runner.placement.mesh.devices.flat)
+    return report
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    result = main(args[0], args[1], json.loads(args[2]), *map(int, args[3:]))
+    print(json.dumps(result))

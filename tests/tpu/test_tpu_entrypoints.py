@@ -1,0 +1,87 @@
+"""The TPU backend behind the user-facing entry points, in interpret mode: ``octavo
+generate --backend tpu`` prints what the CPU backend prints, ``octavo serve --backend
+tpu`` answers the real ``openai`` client with the CPU engine's completion, and ``octavo
+plugins`` says which devices the backend runs on (interpret mode, or none seen)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from openai import OpenAI
+
+from tests.core.tiny_models import save_tiny_model
+from tests.e2e.server import API_KEY, Server
+from tests.tpu.test_tpu_engine import interpret_env
+
+ENGINE_FLAGS = ["--dtype", "float32", "--kv-cache-memory", "1MiB", "--max-num-seqs", "4",
+                "--max-num-batched-tokens", "8", "--max-model-len", "64"]
+PROMPT = "the tiny model says"
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A tiny Mistral (sliding window 8, shorter than the prompts) with fresh weights."""
+    seed = int(np.random.default_rng().integers(1 << 30))
+    folder = tmp_path_factory.mktemp("mistral")
+    save_tiny_model("mistral", folder, seed)
+    return folder, f"mistral seed {seed}"
+
+
+def cli_generate(folder: Path, backend: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "octavo", "generate", PROMPT, "--raw", "--model", str(folder),
+         "--backend", backend, "--max-tokens", "12", *ENGINE_FLAGS],
+        capture_output=True, text=True, env=interpret_env(), timeout=600)
+
+
+def test_cli_generate_matches_cpu(mistral: tuple[Path, str]) -> None:
+    folder, label = mistral
+    want, got = cli_generate(folder, "cpu"), cli_generate(folder, "tpu")
+    assert want.returncode == 0, want.stderr[-3000:]
+    assert got.returncode == 0, got.stderr[-3000:]
+    assert got.stdout == want.stdout, label
+    assert "tpu: compiled 3 step buckets" in got.stderr
+
+
+def test_serve_answers_openai_client(mistral: tuple[Path, str], tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from octavo import LLM, SamplingParams
+
+    folder, label = mistral
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    want = LLM(model=str(folder), backend="cpu", dtype="float32", kv_cache_memory=2**20,
+               max_model_len=64).generate([PROMPT], params, use_tqdm=False)[0].outputs[0].text
+    monkeypatch.setenv("OCTAVO_TPU_INTERPRET", "1")  # the server's environment
+    args = ["--model", str(folder), "--backend", "tpu", "--api-key", API_KEY, *ENGINE_FLAGS]
+    with Server(args, tmp_path / "server.log") as server:
+        client = OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
+                        timeout=300)
+        completion = client.completions.create(
+            model=str(folder), prompt=PROMPT, max_tokens=10, temperature=0.0,
+            extra_body={"ignore_eos": True})
+    assert completion.choices[0].text == want, label
+    assert completion.usage.completion_tokens == 10
+
+
+def run_plugins(env: dict[str, str]) -> str:
+    result = subprocess.run([sys.executable, "-m", "octavo", "plugins"], capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_plugins_row_says_interpret_mode() -> None:
+    out = run_plugins(interpret_env(devices=2))
+    assert ("tpu: yes (interpret mode on 2 CPU devices (OCTAVO_TPU_INTERPRET=1): Pallas "
+            "kernels in TPU interpret mode") in out, out
+
+
+def test_plugins_row_without_a_tpu() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OCTAVO_TPU_INTERPRET"}
+    out = run_plugins(env)
+    assert "tpu: no (JAX sees no TPU devices" in out, out
