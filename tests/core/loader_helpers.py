@@ -20,6 +20,8 @@ from tokenizers import pre_tokenizers
 SCALE_OFFSETS = {
     GgmlType.Q4_0: (0,),
     GgmlType.Q4_1: (0, 2),
+    GgmlType.Q5_0: (0,),
+    GgmlType.Q5_1: (0, 2),
     GgmlType.Q8_0: (0,),
     GgmlType.Q4_K: (0, 2),
     GgmlType.Q5_K: (0, 2),

@@ -16,7 +16,9 @@ TYPES = sorted(SUPPORTED_TYPES, key=lambda t: t.value)
 
 def test_supported_types_are_the_briefed_ones() -> None:
     names = {t.name for t in SUPPORTED_TYPES}
-    assert names == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"}
+    # Q5_0 (and its sibling Q5_1): the Gemma 3 270M Q4_K_M file holds Q5_0 tensors.
+    assert names == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K",
+                     "Q6_K"}
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)

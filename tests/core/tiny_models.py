@@ -1,11 +1,14 @@
-"""Tiny random HF models (Llama, Qwen2, Qwen3, Mistral, Mixtral) for tests, built locally.
+"""Tiny random HF models (Llama, Qwen2, Qwen3, Mistral, Mixtral, Gemma 3) for tests, built
+locally.
 
 ``save_tiny_model(arch, folder, seed)`` writes an HF folder (config.json, model.safetensors,
 tokenizer.json with a chat template) and returns the HF transformers model with the same
 weights, in eval mode with eager attention, to serve as the reference. Each architecture
 exercises one family trait: llama3 RoPE scaling (llama), q/k/v biases (qwen2), per-head q/k
 norms, head_dim != hidden/heads and tied embeddings (qwen3), a sliding window and linear
-RoPE scaling (mistral), a mixture of experts (mixtral).
+RoPE scaling (mistral), a mixture of experts (mixtral). Gemma 3 (``gemma3``, not in
+``TINY_ARCHS``: its own tests in test_gemma3.py) interleaves local and global layers, each
+kind with its RoPE, the global one scaled.
 
 All weights are random, norms and biases included (HF initialises those to ones/zeros,
 which would hide a norm or bias loaded into the wrong place).
@@ -21,6 +24,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     MistralConfig,
     MixtralConfig,
@@ -37,6 +41,8 @@ SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")
 BOS_ID, EOS_ID, PAD_ID = 256, 257, 258  # after the 256 byte tokens
 VOCAB_SIZE = 320  # larger than the tokenizer, as real models pad their vocabulary
 MISTRAL_SLIDING_WINDOW = 8
+GEMMA3_SLIDING_WINDOW = 8
+GEMMA3_LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention"]
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>"
     "{{ message['content'] }}{{ eos_token }}{% endfor %}"
@@ -84,7 +90,19 @@ def _base_config(arch: str) -> PretrainedConfig:
     if arch == "mixtral":
         return MixtralConfig(**{**_COMMON, "intermediate_size": 96}, num_local_experts=4,
                              num_experts_per_tok=2)
-    raise ValueError(f"unknown tiny architecture {arch!r}; choose from {TINY_ARCHS}")
+    if arch == "gemma3":
+        # head_dim != hidden/heads and query_pre_attn_scalar != head_dim, so neither can
+        # stand in for the other; logits soft-capped, though released Gemma 3s do not.
+        return Gemma3TextConfig(
+            **{**_COMMON, "num_hidden_layers": len(GEMMA3_LAYER_TYPES),
+               "tie_word_embeddings": True},
+            head_dim=32, query_pre_attn_scalar=24, sliding_window=GEMMA3_SLIDING_WINDOW,
+            layer_types=GEMMA3_LAYER_TYPES, final_logit_softcapping=30.0,
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}})
+    raise ValueError(f"unknown tiny architecture {arch!r}; choose from {TINY_ARCHS} or "
+                     "gemma3")
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:

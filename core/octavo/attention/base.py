@@ -52,6 +52,12 @@ class AttentionMetadata:
     # What a backend derives from this metadata once per step (index tensors, masks) and
     # reuses in every layer, keyed by the backend; starts empty each step.
     backend_state: dict[str, Any] = field(default_factory=dict)
+    # A model with several KV groups (octavo.kv.spec): every group's metadata, this one
+    # (group 0's) first - same layout, the group's own block tables and slot mapping. The
+    # model runner wraps each layer's impl in a ``KVGroupAttention`` that hands it its
+    # group's, so backends read ``block_tables``/``slot_mapping`` as always. Empty with one
+    # group.
+    kv_groups: list[AttentionMetadata] = field(default_factory=list, repr=False)
 
 
 @dataclass

@@ -66,6 +66,11 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_parallel_combinations(self)
+        if self.model.enable_prompt_embeds and self.speculative is not None:
+            # vLLM refuses it too: drafts are proposed from token ids a prompt of
+            # embeddings does not have.
+            raise ConfigError("enable_prompt_embeds does not run with speculative decoding "
+                              "(speculative_config); turn one of them off")
 
     def for_data_parallel_rank(self, rank: int) -> EngineConfig:
         """The config of data-parallel engine ``rank`` (each engine knows its rank)."""

@@ -29,10 +29,20 @@ class ModelConfig:
     max_model_len: int | None = field(default=None, metadata={
         "help": "Context length (default: the model's)."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
+    enable_prompt_embeds: bool = field(default=False, metadata={
+        "help": "Accept prompt embeddings (a [tokens, hidden_size] tensor) instead of token "
+                "ids; off by default, as in vLLM."})
+    generation_config: str = field(default="auto", metadata={
+        "help": "Sampling defaults of requests that leave them unset: auto, the model "
+                "folder's generation_config.json; vllm, the built-in ones (its EOS ids "
+                "still stop); or a folder holding a generation_config.json."})
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None:
             check_positive_ints("", max_model_len=self.max_model_len)
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise ConfigError(f"generation_config must be auto, vllm or a folder, "
+                              f"got {self.generation_config!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}; "
                               f"got {self.dtype!r}")

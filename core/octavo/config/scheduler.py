@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from octavo.config.errors import ConfigError
 from octavo.config.parse import check_positive_ints
 
 
@@ -14,6 +15,9 @@ class SchedulerConfig:
     max_num_seqs: int = field(default=256, metadata={"help": "Most requests in one batch."})
     max_num_batched_tokens: int = field(default=8192, metadata={
         "help": "Token budget of one step (prefill chunks + decodes)."})
+    long_prefill_token_threshold: int = field(default=0, metadata={
+        "help": "Most tokens one request's prefill chunk takes in a step, so a long "
+                "prompt leaves room for others (0: no limit but the budget)."})
     scheduling_policy: str = field(default="fcfs", metadata={
         "help": "Waiting-queue policy: fcfs, priority, or a plugin's."})
     scheduler_cls: str = field(default="default", metadata={
@@ -25,3 +29,7 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         check_positive_ints("", max_num_seqs=self.max_num_seqs,
                             max_num_batched_tokens=self.max_num_batched_tokens)
+        threshold = self.long_prefill_token_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+            raise ConfigError(f"long_prefill_token_threshold must be a non-negative integer "
+                              f"(0: off), got {threshold!r}")

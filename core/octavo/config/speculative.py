@@ -46,7 +46,7 @@ def tree_paths(paths: Any, max_depth: int) -> tuple[tuple[int, ...], ...]:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    method: str  # a proposer's name: ngram, draft_model, medusa, eagle, or a plugin's
+    method: str  # a proposer's name: ngram, draft_model, medusa, eagle, eagle3, or a plugin's
     num_speculative_tokens: int  # k: most drafts per request and step
     model: str | None = None  # draft model folder (draft_model) or head checkpoint folder
     prompt_lookup_min: int = 2  # ngram: shortest suffix to match

@@ -120,8 +120,15 @@ class AsyncLLM:
         self.restarting = False
         self.tokenizer = ready.tokenizer
         from octavo.engine.llm_engine import build_processor  # the model stack: after spawning
+        from octavo.models.generation_config import log_sampling_defaults
 
-        self.processor = build_processor(ready.tokenizer, ready.hf_config, ready.max_model_len)
+        self.processor = build_processor(ready.tokenizer, ready.hf_config, ready.max_model_len,
+                                         config.model.enable_prompt_embeds,
+                                         ready.generation_config)
+        # The sampling defaults of requests that leave a field unset (vLLM's
+        # get_diff_sampling_param): the model's generation config, unless "vllm".
+        self.default_sampling_params = (log_sampling_defaults(ready.generation_config)
+                                        if ready.generation_config is not None else {})
         self.output_processor = OutputProcessor(ready.tokenizer)
         self.stat_loggers: list[StatLogger] = []
         self._pool = ThreadPoolExecutor(PROCESSING_THREADS, thread_name_prefix="octavo-processor")

@@ -4,8 +4,13 @@ workers' parts are the executor's (``octavo.executor.worker_factory``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from octavo.config import EngineConfig
 from octavo.distributed.state import RankInfo
+from octavo.kv.coordinator import KVCacheCoordinator
+from octavo.kv.interface import KVCacheManagerInterface
+from octavo.kv.spec import KVCacheGroup, is_hybrid
 from octavo.kv_transfer.base import KVConnector, KVConnectorRole
 from octavo.plugins import Registries
 from octavo.plugins.resolve import kv_connector_cls, kv_manager_cls, scheduler_cls
@@ -16,14 +21,22 @@ from octavo.sched.structured_outputs import StructuredOutputManager
 
 def build_scheduler(config: EngineConfig, registries: Registries,
                     structured_output: StructuredOutputManager | None,
+                    kv_groups: Sequence[KVCacheGroup] = (),
                     ) -> SchedulerInterface:
     """The scheduler ``config`` names, with its KV manager, policy and connector built; the
-    KV cache must be sized (``config.cache.num_gpu_blocks``)."""
+    KV cache must be sized (``config.cache.num_gpu_blocks``). ``kv_groups``: the model's
+    (``octavo.kv.spec``); with several, or a sliding window, the manager is the
+    ``KVCacheCoordinator``."""
     num_blocks = config.cache.num_gpu_blocks
     assert num_blocks is not None, "the KV cache is not sized yet"
     block_size = config.cache.block_size
-    kv_manager = kv_manager_cls(config, registries)(
-        num_blocks, block_size, enable_caching=config.cache.enable_prefix_caching)
+    kv_manager: KVCacheManagerInterface
+    if kv_groups and is_hybrid(kv_groups):
+        kv_manager = KVCacheCoordinator(num_blocks, block_size,
+                                        config.cache.enable_prefix_caching, groups=kv_groups)
+    else:
+        kv_manager = kv_manager_cls(config, registries)(
+            num_blocks, block_size, enable_caching=config.cache.enable_prefix_caching)
     policy_cls: type[SchedulingPolicy] = registries.scheduling_policies.get(
         config.scheduler.scheduling_policy)
     connector: KVConnector | None = None

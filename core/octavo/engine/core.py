@@ -20,7 +20,17 @@ from octavo.config import ConfigError, EngineConfig
 from octavo.engine.components import build_scheduler
 from octavo.executor.base import WorkerDiedError
 from octavo.executor.select import make_executor
+from octavo.kv.spec import (
+    FullAttentionSpec,
+    KVCacheGroup,
+    describe_groups,
+    is_hybrid,
+    kv_cache_groups,
+    layers_per_group,
+    max_blocks_per_request,
+)
 from octavo.models.config import eos_token_ids
+from octavo.models.generation_config import read_generation_config
 from octavo.models.loader import ModelFiles
 from octavo.outputs import EngineCoreOutput
 from octavo.platforms import Platform
@@ -42,21 +52,24 @@ class EngineCore:
         registries = get_registries()
         self.executor = make_executor(config, platform, files, on_executor_failure)
         try:
+            kv_groups = kv_cache_groups(self.executor.collective_rpc("get_kv_cache_spec")[0])
+            check_kv_groups_supported(config, kv_groups)
             num_blocks = self.executor.determine_num_blocks()
-            check_kv_fits(num_blocks, config.cache.block_size, max_model_len)
+            check_kv_fits(num_blocks, config.cache.block_size, max_model_len,
+                          kv_groups, config.scheduler.max_num_batched_tokens)
             self.executor.initialize_kv_cache(num_blocks)
         except BaseException:
             self.executor.shutdown()
             raise
         config.cache.num_gpu_blocks = num_blocks
         self.structured_output = StructuredOutputManager(
-            files.tokenizer, int(files.hf_config["vocab_size"]), eos_token_ids(files.hf_config),
+            files.tokenizer, int(files.hf_config["vocab_size"]),
+            eos_token_ids(files.hf_config,
+                          read_generation_config(files, config.model.generation_config)),
             config.structured_outputs)
-        self.scheduler = build_scheduler(config, registries, self.structured_output)
-        block_tokens = num_blocks * config.cache.block_size
-        logger.info("KV cache: %d blocks of %d tokens (%d tokens); max concurrency at "
-                    "max_model_len=%d: %.2fx", num_blocks, config.cache.block_size,
-                    block_tokens, max_model_len, block_tokens / max_model_len)
+        self.scheduler = build_scheduler(config, registries, self.structured_output,
+                                         kv_groups)
+        log_kv_cache(num_blocks, config.cache.block_size, max_model_len, kv_groups)
         self.num_blocks = num_blocks
         # Every unfinished request: what a step whose plan failed half-made may have touched.
         self._request_ids: set[str] = set()
@@ -116,10 +129,53 @@ class StepError(RuntimeError):
         self.cause = cause
 
 
-def check_kv_fits(num_blocks: int, block_size: int, max_model_len: int) -> None:
+def check_kv_groups_supported(config: EngineConfig, kv_groups: list[KVCacheGroup]) -> None:
+    """Refuse what KV groups (sliding-window layers) do not work with yet: the draft and
+    EAGLE caches and the KV connectors lay their data out by one block table, and a
+    ``--kv-manager`` plugin knows nothing of groups."""
+    if not is_hybrid(kv_groups):
+        return
+    kinds = describe_groups(kv_groups)
+    unsupported = [
+        ("speculative decoding (--speculative-config)", config.speculative is not None),
+        ("a KV connector (--kv-transfer-config)", config.kv_transfer is not None),
+        (f"--kv-manager {config.scheduler.kv_manager}", config.scheduler.kv_manager != "default"),
+    ]
+    for what, used in unsupported:
+        if used:
+            raise ConfigError(f"this model's sliding-window layers give it KV groups ({kinds}), "
+                              f"which do not support {what} yet")
+
+
+def log_kv_cache(num_blocks: int, block_size: int, max_model_len: int,
+                 kv_groups: list[KVCacheGroup]) -> None:
+    """The cache's size at start-up; with KV groups, the groups too, and the tokens of
+    context the full-attention groups can hold (each needs a block per ``block_size``
+    tokens; sliding-window groups only their windows)."""
+    if not is_hybrid(kv_groups):
+        block_tokens = num_blocks * block_size
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens); max concurrency at "
+                    "max_model_len=%d: %.2fx", num_blocks, block_size,
+                    block_tokens, max_model_len, block_tokens / max_model_len)
+        return
+    num_full = sum(1 for group in kv_groups if isinstance(group.spec, FullAttentionSpec))
+    held = (f"{(num_blocks - 1) * block_size // num_full} tokens of full-attention context"
+            if num_full else "only each request's windows")
+    logger.info("KV cache: %d KV groups (%s); %d blocks of %d tokens, each a page of %d "
+                "layers; the cache holds %s", len(kv_groups), describe_groups(kv_groups),
+                num_blocks, block_size, layers_per_group(kv_groups), held)
+
+
+def check_kv_fits(num_blocks: int, block_size: int, max_model_len: int,
+                  kv_groups: list[KVCacheGroup] | None = None,
+                  max_chunk: int | None = None) -> None:
     """One request of ``max_model_len`` tokens must fit the cache: otherwise it could never
-    run, even with every other request preempted, and would wait or be preempted forever."""
+    run, even with every other request preempted, and would wait or be preempted forever.
+    With KV groups it holds blocks in every group (and the null block is not handed out)."""
     needed_blocks = -(-max_model_len // block_size)
+    if kv_groups and is_hybrid(kv_groups):
+        needed_blocks = 1 + max_blocks_per_request(kv_groups, max_model_len, block_size,
+                                                   max_chunk or max_model_len)
     if num_blocks < needed_blocks:
         raise ConfigError(
             f"the KV cache has {num_blocks} blocks of {block_size} tokens "

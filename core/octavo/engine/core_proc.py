@@ -40,7 +40,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -62,6 +62,9 @@ from octavo.outputs import EngineCoreOutput, SchedulerStats
 from octavo.plugins import get_registries
 from octavo.plugins.resolve import BackendError, check_names, resolve_platform
 from octavo.request import Request
+
+if TYPE_CHECKING:
+    from octavo.models.generation_config import GenerationConfig
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +89,8 @@ class EngineReady:
     max_model_len: int
     hf_config: dict[str, Any]  # vocab size, EOS, ... for the front end's Processor
     tokenizer: Any  # the model's tokenizer, so the front end need not load it again
+    # More EOS ids and the sampling defaults (octavo.models.generation_config), for the same.
+    generation_config: GenerationConfig | None = None
 
 
 @dataclass
@@ -106,18 +111,22 @@ class EngineCoreProc:
         # the core, and should not first wait for the model stack (transformers, loaders).
         from octavo.engine.core import EngineCore
         from octavo.engine.llm_engine import resolve_max_model_len
+        from octavo.models.generation_config import read_generation_config
         from octavo.models.loader import load_model_files
 
         platform = resolve_platform(config.device.backend)
         check_names(config, get_registries(), platform)  # before the model load, not after
         files = load_model_files(config.model.model)
         max_model_len = resolve_max_model_len(config, files)
+        generation_config = read_generation_config(files, config.model.generation_config)
+        generation_config.sampling_defaults()  # a bad file fails the start, not each request
         self.core = EngineCore(config, platform, files, max_model_len,
                                on_executor_failure=_exit_on_worker_death)
         self.ready = EngineReady(
             pid=os.getpid(), platform=platform.name, model=str(files.source),
             num_blocks=self.core.num_blocks, block_size=config.cache.block_size,
-            max_model_len=max_model_len, hf_config=files.hf_config, tokenizer=files.tokenizer)
+            max_model_len=max_model_len, hf_config=files.hf_config, tokenizer=files.tokenizer,
+            generation_config=generation_config)
         self.inputs: queue.Queue[tuple[RequestKind, Any]] = queue.Queue()
         self.outputs: queue.Queue[Any] = queue.Queue()
         self.context = zmq.Context()

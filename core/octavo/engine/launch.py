@@ -130,6 +130,7 @@ async def _front_end_ready(config: EngineConfig, remote: Ready) -> EngineReady:
     """What a local engine's handshake would give, from the model's files (tokenizer and
     config; the weights stay unread) and a remote engine's ``Ready``."""
     from octavo.engine.llm_engine import resolve_max_model_len
+    from octavo.models.generation_config import read_generation_config
     from octavo.models.loader import load_model_files
 
     files = await asyncio.to_thread(load_model_files, config.model.model)
@@ -140,7 +141,9 @@ async def _front_end_ready(config: EngineConfig, remote: Ready) -> EngineReady:
     return EngineReady(pid=remote.pid, platform=remote.platform, model=str(files.source),
                        num_blocks=remote.num_blocks, block_size=config.cache.block_size,
                        max_model_len=max_model_len, hf_config=files.hf_config,
-                       tokenizer=files.tokenizer)
+                       tokenizer=files.tokenizer,
+                       generation_config=read_generation_config(
+                           files, config.model.generation_config))
 
 
 def _stop(clients: list[EngineCoreClient]) -> None:

@@ -34,6 +34,12 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate`` and ``chat`` use when given no sampling params: the built-in
+        defaults with the model's generation_config.json on top (``generation_config``
+        "auto", the default; "vllm" leaves the built-in ones), as in vLLM."""
+        return SamplingParams(**self.llm_engine.default_sampling_params)
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
@@ -41,8 +47,12 @@ class LLM:
         use_tqdm: bool = True,
         priority: list[int] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in prompt order."""
+        """Run every prompt to completion; outputs come back in prompt order. A prompt dict
+        may carry a ``cache_salt`` (vLLM's key): prompts share prefix-cache blocks only with
+        prompts of the same salt."""
         prompt_list = _as_prompt_list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params_list = _as_params_list(sampling_params, len(prompt_list))
         ids = [self.llm_engine.add_request(p, sp, priority=priority[i] if priority else 0)
                for i, (p, sp) in enumerate(zip(prompt_list, params_list))]
@@ -87,10 +97,8 @@ def _as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptTy
     return items  # type: ignore[return-value]
 
 
-def _as_params_list(params: SamplingParams | Sequence[SamplingParams] | None,
+def _as_params_list(params: SamplingParams | Sequence[SamplingParams],
                     count: int) -> list[SamplingParams]:
-    if params is None:
-        return [SamplingParams() for _ in range(count)]
     if isinstance(params, SamplingParams):
         return [params] * count
     params = list(params)

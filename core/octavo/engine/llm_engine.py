@@ -14,6 +14,11 @@ from octavo.engine.output_processor import OutputProcessor
 from octavo.engine.outputs import RequestOutput
 from octavo.engine.processor import Processor, PromptType
 from octavo.models.config import eos_token_ids
+from octavo.models.generation_config import (
+    GenerationConfig,
+    log_sampling_defaults,
+    read_generation_config,
+)
 from octavo.models.loader import ModelFiles, load_model_files
 from octavo.plugins import get_registries
 from octavo.plugins.resolve import check_names, resolve_platform
@@ -34,11 +39,18 @@ def resolve_max_model_len(config: EngineConfig, files: ModelFiles) -> int:
     return wanted
 
 
-def build_processor(tokenizer: Any, hf_config: dict[str, Any], max_model_len: int) -> Processor:
-    """The ``Processor`` of a model, from its tokenizer and HF config (vocabulary, EOS)."""
-    eos = eos_token_ids(hf_config)
+def build_processor(tokenizer: Any, hf_config: dict[str, Any], max_model_len: int,
+                    enable_prompt_embeds: bool = False,
+                    generation_config: GenerationConfig | None = None) -> Processor:
+    """The ``Processor`` of a model, from its tokenizer and HF config (vocabulary, EOS,
+    the hidden size prompt embeddings must have) and its generation config (more EOS ids,
+    the default ``max_tokens``)."""
+    eos = eos_token_ids(hf_config, generation_config)
+    defaults = generation_config.sampling_defaults() if generation_config else {}
     return Processor(tokenizer, max_model_len, int(hf_config["vocab_size"]),
-                     eos[0] if eos else None)
+                     eos[0] if eos else None, hf_config.get("hidden_size"),
+                     enable_prompt_embeds, extra_eos_token_ids=eos[1:],
+                     default_max_tokens=defaults.get("max_tokens"))
 
 
 class LLMEngine:
@@ -57,8 +69,14 @@ class LLMEngine:
         logger.info("model %s (%s), platform %s, dtype %s, max_model_len %d", files.source,
                     ",".join(files.hf_config.get("architectures", ["?"])), platform.name,
                     config.model.torch_dtype(platform.default_dtype), self.max_model_len)
+        self.generation_config = read_generation_config(files, config.model.generation_config)
+        # The sampling defaults of requests that leave a field unset (vLLM's
+        # get_diff_sampling_param); empty with generation_config="vllm".
+        self.default_sampling_params = log_sampling_defaults(self.generation_config)
         self.core = EngineCore(config, platform, files, self.max_model_len)
-        self.processor = build_processor(self.tokenizer, files.hf_config, self.max_model_len)
+        self.processor = build_processor(self.tokenizer, files.hf_config, self.max_model_len,
+                                         config.model.enable_prompt_embeds,
+                                         self.generation_config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 

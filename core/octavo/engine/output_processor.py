@@ -78,7 +78,9 @@ class OutputProcessor:
             parent.prompt_logprobs = [None]
         for index, child in enumerate(children):
             params = child.sampling_params
-            detok = (IncrementalDetokenizer(self.tokenizer, child.prompt_token_ids, params)
+            # A prompt of embeddings has placeholder ids: no text context for the first token.
+            context = [] if child.prompt_embeds is not None else child.prompt_token_ids
+            detok = (IncrementalDetokenizer(self.tokenizer, context, params)
                      if params.detokenize else None)
             state = SequenceState(index, child, detok,
                                   CompletionOutput(index=index,

@@ -7,8 +7,9 @@ anything reaches the engine core.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from octavo.request import Request
 from octavo.sampling_params import (
@@ -18,7 +19,11 @@ from octavo.sampling_params import (
     check_text,
 )
 
-# A prompt: text, token ids, or vLLM's dict forms {"prompt": str} / {"prompt_token_ids": [...]}.
+if TYPE_CHECKING:
+    import numpy as np
+
+# A prompt: text, token ids, or vLLM's dict forms {"prompt": str} / {"prompt_token_ids": [...]}
+# / {"prompt_embeds": tensor} (with enable_prompt_embeds); a dict may carry a "cache_salt" (str).
 PromptType = str | list[int] | dict[str, Any]
 
 
@@ -30,11 +35,28 @@ class InvalidRequestError(ValueError):
 class ProcessedPrompt:
     prompt: str | None
     prompt_token_ids: list[int]
+    # float32 [len(prompt_token_ids), hidden]; the ids are then placeholders (zeros).
+    prompt_embeds: np.ndarray | None = None
+    # Mixed into the prefix-cache block hashes: only requests with the same salt share
+    # cached blocks (vLLM's cache_salt, e.g. one per tenant).
+    cache_salt: str | None = None
 
 
 class Processor:
     def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int,
-                 eos_token_id: int | None) -> None:
+                 eos_token_id: int | None, hidden_size: int | None = None,
+                 enable_prompt_embeds: bool = False, extra_eos_token_ids: Sequence[int] = (),
+                 default_max_tokens: int | None = None) -> None:
+        """``hidden_size``: the width prompt embeddings must have (with
+        ``enable_prompt_embeds``; without it they are refused). ``extra_eos_token_ids``:
+        the model's EOS ids besides ``eos_token_id``; as in vLLM they join a request's
+        ``stop_token_ids`` unless it ignores EOS (so they report themselves as its stop
+        reason; ``eos_token_id`` reports none). ``default_max_tokens``: the model's
+        ``max_new_tokens``, the most a request with ``max_tokens=None`` generates."""
+        self.extra_eos_token_ids = [t for t in extra_eos_token_ids if t != eos_token_id]
+        self.default_max_tokens = default_max_tokens
+        self.hidden_size = hidden_size
+        self.enable_prompt_embeds = enable_prompt_embeds
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -42,6 +64,14 @@ class Processor:
 
     def process_prompt(self, prompt: PromptType) -> ProcessedPrompt:
         if isinstance(prompt, dict):
+            salt = _cache_salt(prompt)
+            return replace(self._process_prompt(prompt), cache_salt=salt)
+        return self._process_prompt(prompt)
+
+    def _process_prompt(self, prompt: PromptType) -> ProcessedPrompt:
+        if isinstance(prompt, dict):
+            if "prompt_embeds" in prompt:
+                return self._embeds_prompt(prompt["prompt_embeds"])
             if "prompt_token_ids" in prompt:
                 return self._token_prompt(list(prompt["prompt_token_ids"]))
             if "prompt" in prompt:
@@ -74,6 +104,22 @@ class Processor:
                                       f"[0, {self.vocab_size}): {bad[:5]}")
         return ProcessedPrompt(None, ids)
 
+    def _embeds_prompt(self, value: Any) -> ProcessedPrompt:
+        if not self.enable_prompt_embeds or self.hidden_size is None:
+            raise InvalidRequestError("prompt_embeds needs the engine started with "
+                                      "--enable-prompt-embeds (LLM(enable_prompt_embeds=True))")
+        from octavo.engine.prompt_embeds import check_prompt_embeds
+
+        try:
+            embeds = check_prompt_embeds(value, self.hidden_size)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        if len(embeds) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt_embeds has {len(embeds)} rows; max_model_len is {self.max_model_len}, "
+                "which leaves no room to generate")
+        return ProcessedPrompt("", [0] * len(embeds), embeds)
+
     def make_requests(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams,
                       priority: int = 0, strict_length: bool = False,
                       arrival_time: float | None = None) -> list[Request]:
@@ -87,7 +133,7 @@ class Processor:
         room = self.max_model_len - num_prompt
         params = replace(params)  # a private copy: the engine fills in fields below
         if params.max_tokens is None:
-            params.max_tokens = room
+            params.max_tokens = min(room, self.default_max_tokens or room)
         elif strict_length and params.max_tokens > room:
             raise InvalidRequestError(
                 f"prompt ({num_prompt} tokens) plus max_tokens ({params.max_tokens}) exceeds "
@@ -104,10 +150,16 @@ class Processor:
 
         if params.structured_outputs is not None:
             check_structured(params.structured_outputs)
+        if prompt.prompt_embeds is not None and params.prompt_logprobs is not None:
+            raise InvalidRequestError("prompt_logprobs is not available with prompt_embeds: "
+                                      "the prompt has no token ids to score")
         try:
             check_token_ids(0, params, self.vocab_size)
         except ValueError as exc:
             raise InvalidRequestError(str(exc).removeprefix("row 0: ")) from None
+        if not params.ignore_eos and self.extra_eos_token_ids:
+            params.stop_token_ids = list(dict.fromkeys([*params.stop_token_ids,
+                                                        *self.extra_eos_token_ids]))
         arrival = time.monotonic() if arrival_time is None else arrival_time
         if params.n == 1:
             return [self._request(request_id, prompt, params, priority, arrival)]
@@ -123,7 +175,23 @@ class Processor:
                  priority: int, arrival: float) -> Request:
         return Request(request_id=request_id, prompt_token_ids=list(prompt.prompt_token_ids),
                        sampling_params=params, arrival_time=arrival, priority=priority,
-                       eos_token_id=self.eos_token_id)
+                       eos_token_id=self.eos_token_id, prompt_embeds=prompt.prompt_embeds,
+                       cache_salt=prompt.cache_salt)
+
+
+def _cache_salt(prompt: dict[str, Any]) -> str | None:
+    """A prompt dict's ``cache_salt``: a non-empty string, or absent (None). Accepted with
+    prefix caching off too, as vLLM does: it then changes nothing."""
+    salt = prompt.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise InvalidRequestError(f"cache_salt must be a non-empty string, got {salt!r}")
+    try:
+        check_text("cache_salt", salt)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
+    return salt
 
 
 def check_structured(params: StructuredOutputsParams) -> None:

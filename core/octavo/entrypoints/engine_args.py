@@ -23,7 +23,7 @@ JSON_OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--speculative-config", default=None,
                  help='Speculative decoding as JSON, e.g. \'{"method": "ngram", '
                       '"num_speculative_tokens": 4}\' (methods: ngram, draft_model, medusa, '
-                      'eagle, or a plugin\'s; the draft model and heads need "model").'),
+                      'eagle, eagle3, or a plugin\'s; the draft model and heads need "model").'),
     click.option("--structured-outputs-config", default=None,
                  help='Guided decoding as JSON, e.g. \'{"max_cached_grammars": 512}\'.'),
 ]

@@ -20,6 +20,10 @@ from octavo.stats import PrefixCacheStats
 
 class KVCacheManagerInterface(ABC):
     prefix_stats: PrefixCacheStats  # counted at a request's first allocation
+    # KV groups, each with its own block tables (several: ``KVCacheCoordinator``). With more
+    # than one, ``allocate_slots`` returns every group's new blocks, which
+    # ``group_new_block_ids`` splits, and ``get_block_ids`` is group 0's table.
+    num_kv_groups: int = 1
 
     @abstractmethod
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
@@ -54,6 +58,14 @@ class KVCacheManagerInterface(ABC):
     @abstractmethod
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table (empty when it holds none)."""
+
+    def get_group_block_ids(self, request_id: str) -> list[list[int]]:
+        """Every KV group's block table, in group order."""
+        return [self.get_block_ids(request_id)]
+
+    def group_new_block_ids(self, new_blocks: Sequence[KVBlock]) -> list[list[int]]:
+        """The new blocks ``allocate_slots`` returned, as block ids per KV group."""
+        return [[block.block_id for block in new_blocks]]
 
     @abstractmethod
     def reset_prefix_cache(self) -> None:

@@ -100,6 +100,8 @@ class CausalLM(nn.Module):
     # Whether the model builds only its pipeline stage's layers (see the module docstring);
     # one that does not runs with one stage only.
     supports_pp: ClassVar[bool] = False
+    # The config's hidden_act values the model's MLP computes; any other is refused.
+    activations: ClassVar[tuple[str, ...]] = ("silu",)
     lm_head: ParallelLMHead | PPMissingLayer
 
     def __init__(
@@ -111,6 +113,9 @@ class CausalLM(nn.Module):
         self.dtype = dtype
         # This process's ranks, fixed when the model is built (its layers shard by them).
         self.ranks: RankInfo = get_parallel_state().info
+        if config.hidden_act not in self.activations:
+            raise ValueError(f"{type(self).__name__} does not support the activation "
+                             f"{config.hidden_act!r} (supported: {', '.join(self.activations)})")
         if self.ranks.pp_size > 1 and not self.supports_pp:
             raise ValueError(f"{type(self).__name__} does not support pipeline parallelism")
         self.layer_range = pp_layer_range(config.num_hidden_layers, self.ranks.pp_rank,
@@ -141,6 +146,13 @@ class CausalLM(nn.Module):
         """Pipeline-parallel models also take ``intermediate_tensors`` (a stage after the
         first) and return ``IntermediateTensors`` from a stage before the last."""
         raise NotImplementedError
+
+    def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings ``[T, hidden_size]`` of ``input_ids`` (vLLM's name), on the
+        first pipeline stage. A model that has it also takes them back as ``forward``'s
+        ``inputs_embeds`` keyword, which prompt embeddings need."""
+        raise NotImplementedError(f"{type(self).__name__} does not take prompt embeddings "
+                                  "(it has no get_input_embeddings)")
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits ``[N, vocab_size]`` for hidden states ``[N, hidden_size]`` (on the

@@ -1,7 +1,8 @@
 """``ArchConfig``: a typed view of an HF ``config.json`` dict for the models of this package.
 
-HF configs come in several dialects (transformers 5 writes ``rope_parameters``, older files
-``rope_theta`` + ``rope_scaling``; Qwen marks sliding-window layers differently from Mistral).
+HF configs come in several dialects (transformers 5 writes ``rope_parameters``, per layer type
+for Gemma 3, older files ``rope_theta`` + ``rope_scaling``; Qwen marks sliding-window layers
+differently from Mistral, Gemma 3 with ``layer_types`` or ``sliding_window_pattern``).
 Reading them once here, with errors that name the field, keeps the models free of dict lookups.
 """
 
@@ -11,10 +12,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from octavo.models.generation_config import GenerationConfig
 from octavo.models.loader import ModelLoadError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-SUPPORTED_ACTIVATIONS = ("silu",)
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+# What HF's config classes assume for keys a config.json may leave out, where it matters and
+# differs from the Llama family's defaults below (transformers' Gemma3TextConfig).
+MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {
+        "hidden_activation": "gelu_pytorch_tanh", "head_dim": 256, "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0, "sliding_window": 4096, "sliding_window_pattern": 6,
+        "query_pre_attn_scalar": 256, "tie_word_embeddings": True,
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -52,18 +63,35 @@ class ArchConfig:
     # Mixture of experts; num_experts == 0 for dense models.
     num_experts: int = 0
     num_experts_per_tok: int = 0
+    hidden_act: str = "silu"
+    # The sliding-window layers' own RoPE where it differs from ``rope`` (Gemma 3's local
+    # base frequency); None: every layer uses ``rope``.
+    local_rope: RopeConfig | None = None
+    # Gemma: queries are scaled by query_pre_attn_scalar ** -0.5 (None: head_dim ** -0.5),
+    # attention scores and final logits soft-capped as cap * tanh(x / cap) (None: not).
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
 
     @classmethod
     def from_hf(cls, hf_config: dict[str, Any], source: str | Path = "config.json") -> ArchConfig:
         """Read ``hf_config``; errors are ``ModelLoadError`` naming ``source`` and the field."""
-        reader = _Reader(hf_config, str(source))
+        defaults = MODEL_TYPE_DEFAULTS.get(hf_config.get("model_type"), {})
+        reader = _Reader({**defaults, **hf_config}, str(source))
         hidden_size = reader.positive_int("hidden_size")
         num_heads = reader.positive_int("num_attention_heads")
         num_layers = reader.positive_int("num_hidden_layers")
-        activation = reader.optional("hidden_act", "silu")
+        # Gemma's configs name it hidden_activation (its HF modelling reads only that).
+        act_key = "hidden_activation" if reader.optional("hidden_activation", None) else \
+            "hidden_act"
+        activation = reader.optional(act_key, "silu")
         if activation not in SUPPORTED_ACTIVATIONS:
-            raise reader.error("hidden_act", f"{activation!r} is not supported "
+            raise reader.error(act_key, f"{activation!r} is not supported "
                                f"(supported: {', '.join(SUPPORTED_ACTIVATIONS)})")
+        if reader.optional("use_bidirectional_attention", False):
+            raise reader.error("use_bidirectional_attention",
+                               "bidirectional attention is not supported (causal models only)")
+        rope, local_rope = _ropes(reader)
         return cls(
             vocab_size=reader.positive_int("vocab_size"),
             hidden_size=hidden_size,
@@ -73,13 +101,18 @@ class ArchConfig:
             num_key_value_heads=reader.optional("num_key_value_heads", None) or num_heads,
             head_dim=reader.optional("head_dim", None) or hidden_size // num_heads,
             rms_norm_eps=float(reader.optional("rms_norm_eps", 1e-6)),
-            rope=_rope(reader),
+            rope=rope,
             tie_word_embeddings=bool(reader.optional("tie_word_embeddings", False)),
             attention_bias=bool(reader.optional("attention_bias", False)),
             mlp_bias=bool(reader.optional("mlp_bias", False)),
             sliding_windows=_sliding_windows(reader, num_layers),
             num_experts=int(reader.optional("num_local_experts", 0)),
             num_experts_per_tok=int(reader.optional("num_experts_per_tok", 0)),
+            hidden_act=activation,
+            local_rope=local_rope,
+            query_pre_attn_scalar=reader.optional_float("query_pre_attn_scalar"),
+            attn_logit_softcapping=reader.optional_float("attn_logit_softcapping"),
+            final_logit_softcapping=reader.optional_float("final_logit_softcapping"),
         )
 
 
@@ -105,11 +138,38 @@ class _Reader:
         value = self.raw.get(key)
         return default if value is None else value
 
+    def optional_float(self, key: str) -> float | None:
+        """A positive number, or None where the config leaves it out or sets it null."""
+        value = self.raw.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise self.error(key, f"must be a positive number or null, got {value!r}")
+        return float(value)
 
-def _rope(reader: _Reader) -> RopeConfig:
-    """Accept both ``rope_parameters`` (transformers 5) and ``rope_theta`` + ``rope_scaling``."""
-    key = "rope_parameters" if reader.raw.get("rope_parameters") else "rope_scaling"
-    params = reader.optional(key, {})
+
+def _ropes(reader: _Reader) -> tuple[RopeConfig, RopeConfig | None]:
+    """The RoPE of the model (of its full-attention layers) and that of its sliding-window
+    layers where they have their own (None otherwise).
+
+    transformers 5 writes Gemma 3's ``rope_parameters`` per layer type (``full_attention``,
+    ``sliding_attention``); older Gemma 3 files give the local base as
+    ``rope_local_base_freq``, ``rope_theta`` + ``rope_scaling`` being the global layers'.
+    """
+    params = reader.raw.get("rope_parameters")
+    if isinstance(params, dict) and {"full_attention", "sliding_attention"} & params.keys():
+        local = params.get("sliding_attention")
+        return (_rope(reader, "rope_parameters", params.get("full_attention") or {}),
+                None if local is None else _rope(reader, "rope_parameters", local))
+    key = "rope_parameters" if params else "rope_scaling"
+    rope = _rope(reader, key, reader.optional(key, {}))
+    local_theta = reader.optional_float("rope_local_base_freq")
+    return rope, None if local_theta is None else RopeConfig(theta=local_theta)
+
+
+def _rope(reader: _Reader, key: str, params: dict[str, Any]) -> RopeConfig:
+    """One RoPE from its parameters ``params`` (found under ``key``): a ``rope_parameters``
+    entry (transformers 5) or ``rope_scaling`` with the config's ``rope_theta``."""
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise reader.error(key, f"rope type {rope_type!r} is not supported "
@@ -127,11 +187,11 @@ def _rope(reader: _Reader) -> RopeConfig:
 
 
 def _sliding_windows(reader: _Reader, num_layers: int) -> tuple[int | None, ...]:
-    """Which layers use a sliding window, in the three ways HF configs say it.
+    """Which layers use a sliding window, in the four ways HF configs say it.
 
-    ``layer_types`` lists each layer; Qwen2/3 use ``use_sliding_window`` and window only the
-    layers from ``max_window_layers`` on; Mistral/Mixtral window every layer when
-    ``sliding_window`` is set.
+    ``layer_types`` lists each layer; older Gemma 3 files give a ``sliding_window_pattern``
+    instead; Qwen2/3 use ``use_sliding_window`` and window only the layers from
+    ``max_window_layers`` on; Mistral/Mixtral window every layer when ``sliding_window`` is set.
     """
     window = reader.optional("sliding_window", None)
     if window is None:
@@ -142,6 +202,9 @@ def _sliding_windows(reader: _Reader, num_layers: int) -> tuple[int | None, ...]
             raise reader.error("layer_types", f"has {len(layer_types)} entries for "
                                               f"{num_layers} layers")
         return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
+    pattern = reader.optional("sliding_window_pattern", None)
+    if pattern is not None:  # Gemma 3's older files: every pattern-th layer is global
+        return tuple(None if (layer + 1) % pattern == 0 else window for layer in range(num_layers))
     if "use_sliding_window" in reader.raw:
         if not reader.raw["use_sliding_window"]:
             return (None,) * num_layers
@@ -150,7 +213,12 @@ def _sliding_windows(reader: _Reader, num_layers: int) -> tuple[int | None, ...]
     return (window,) * num_layers
 
 
-def eos_token_ids(hf_config: dict[str, Any]) -> list[int]:
-    """The model's EOS ids (``eos_token_id`` is one id or a list in HF configs)."""
+def eos_token_ids(hf_config: dict[str, Any],
+                  generation_config: GenerationConfig | None = None) -> list[int]:
+    """Every EOS id of the model, each once: config.json's (one id or a list in HF configs)
+    first, then generation_config.json's. Instruct models often list several (Llama 3:
+    <|end_of_text|>, <|eom_id|>, <|eot_id|>), and each must end a request."""
     eos = hf_config.get("eos_token_id")
-    return [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
+    ids = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
+    extra = generation_config.eos_token_ids if generation_config is not None else []
+    return list(dict.fromkeys([*ids, *extra]))

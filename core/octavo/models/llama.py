@@ -136,6 +136,11 @@ class LlamaModel(nn.Module):
         # the final norm in ``prenorm_hidden``; off, the no-spec path keeps nothing.
         self.keep_prenorm_hidden = False
         self.prenorm_hidden: torch.Tensor | None = None
+        # EAGLE-3 sets this to the layer indices whose *input* (the residual stream after the
+        # layers before it; index 0: the embeddings) the last forward keeps, in layer order,
+        # in ``aux_hidden_states`` (vLLM's aux hidden states); empty, nothing is kept.
+        self.aux_hidden_state_layers: frozenset[int] = frozenset()
+        self.aux_hidden_states: list[torch.Tensor] = []
 
     def forward(
         self,
@@ -144,15 +149,26 @@ class LlamaModel(nn.Module):
         kv_caches: list[torch.Tensor],
         attn_metadata: AttentionMetadata,
         intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
+        """``inputs_embeds``: the first layer's input ``[T, hidden]`` given instead of the
+        ids' embeddings (prompt embeddings; the first stage only)."""
         residual: torch.Tensor | None
-        if intermediate_tensors is None:
-            hidden, residual = self.embed_tokens(input_ids), None
-        else:
+        if intermediate_tensors is not None:
             hidden, residual = intermediate_tensors.hidden, intermediate_tensors.residual
+        elif inputs_embeds is not None:
+            hidden, residual = inputs_embeds, None
+        else:
+            hidden, residual = self.embed_tokens(input_ids), None
         local_layers = self.layers[self.layer_range.start : self.layer_range.stop]
-        for layer, kv_cache in zip(local_layers, kv_caches, strict=True):
+        keep, kept = self.aux_hidden_state_layers, list[torch.Tensor]()
+        for index, layer, kv_cache in zip(self.layer_range, local_layers, kv_caches,
+                                          strict=True):
+            if index in keep:
+                kept.append(hidden if residual is None else hidden + residual)
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
+        if keep:
+            self.aux_hidden_states = kept
         if isinstance(self.norm, PPMissingLayer):
             assert residual is not None  # every stage holds at least one layer
             return IntermediateTensors(hidden, residual)
@@ -213,8 +229,13 @@ class LlamaForCausalLM(CausalLM):
         kv_caches: list[torch.Tensor],
         attn_metadata: AttentionMetadata,
         intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
-        return self.model(input_ids, positions, kv_caches, attn_metadata, intermediate_tensors)
+        return self.model(input_ids, positions, kv_caches, attn_metadata, intermediate_tensors,
+                          inputs_embeds)
+
+    def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
 
 
 class MistralForCausalLM(LlamaForCausalLM):

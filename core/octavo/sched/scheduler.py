@@ -4,7 +4,8 @@ There are no prefill and decode phases. Every request has ``num_tokens`` (prompt
 output) and ``num_computed_tokens`` (those whose K/V are in the cache); each step grants
 requests new tokens within a token budget (``max_num_batched_tokens``) and a cap on
 running requests (``max_num_seqs``). A prompt gets chunks of what the budget leaves
-(chunked prefill, always on); a decode gets 1.
+(chunked prefill, always on; at most ``long_prefill_token_threshold`` tokens a step when
+that is set); a decode gets 1.
 
 Order: running requests first, in policy order; with speculative decoding a decode gets
 1 + its drafts (see ``octavo.sched.spec``); when the KV pool cannot hold a running
@@ -86,6 +87,9 @@ class Scheduler(SchedulerInterface):
         self.max_model_len: int = config.model.max_model_len
         self.max_num_seqs = config.scheduler.max_num_seqs
         self.max_num_batched_tokens = config.scheduler.max_num_batched_tokens
+        # Most tokens one request computes in a step (0: off), vLLM's
+        # long_prefill_token_threshold: a long prompt leaves budget for the others.
+        self.long_prefill_token_threshold = config.scheduler.long_prefill_token_threshold
         self.kv_manager = kv_manager
         self.policy = policy if policy is not None else FcfsPolicy()
         # Grammars of guided decoding; None: the engine takes no constrained requests.
@@ -111,6 +115,10 @@ class Scheduler(SchedulerInterface):
                 f"request {request_id!r}: the prompt has {request.num_prompt_tokens} tokens; "
                 f"it must have between 1 and max_model_len ({self.max_model_len})"
             )
+        embeds = request.prompt_embeds
+        if embeds is not None and embeds.shape[0] != request.num_prompt_tokens:
+            raise ValueError(f"request {request_id!r}: {embeds.shape[0]} prompt embedding rows "
+                             f"for {request.num_prompt_tokens} prompt tokens")
         if request.sampling_params.structured_outputs is not None:
             self._add_structured(request)
         request.events.append(EngineCoreEvent.now(EngineCoreEventType.QUEUED))
@@ -235,7 +243,7 @@ class Scheduler(SchedulerInterface):
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens,
+            num_new_tokens = min(self._capped(request.num_tokens - request.num_computed_tokens),
                                  step.token_budget)
             drafts = (self.spec.drafts_to_schedule(request, step.token_budget - num_new_tokens)
                       if self.spec else [])
@@ -247,7 +255,12 @@ class Scheduler(SchedulerInterface):
                 step.spec_tokens[request.request_id] = drafts
             cached = step.cached_reqs
             cached.req_ids.append(request.request_id)
-            cached.new_block_ids.append([block.block_id for block in new_blocks])
+            if self.kv_manager.num_kv_groups == 1:
+                cached.new_block_ids.append([block.block_id for block in new_blocks])
+            else:
+                by_group = self.kv_manager.group_new_block_ids(new_blocks)
+                cached.new_block_ids.append(by_group[0])
+                cached.new_group_block_ids.append(by_group)
             cached.num_computed_tokens.append(request.num_computed_tokens)
             cached.new_token_ids.append(self._sampled_tokens_in(request, num_new_tokens)
                                         if self.send_new_tokens else [])
@@ -300,7 +313,8 @@ class Scheduler(SchedulerInterface):
                     if started:
                         self.waiting.remove(request)
                         continue
-            num_new_tokens = min(request.num_tokens - num_hit_tokens, step.token_budget)
+            num_new_tokens = min(self._capped(request.num_tokens - num_hit_tokens),
+                                 step.token_budget)
             lookahead = (self.spec.lookahead(request, num_new_tokens, num_hit_tokens)
                          if self.spec else 0)
             if self.kv_manager.allocate_slots(request, num_new_tokens, hit_blocks,
@@ -320,8 +334,16 @@ class Scheduler(SchedulerInterface):
                 block_ids=self.kv_manager.get_block_ids(request.request_id),
                 num_computed_tokens=num_hit_tokens,
                 output_token_ids=list(request.output_token_ids),
+                prompt_embeds=request.prompt_embeds,
+                group_block_ids=(self.kv_manager.get_group_block_ids(request.request_id)
+                                 if self.kv_manager.num_kv_groups > 1 else []),
             ))
             self._grant(request, num_new_tokens, step)
+
+    def _capped(self, num_new_tokens: int) -> int:
+        """A chunk no longer than ``long_prefill_token_threshold`` (when it is on)."""
+        threshold = self.long_prefill_token_threshold
+        return min(num_new_tokens, threshold) if threshold > 0 else num_new_tokens
 
     @staticmethod
     def _grant(request: Request, num_new_tokens: int, step: _Step) -> None:

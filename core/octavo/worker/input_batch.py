@@ -28,12 +28,18 @@ class CachedRequestState:
     output_token_ids: list[int]
     generator: torch.Generator | None
     block_ids: list[int] = field(default_factory=list)
+    # Every KV group's block table when the model has several (``NewRequestData``).
+    group_block_ids: list[list[int]] = field(default_factory=list)
+    # [num_prompt_tokens, hidden] in the model's dtype, on the device: the model's input at
+    # the prompt positions (whose ids are placeholders) for a prompt given as embeddings.
+    prompt_embeds: torch.Tensor | None = None
 
 
 class InputBatch:
     """Rows ``[0, num_reqs)`` hold the live requests, densely packed."""
 
-    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int) -> None:
+    def __init__(self, max_num_reqs: int, max_model_len: int, max_blocks_per_req: int,
+                 num_kv_groups: int = 1) -> None:
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.req_ids: list[str] = []
@@ -43,8 +49,15 @@ class InputBatch:
         self.num_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_prompt_tokens = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_computed_tokens = np.zeros(max_num_reqs, dtype=np.int64)
-        self.block_table = np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int32)
+        # One block table per KV group, all of one length per row (``num_blocks``): a
+        # group's table is indexed by position // block_size like any other.
+        self.block_tables = [np.zeros((max_num_reqs, max_blocks_per_req), dtype=np.int32)
+                             for _ in range(num_kv_groups)]
+        self.block_table = self.block_tables[0]
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
+        # Rows whose prompt is embeddings (``CachedRequestState.prompt_embeds``): a step
+        # without any scheduled skips them at the cost of one check.
+        self.has_prompt_embeds = np.zeros(max_num_reqs, dtype=bool)
         self.sampling = SamplingArrays.empty(max_num_reqs)
 
     @property
@@ -66,14 +79,25 @@ class InputBatch:
         self.num_tokens[row] = len(tokens)
         self.num_prompt_tokens[row] = len(state.prompt_token_ids)
         self.num_computed_tokens[row] = num_computed_tokens
+        self.has_prompt_embeds[row] = state.prompt_embeds is not None
         self.num_blocks[row] = 0
-        self.append_blocks(row, state.block_ids)
+        if state.group_block_ids:
+            self.append_group_blocks(row, state.group_block_ids)
+        else:
+            self.append_blocks(row, state.block_ids)
         self.sampling.set_row(row, state.sampling_params)
 
     def append_blocks(self, row: int, block_ids: list[int]) -> None:
         start = int(self.num_blocks[row])
         self.block_table[row, start : start + len(block_ids)] = block_ids
         self.num_blocks[row] = start + len(block_ids)
+
+    def append_group_blocks(self, row: int, group_block_ids: list[list[int]]) -> None:
+        """Append each KV group's new blocks (equally many per group) to its table."""
+        start = int(self.num_blocks[row])
+        for table, block_ids in zip(self.block_tables, group_block_ids, strict=True):
+            table[row, start : start + len(block_ids)] = block_ids
+        self.num_blocks[row] = start + len(group_block_ids[0])
 
     def append_token(self, row: int, token_id: int) -> None:
         self.token_ids[row, self.num_tokens[row]] = token_id
@@ -96,9 +120,10 @@ class InputBatch:
         n = int(self.num_tokens[src])
         self.token_ids[dst, :n] = self.token_ids[src, :n]
         nb = int(self.num_blocks[src])
-        self.block_table[dst, :nb] = self.block_table[src, :nb]
+        for table in self.block_tables:
+            table[dst, :nb] = table[src, :nb]
         for array in (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens,
-                      self.num_blocks):
+                      self.num_blocks, self.has_prompt_embeds):
             array[dst] = array[src]
         self.sampling.copy_row(src, dst)
 

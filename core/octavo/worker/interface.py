@@ -40,6 +40,12 @@ class WorkerInterface(ABC):
                  classes: WorkerClasses) -> None:
         """Load the model of ``files`` onto the device."""
 
+    def get_kv_cache_spec(self) -> list[int | None]:
+        """Each model layer's sliding window (None: full attention), from which both the
+        engine and the worker derive the KV groups (``octavo.kv.spec.kv_cache_groups``).
+        Empty, the default: every layer full attention, one group."""
+        return []
+
     @abstractmethod
     def determine_num_blocks(self) -> int:
         """How many KV blocks fit the budget (``--kv-cache-memory`` or the device's)."""

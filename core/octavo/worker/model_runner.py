@@ -11,6 +11,7 @@ import torch
 
 from octavo.attention import AttentionBackend
 from octavo.distributed.state import get_parallel_state
+from octavo.kv.spec import is_hybrid, kv_cache_groups
 from octavo.models.base import CausalLM, IntermediateTensors
 from octavo.outputs import (
     LogprobsLists,
@@ -29,6 +30,7 @@ from octavo.sample.metadata import (
 from octavo.sample.sampler import Sampler, SamplerOutput
 from octavo.worker.grammar_bitmask import apply_grammar_bitmask, grammar_rows
 from octavo.worker.input_batch import CachedRequestState, InputBatch, new_generator
+from octavo.worker.kv_groups import assign_kv_groups, layer_windows, local_tensor_indices
 from octavo.worker.kv_transfer import WorkerKVTransfer
 from octavo.worker.spec.verifier import SpecVerifier
 from octavo.worker.step_inputs import StepInputs, prepare_step
@@ -53,7 +55,14 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.device = device
-        self.batch = InputBatch(max_num_reqs, max_model_len, -(-max_model_len // block_size))
+        # The model's KV groups (octavo.kv.spec); with several, or a sliding window, layer i
+        # writes KV tensor kv_tensor_index[i - first local layer], shared across groups.
+        self.kv_groups = kv_cache_groups(layer_windows(model))
+        self.hybrid_kv = is_hybrid(self.kv_groups)
+        self.kv_tensor_index = (local_tensor_indices(self.kv_groups, model.layer_range)
+                                if self.hybrid_kv else list(range(model.num_layers)))
+        self.batch = InputBatch(max_num_reqs, max_model_len, -(-max_model_len // block_size),
+                                num_kv_groups=len(self.kv_groups))
         self.sampler = Sampler()
         self.kv_caches: list[torch.Tensor] = []
         self.kv_transfer: WorkerKVTransfer | None = None  # set by the worker with a KV connector
@@ -66,7 +75,13 @@ class ModelRunner:
                                                  self.model.head_dim)
         per_layer = int(np.prod(shape)) * torch.finfo(self.model.dtype).bits // 8
         proposer = self.spec.proposer.kv_cache_bytes_per_block() if self.spec else 0
-        return per_layer * self.model.num_layers + proposer
+        return per_layer * self.num_kv_tensors + proposer
+
+    @property
+    def num_kv_tensors(self) -> int:
+        """KV tensors on this rank: one per layer, or with KV groups one per layer of a
+        group (each block id holds one group's layers)."""
+        return max(self.kv_tensor_index, default=-1) + 1
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = self.attn_backend.kv_cache_shape(num_blocks, self.block_size,
@@ -76,8 +91,11 @@ class ModelRunner:
         # pages would grow the RSS by the whole cache over the first hours of traffic (the
         # free-block queue cycles through every block), which hides a real leak and moves
         # an out-of-memory kill from start-up to the middle of serving.
-        self.kv_caches = [torch.zeros(shape, dtype=self.model.dtype, device=self.device)
-                          for _ in range(self.model.num_layers)]
+        tensors = [torch.zeros(shape, dtype=self.model.dtype, device=self.device)
+                   for _ in range(self.num_kv_tensors)]
+        self.kv_caches = [tensors[index] for index in self.kv_tensor_index]
+        if len(self.kv_groups) > 1:
+            assign_kv_groups(self.model, self.kv_groups, self.model.layer_range)
         if self.spec:
             self.spec.proposer.initialize_kv_cache(num_blocks)
 
@@ -160,8 +178,13 @@ class ModelRunner:
         stage after the first receives them). GPU runners override it to replay a captured
         CUDA graph when the step fits one."""
         ranks = self.model.ranks
+        # Prompt embeddings enter at the first stage; later ones get its hidden states.
+        embeds = (self.input_embeddings(step)
+                  if ranks.is_first_stage and step.prompt_embeds is not None else None)
+        extra = {} if embeds is None else {"inputs_embeds": embeds}
         if ranks.pp_size == 1:
-            return self.model(step.input_ids, step.positions, self.kv_caches, step.metadata)
+            return self.model(step.input_ids, step.positions, self.kv_caches, step.metadata,
+                              **extra)
         state = get_parallel_state()
         intermediate = None
         if not ranks.is_first_stage:
@@ -170,11 +193,19 @@ class ModelRunner:
                                                               self.device)
             intermediate = IntermediateTensors(hidden, residual)
         output = self.model(step.input_ids, step.positions, self.kv_caches, step.metadata,
-                            intermediate)
+                            intermediate, **extra)
         if isinstance(output, IntermediateTensors):
             state.send_to_next_stage(output.as_list())
             return None
         return output
+
+    def input_embeddings(self, step: StepInputs) -> torch.Tensor:
+        """The model's input ``[T, hidden]`` of a step with prompt embeddings: the ids'
+        embeddings, with the given rows at the prompt positions of embedded requests."""
+        assert step.prompt_embeds is not None
+        hidden = self.model.get_input_embeddings(step.input_ids)
+        hidden[step.prompt_embeds.indices] = step.prompt_embeds.values
+        return hidden
 
     def _record_samples(self, sample_mask: np.ndarray, sample_rows: np.ndarray,
                         out: SamplerOutput, sampled: list[list[int]],
@@ -215,7 +246,10 @@ class ModelRunner:
         samples = self.model.ranks.is_last_stage
         for i, req_id in enumerate(cached.req_ids):
             row = self.batch.req_index[req_id]
-            self.batch.append_blocks(row, cached.new_block_ids[i])
+            if cached.new_group_block_ids:
+                self.batch.append_group_blocks(row, cached.new_group_block_ids[i])
+            else:
+                self.batch.append_blocks(row, cached.new_block_ids[i])
             self.batch.num_computed_tokens[row] = cached.num_computed_tokens[i]
             if not samples:  # the last stage sampled these; this stage reads them
                 self._place_sampled(row, cached.num_computed_tokens[i], cached.new_token_ids[i])
@@ -243,6 +277,9 @@ class ModelRunner:
             output_token_ids=list(new.output_token_ids),
             generator=new_generator(new.sampling_params, self.device),
             block_ids=list(new.block_ids),
+            group_block_ids=[list(ids) for ids in new.group_block_ids],
+            prompt_embeds=(None if new.prompt_embeds is None else torch.tensor(
+                new.prompt_embeds, dtype=self.model.dtype, device=self.device)),
         )
         self.batch.add(state, new.num_computed_tokens)
 
@@ -264,7 +301,9 @@ class ModelRunner:
             output_token_ids=(output_token_ids if output_token_ids is not None
                               else [s.output_token_ids for s in states]),
             generators={i: s.generator for i, s in enumerate(states) if s.generator},
-            prompt_token_ids=(padded_token_ids([s.prompt_token_ids for s in states],
+            # A prompt of embeddings has no tokens to penalise (its ids are placeholders).
+            prompt_token_ids=(padded_token_ids([[] if s.prompt_embeds is not None
+                                                else s.prompt_token_ids for s in states],
                                                self.vocab_size, self.device)
                               if uses_penalties else None),
             logit_bias=[p.logit_bias for p in params],

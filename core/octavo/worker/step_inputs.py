@@ -6,6 +6,7 @@ computed with vectorised numpy over the batch arrays - no per-token Python loop.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +14,15 @@ import torch
 
 from octavo.attention import AttentionMetadata
 from octavo.worker.input_batch import InputBatch
+
+
+@dataclass
+class PromptEmbedsInput:
+    """The prompt-embedding rows of one step: the model's input at flat token
+    ``indices`` (prompt positions of requests given as embeddings) is ``values``."""
+
+    indices: torch.Tensor  # int64 [N], into the flattened step
+    values: torch.Tensor  # [N, hidden], the model's dtype
 
 
 @dataclass
@@ -24,6 +34,8 @@ class StepInputs:
     # Rows whose every known token is computed after this step: they sample a token.
     sample_mask: np.ndarray  # bool [len(rows)]
     logits_indices: torch.Tensor  # int64 [num sampling rows]: their last token in the flat batch
+    # Prompt embeddings of the scheduled prompt positions that have them; None when none do.
+    prompt_embeds: PromptEmbedsInput | None = None
 
 
 def prepare_step(
@@ -63,6 +75,9 @@ def prepare_step(
         query_start_loc_cpu=torch.from_numpy(query_start_loc),
         seq_lens_cpu=torch.from_numpy(seq_lens.astype(np.int32)),
     )
+    if len(batch.block_tables) > 1:
+        metadata.kv_groups = _group_metadata(metadata, batch, rows, token_row, positions,
+                                             block_size, max_blocks, device)
     return StepInputs(
         rows=rows,
         input_ids=on_device(input_ids),
@@ -70,4 +85,49 @@ def prepare_step(
         metadata=metadata,
         sample_mask=sample_mask,
         logits_indices=on_device(ends[sample_mask] - 1),
+        prompt_embeds=(_prompt_embeds(batch, rows, starts, counts, computed, device)
+                       if batch.has_prompt_embeds[rows].any() else None),
     )
+
+
+def _group_metadata(metadata: AttentionMetadata, batch: InputBatch, rows: np.ndarray,
+                    token_row: np.ndarray, positions: np.ndarray, block_size: int,
+                    max_blocks: int, device: torch.device) -> list[AttentionMetadata]:
+    """Every KV group's metadata (``metadata`` is group 0's): the same layout, the group's
+    own block tables and slots, and a ``backend_state`` of its own (what a backend derives
+    from one group's block tables does not hold for another's)."""
+    block_index = positions // block_size
+    offsets = positions % block_size
+    groups = [metadata]
+    for table in batch.block_tables[1:]:
+        slots = table[token_row, block_index].astype(np.int64) * block_size + offsets
+        groups.append(dataclasses.replace(
+            metadata,
+            block_tables=torch.from_numpy(np.ascontiguousarray(table[rows, :max_blocks]))
+            .to(device),
+            slot_mapping=torch.from_numpy(slots).to(device),
+            backend_state={}, kv_groups=[]))
+    return groups
+
+
+def _prompt_embeds(batch: InputBatch, rows: np.ndarray, starts: np.ndarray,
+                   counts: np.ndarray, computed: np.ndarray,
+                   device: torch.device) -> PromptEmbedsInput | None:
+    """Each embedded request's rows for the prompt positions of its chunk (a chunked
+    prefill takes its slice; positions past the prompt are output tokens, embedded as ids)."""
+    indices: list[np.ndarray] = []
+    values: list[torch.Tensor] = []
+    for i in np.flatnonzero(batch.has_prompt_embeds[rows]).tolist():
+        row = int(rows[i])
+        first = int(computed[i])
+        last = min(first + int(counts[i]), int(batch.num_prompt_tokens[row]))
+        if last <= first:
+            continue
+        embeds = batch.states[batch.req_ids[row]].prompt_embeds
+        assert embeds is not None
+        indices.append(np.arange(starts[i], starts[i] + last - first))
+        values.append(embeds[first:last])
+    if not indices:
+        return None
+    return PromptEmbedsInput(torch.from_numpy(np.concatenate(indices)).to(device),
+                             torch.cat(values))

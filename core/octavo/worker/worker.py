@@ -15,10 +15,12 @@ from octavo.config import EngineConfig
 from octavo.kv_transfer.base import KVConnectorRole
 from octavo.models.build import build_model
 from octavo.models.config import eos_token_ids
+from octavo.models.generation_config import read_generation_config
 from octavo.models.loader import ModelFiles
 from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
 from octavo.worker.interface import WorkerClasses, WorkerInterface
+from octavo.worker.kv_groups import layer_windows
 from octavo.worker.kv_transfer import WorkerKVTransfer
 from octavo.worker.model_runner import ModelRunner
 from octavo.worker.spec.verifier import SpecVerifier
@@ -56,13 +58,17 @@ class Worker(WorkerInterface):
             max_num_reqs=config.scheduler.max_num_seqs,
             max_model_len=config.model.max_model_len,
             vocab_size=int(files.hf_config["vocab_size"]),
-            eos_token_ids=frozenset(eos_token_ids(files.hf_config)),
+            eos_token_ids=frozenset(eos_token_ids(
+                files.hf_config, read_generation_config(files, config.model.generation_config))),
             device=self.device,
         )
         if config.speculative is not None:
             assert classes.proposer is not None, "speculative decoding without a proposer"
             self.runner.spec = SpecVerifier(config.speculative, self.runner, classes.proposer,
                                             platform, classes.architectures)
+
+    def get_kv_cache_spec(self) -> list[int | None]:
+        return layer_windows(self.runner.model)
 
     def determine_num_blocks(self) -> int:
         """KV blocks that fit the budget: ``--kv-cache-memory`` when given, else (on the CPU)

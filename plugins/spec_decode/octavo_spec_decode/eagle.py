@@ -22,7 +22,7 @@ otherwise cost more than half a target forward. ``octavo spec train`` writes the
 its training text there.
 
 EAGLE-3 checkpoints (``midlayer.*``, ``fc`` [h, 3h], own ``lm_head`` with ``d2t``/``t2d``)
-are recognised and refused with a clear error: they need three target layers' features.
+are recognised and sent to ``method: eagle3`` (``eagle3.py``) with a clear error.
 
 KV cache: the head's layer keeps a paged cache of its own, laid out with the *target's*
 block ids (like the draft-model proposer), so the scheduler's block tables and lookahead
@@ -114,7 +114,7 @@ class EagleHead(nn.Module):
             tensors["d2t"] = d2t_of(self.draft_token_ids)
         for name, param in self.state_dict().items():
             parts = published_names(name)
-            sizes = _split_sizes(self, name, len(parts))
+            sizes = split_sizes(self, name, len(parts))
             for part, tensor in zip(parts, param.split(sizes)):
                 tensors[part] = tensor
         return tensors
@@ -169,7 +169,8 @@ def published_names(param_name: str) -> list[str]:
             for fused, part, _ in FUSED if fused in param_name] or [param_name]
 
 
-def _split_sizes(head: EagleHead, name: str, num_parts: int) -> list[int]:
+def split_sizes(head: nn.Module, name: str, num_parts: int) -> list[int]:
+    """Row counts of the published tensors a fused head parameter splits into."""
     if num_parts == 1:
         return [head.get_parameter(name).shape[0]]
     config = head.config
@@ -195,8 +196,8 @@ def load_eagle(folder: str | Path, attn_backend: type[AttentionBackend], embed: 
     path = find_weights(folder, WEIGHT_FILES)
     tensors = read_tensors(path)
     if any(name.startswith("midlayer.") for name in tensors):
-        raise HeadCheckpointError(f"{path}: tensor 'midlayer.*' marks an EAGLE-3 head, which "
-                                  "this version does not load (EAGLE-1 layout: layers.0.*)")
+        raise HeadCheckpointError(f"{path}: tensor 'midlayer.*' marks an EAGLE-3 head: use "
+                                  "method 'eagle3' (EAGLE-1 layout: layers.0.*)")
     config = eagle_arch_config(hf_config, folder)
     if config.hidden_size != hidden_size:
         raise HeadCheckpointError(f"{folder / 'config.json'}: hidden_size {config.hidden_size}"
@@ -260,13 +261,13 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def propose(self, inputs: ProposeInputs) -> list[list[int]]:
-        assert inputs.hidden_states is not None and inputs.block_table is not None
+        assert inputs.block_table is not None
         context, k = self.context, self.num_speculative_tokens
         tokens, positions, counts, feature_index = verified_entries(inputs)
         block_tables = inputs.block_table[inputs.rows]
         step = build_step(tokens, positions, counts, block_tables, context.block_size,
                           context.device)
-        features = inputs.hidden_states[torch.from_numpy(feature_index).to(context.device)]
+        features = self._features(inputs, torch.from_numpy(feature_index).to(context.device))
         predicted = self.head(features, step.input_ids, step.positions, self.kv_caches,
                               step.metadata)[step.logits_indices]
         room = np.minimum(k, context.max_model_len - inputs.num_tokens - 1)
@@ -287,6 +288,11 @@ class EagleProposer(Proposer):
                                   self.kv_caches, single.metadata)
         return [drafts[i, :n].tolist() for i, n in enumerate(num_drafts.tolist())]
 
+
+    def _features(self, inputs: ProposeInputs, index: torch.Tensor) -> torch.Tensor:
+        """The head's input for the step's tokens at ``index``: the target's features."""
+        assert inputs.hidden_states is not None  # needs_hidden_states
+        return inputs.hidden_states[index]
 
     def _top_tokens(self, predicted: torch.Tensor) -> np.ndarray:
         """The argmax token of each predicted feature, over the draft vocabulary if any."""

@@ -15,10 +15,12 @@ OCTAVO_PLUGIN_API = ">=1.0,<2"
 def octavo_register_proposers(registry: Registry[Any]) -> None:
     from octavo_spec_decode.draft_model import DraftModelProposer
     from octavo_spec_decode.eagle import EagleProposer
+    from octavo_spec_decode.eagle3 import Eagle3Proposer
     from octavo_spec_decode.medusa import MedusaProposer
     from octavo_spec_decode.ngram import NgramProposer
 
-    for proposer in (NgramProposer, DraftModelProposer, MedusaProposer, EagleProposer):
+    for proposer in (NgramProposer, DraftModelProposer, MedusaProposer, EagleProposer,
+                     Eagle3Proposer):
         registry.register(proposer.name, proposer)
 
 

@@ -6,6 +6,7 @@ heads). Heads trained by ``octavo spec train`` only ever learnt the tokens of th
 training text (about 15k), and carry that draft vocabulary in their checkpoint as EAGLE-3's
 ``d2t``; projecting onto those rows alone does a third of the work and drafts nothing the
 heads could not have learnt. Without a draft vocabulary the target's LM head is used whole.
+An EAGLE-3 head brings its own LM head over its draft vocabulary (``weight``), used as is.
 """
 
 from __future__ import annotations
@@ -24,15 +25,22 @@ class DraftProjection(nn.Module):
     (``Platform.prepare_model`` fills ``cpu_gemm`` on the CPU), as it does the target's."""
 
     def __init__(self, target: CausalLM, draft_token_ids: torch.Tensor | None,
-                 dtype: torch.dtype, device: torch.device, platform: type[Platform]) -> None:
+                 dtype: torch.dtype, device: torch.device, platform: type[Platform],
+                 weight: torch.Tensor | None = None) -> None:
+        """``weight``: the head's own LM head, row ``i`` for token ``draft_token_ids[i]``
+        (EAGLE-3); None: the rows of the target's."""
         super().__init__()
         self.target = [target]  # in a list: not a submodule of the projection
         # A tensor-parallel LM head holds a slice of the vocabulary: use it whole.
-        if getattr(target.lm_head, "tp_size", 1) > 1:
+        if weight is None and getattr(target.lm_head, "tp_size", 1) > 1:
             draft_token_ids = None
         self.token_ids = None if draft_token_ids is None else draft_token_ids.to(device)
-        self.weight = None if self.token_ids is None else \
-            target.lm_head.weight[self.token_ids].to(dtype).contiguous()
+        if weight is not None:
+            assert self.token_ids is not None and len(weight) == len(self.token_ids)
+            self.weight = weight.detach().to(device=device, dtype=dtype).contiguous()
+        else:
+            self.weight = None if self.token_ids is None else \
+                target.lm_head.weight[self.token_ids].to(dtype).contiguous()
         self.cpu_gemm: Callable[[torch.Tensor], torch.Tensor] | None = None
         if self.weight is not None:
             platform.prepare_model(self, dtype)

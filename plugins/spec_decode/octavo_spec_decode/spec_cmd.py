@@ -13,12 +13,12 @@ import click
 from octavo_spec_decode.train import defaults
 from octavo_spec_decode.train.errors import TrainingInputError
 
-METHODS = ("medusa", "eagle")
+METHODS = ("medusa", "eagle", "eagle3")
 
 
 @click.group("spec")
 def spec() -> None:
-    """Speculative decoding: train Medusa / EAGLE heads for a model."""
+    """Speculative decoding: train Medusa / EAGLE / EAGLE-3 heads for a model."""
 
 
 @spec.command("train")

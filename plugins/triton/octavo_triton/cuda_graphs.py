@@ -114,6 +114,10 @@ class DecodeGraphs:
         self.max_model_len = max_model_len
         self.inputs = StaticDecodeInputs.allocate(sizes[-1], max_blocks, device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        # Per size, the auxiliary hidden states the captured forward keeps for EAGLE-3
+        # (``LlamaModel.aux_hidden_states``): a replay refills them, and ``run`` points the
+        # model at this graph's, as an eager forward would.
+        self.aux_states: dict[int, list[torch.Tensor]] = {}
 
     def _forward(self, size: int) -> torch.Tensor:
         inputs = self.inputs
@@ -133,12 +137,20 @@ class DecodeGraphs:
                 hidden = self._forward(size)
             pool = graph.pool()
             self.graphs[size] = (graph, hidden)
+            self.aux_states[size] = list(self._kept_aux_states())
         torch.cuda.synchronize()
 
+    def _kept_aux_states(self) -> list[torch.Tensor]:
+        inner = getattr(self.model, "model", None)
+        return getattr(inner, "aux_hidden_states", []) \
+            if getattr(inner, "aux_hidden_state_layers", None) else []
+
     def fits(self, step: StepInputs) -> bool:
-        """Whether a captured graph can run this step: decodes only, few enough of them."""
+        """Whether a captured graph can run this step: decodes only, few enough of them,
+        no prompt-embedding rows (a one-token chunk of a prompt given as embeddings)."""
         meta = step.metadata
         return (meta.max_query_len == 1 and meta.num_actual_tokens == meta.num_reqs
+                and step.prompt_embeds is None
                 and padded_size(meta.num_reqs, self.sizes) is not None)
 
     def run(self, step: StepInputs) -> torch.Tensor:
@@ -150,4 +162,6 @@ class DecodeGraphs:
         self.inputs.fill(step, size)
         graph, hidden = self.graphs[size]
         graph.replay()
+        if self.aux_states[size]:
+            self.model.model.aux_hidden_states = [a[:n] for a in self.aux_states[size]]
         return hidden[:n]

@@ -59,6 +59,11 @@ class GpuWorker(Worker):
             # A stage sends and receives between its layers, which a graph cannot replay.
             logger.info("pipeline stage: no CUDA graphs")
             return
+        if len(self.runner.kv_groups) > 1:
+            # The captured graphs replay one block table; each KV group has its own.
+            logger.info("%d KV groups (sliding-window layers): no CUDA graphs",
+                        len(self.runner.kv_groups))
+            return
         if not issubclass(self.runner.attn_backend, TritonAttentionBackend):
             # Other backends may read metadata on the host, which a graph cannot replay.
             logger.info("attention backend %r: no CUDA graphs",

@@ -1,8 +1,10 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic), in OpenAI's shapes.
 
 Requests take OpenAI's fields plus vLLM's common sampling extensions (``top_k``, ``min_p``,
-``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``priority``) and guided decoding
-extensions (``guided_json``, ``guided_regex``, ``guided_choice``, ``guided_grammar``).
+``repetition_penalty``, ``min_tokens``, ``ignore_eos``, ``priority``, ``cache_salt``) and
+guided decoding extensions (``guided_json``, ``guided_regex``, ``guided_choice``,
+``guided_grammar``). A sampling field the client leaves out takes the model's
+generation_config.json default where it has one (``model_fields_set`` tells them apart).
 Ranges are checked here, so an out-of-range value is a 400 that names the field. A field
 this server does not implement (``best_of``, ``audio``, ...) is rejected rather than
 silently ignored, unless it is null: some clients send every field, null when unused. The
@@ -82,6 +84,8 @@ class SamplingRequest(OpenAIRequest):
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     priority: int = 0  # lower is served first (with --scheduling-policy priority)
+    # Only requests with the same salt share prefix-cache blocks (vLLM's extension).
+    cache_salt: str | None = Field(None, min_length=1)
     # Guided decoding: OpenAI's response_format, or one of vLLM's guided_* extensions.
     response_format: ResponseFormat | None = None
     guided_json: str | dict[str, Any] | None = None
@@ -137,6 +141,10 @@ class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default; None: the rest of the context
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # vLLM's extension (with --enable-prompt-embeds): one prompt, or a batch, given as
+    # embeddings - each base64 of a safetensors file holding one [num_tokens, hidden_size]
+    # tensor (see octavo.entrypoints.openai.prompt_embeds); prompt must then be "".
+    prompt_embeds: str | list[str] | None = None
 
 
 class TextPart(OpenAIRequest):

@@ -62,7 +62,7 @@ class OpenAIServingChat(OpenAIServing):
                                       self._constraint(request))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self.start(request_id, [{"prompt_token_ids": prompt_ids}], params,
-                                   request.priority)
+                                   request.priority, request.cache_salt)
         if request.stream:
             return event_stream(self._stream(request_id, request, streams[0]))
         outputs = await unless_disconnected(raw, final_outputs(streams))

@@ -12,6 +12,7 @@ from octavo.engine.core_client import EngineDeadError, EngineStepError
 from octavo.engine.outputs import CompletionOutput, RequestOutput
 from octavo.engine.processor import PromptType
 from octavo.entrypoints.openai.errors import OpenAIError, error_body, stream_error
+from octavo.entrypoints.openai.prompt_embeds import decode_prompt_embeds, encoded_prompt_embeds
 from octavo.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionLogprobs,
@@ -36,12 +37,18 @@ from octavo.entrypoints.openai.serving_engine import (
 class OpenAIServingCompletion(OpenAIServing):
     async def create(self, request: CompletionRequest, raw: Request) -> Response:
         self.check_model(request.model)
-        prompts = prompt_list(request.prompt)
+        embeds = encoded_prompt_embeds(request.prompt, request.prompt_embeds,
+                                       self.engine.processor.enable_prompt_embeds)
+        prompts = prompt_list(request.prompt) if embeds is None else []
         self.check_capacity()
         params = self.sampling_params(request, request.max_tokens, request.logprobs,
                                       self.output_constraint(request))
+        for encoded in embeds or []:  # decoded on a processing thread: it may be megabytes
+            tensor = await self.engine.run_in_pool(decode_prompt_embeds, encoded)
+            prompts.append({"prompt_embeds": tensor})
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        streams = await self.start(request_id, prompts, params, request.priority)
+        streams = await self.start(request_id, prompts, params, request.priority,
+                                   request.cache_salt)
         if request.stream:
             return event_stream(self._stream(request_id, request, streams))
         outputs = await unless_disconnected(raw, final_outputs(streams))

@@ -24,6 +24,8 @@ from octavo.sampling_params import SamplingParams, StructuredOutputsParams
 T = TypeVar("T")
 SSE_DONE = "data: [DONE]\n\n"
 MIN_LOGPROB = -9999.0  # JSON has no -inf; vLLM reports masked tokens with this value
+# Request fields a model's generation config may give defaults to (max_tokens aside).
+DEFAULTABLE_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 class OpenAIServing:
@@ -56,17 +58,23 @@ class OpenAIServing:
                         logprobs: int | None,
                         structured_outputs: StructuredOutputsParams | None = None,
                         ) -> SamplingParams:
+        """The request's sampling params; a field it leaves out takes the model's
+        generation-config default where there is one (vLLM's ``default_sampling_params``)."""
+        defaults = self.engine.default_sampling_params
+        given = request.model_fields_set
+        if "max_tokens" in defaults and not given & {"max_tokens", "max_completion_tokens"}:
+            max_tokens = None  # the Processor: the model's max_new_tokens, within the context
+        sampling = {name: defaults[name] if name in defaults and name not in given
+                    else getattr(request, name) for name in DEFAULTABLE_FIELDS}
         try:
             return SamplingParams(
-                n=request.n, temperature=request.temperature, top_p=request.top_p,
-                top_k=request.top_k, min_p=request.min_p, seed=request.seed,
+                n=request.n, seed=request.seed,
                 stop=[request.stop] if isinstance(request.stop, str) else request.stop or [],
                 presence_penalty=request.presence_penalty,
-                frequency_penalty=request.frequency_penalty,
-                repetition_penalty=request.repetition_penalty, max_tokens=max_tokens,
+                frequency_penalty=request.frequency_penalty, max_tokens=max_tokens,
                 min_tokens=request.min_tokens, ignore_eos=request.ignore_eos,
                 logprobs=logprobs, logit_bias=self._logit_bias(request.logit_bias),
-                structured_outputs=structured_outputs)
+                structured_outputs=structured_outputs, **sampling)
         except ValueError as exc:
             raise OpenAIError(400, str(exc)) from None
 
@@ -91,10 +99,14 @@ class OpenAIServing:
         return bias
 
     async def start(self, request_id: str, prompts: list[PromptType], params: SamplingParams,
-                    priority: int) -> list[AsyncGenerator[RequestOutput, None]]:
+                    priority: int, cache_salt: str | None = None,
+                    ) -> list[AsyncGenerator[RequestOutput, None]]:
         """One engine request per prompt, processed one after another (a batch takes one
         processing thread at a time); a bad prompt fails the whole call (400) and aborts
-        those of the batch already sent, as does cancelling the call."""
+        those of the batch already sent, as does cancelling the call. ``cache_salt``
+        goes with every prompt."""
+        if cache_salt is not None:
+            prompts = [salted(prompt, cache_salt) for prompt in prompts]
         ids = ([request_id] if len(prompts) == 1
                else [f"{request_id}-{index}" for index in range(len(prompts))])
         streams = []
@@ -107,6 +119,14 @@ class OpenAIServing:
                 self.engine.abort(engine_id)
             raise
         return streams
+
+
+def salted(prompt: PromptType, cache_salt: str) -> PromptType:
+    """The prompt as a dict carrying ``cache_salt`` (the Processor's prompt form)."""
+    if isinstance(prompt, dict):
+        return {**prompt, "cache_salt": cache_salt}
+    key = "prompt" if isinstance(prompt, str) else "prompt_token_ids"
+    return {key: prompt, "cache_salt": cache_salt}
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Activation of gated MLPs."""
+"""Activations of gated MLPs."""
 
 from __future__ import annotations
 
@@ -14,3 +14,18 @@ class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+
+class GeluAndMul(nn.Module):
+    """``gelu(gate) * up`` on the same ``[..., 2 * d]`` layout (Gemma's GeGLU); ``approximate``
+    is torch's: ``"tanh"`` for HF's ``gelu_pytorch_tanh``, ``"none"`` for the exact erf."""
+
+    def __init__(self, approximate: str = "none") -> None:
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU approximation {approximate!r} is not one of 'none', 'tanh'")
+        self.approximate = approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate=self.approximate) * up

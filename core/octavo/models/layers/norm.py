@@ -1,4 +1,5 @@
-"""RMSNorm, optionally fused with the residual add that precedes it in a decoder layer."""
+"""RMSNorm (Llama's and Gemma's), optionally fused with the residual add that precedes it
+in a decoder layer."""
 
 from __future__ import annotations
 
@@ -25,6 +26,33 @@ class RMSNorm(nn.Module):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            return self._normalize(x)
+        x = x + residual
+        return self._normalize(x), x
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: ``x / rms(x) * (1 + weight)``, all in fp32 and rounded to the input's
+    dtype only at the end (Llama's ``RMSNorm`` rounds before the weight), as HF Gemma does.
+
+    Checkpoints store ``weight`` centred on 0; ``forward(x, residual)`` fuses the residual add
+    before it as ``RMSNorm`` does.
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = new_parameter(hidden_size)
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None

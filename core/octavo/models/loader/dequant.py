@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as GgmlType
 
-QK = 32  # elements per block of the legacy types (Q4_0, Q4_1, Q8_0)
+QK = 32  # elements per block of the legacy types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0)
 QK_K = 256  # elements per super-block of the k-quants (Q4_K, Q6_K)
 CHUNK_BLOCKS = 1 << 16  # blocks decoded per step, to bound the temporaries of a large tensor
 
@@ -49,6 +49,25 @@ def _decode_q4_1(blocks: torch.Tensor) -> torch.Tensor:
     """Q4_1: fp16 scale d and minimum m, 32 x 4-bit q; x = q * d + m."""
     d, m = _fp16(blocks, 0), _fp16(blocks, 2)
     return _nibbles(blocks[:, 4:]).float() * d + m
+
+
+def _fifth_bits(packed: torch.Tensor) -> torch.Tensor:
+    """The 32 high (fifth) bits of a Q5 block, from its little-endian uint32 ``qh``, as 0/16:
+    bit j belongs to element j."""
+    bits = (packed.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1  # (n, 4, 8)
+    return bits.reshape(packed.shape[0], QK) << 4
+
+
+def _decode_q5_0(blocks: torch.Tensor) -> torch.Tensor:
+    """Q5_0: fp16 scale d, 32 high bits, 32 x 4-bit low parts; x = (q - 16) * d."""
+    d = _fp16(blocks, 0)
+    return ((_nibbles(blocks[:, 6:]) | _fifth_bits(blocks[:, 2:6])).float() - 16) * d
+
+
+def _decode_q5_1(blocks: torch.Tensor) -> torch.Tensor:
+    """Q5_1: fp16 scale d and minimum m, 32 high bits, 32 x 4-bit low parts; x = q * d + m."""
+    d, m = _fp16(blocks, 0), _fp16(blocks, 2)
+    return (_nibbles(blocks[:, 8:]) | _fifth_bits(blocks[:, 4:8])).float() * d + m
 
 
 def _decode_q8_0(blocks: torch.Tensor) -> torch.Tensor:
@@ -106,6 +125,8 @@ def _decode_q6_k(blocks: torch.Tensor) -> torch.Tensor:
 BLOCK_FORMATS: dict[GgmlType, BlockFormat] = {
     GgmlType.Q4_0: BlockFormat(QK, 2 + QK // 2, _decode_q4_0),
     GgmlType.Q4_1: BlockFormat(QK, 4 + QK // 2, _decode_q4_1),
+    GgmlType.Q5_0: BlockFormat(QK, 2 + 4 + QK // 2, _decode_q5_0),
+    GgmlType.Q5_1: BlockFormat(QK, 4 + 4 + QK // 2, _decode_q5_1),
     GgmlType.Q8_0: BlockFormat(QK, 2 + QK, _decode_q8_0),
     GgmlType.Q4_K: BlockFormat(QK_K, 4 + 12 + QK_K // 2, _decode_q4_k),
     GgmlType.Q6_K: BlockFormat(QK_K, QK_K // 2 + QK_K // 4 + QK_K // 16 + 2, _decode_q6_k),

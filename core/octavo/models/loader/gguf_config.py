@@ -6,6 +6,7 @@ metadata keys onto the HF field names (and fills what GGUF leaves implicit).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from octavo.models.loader.errors import ModelLoadError
@@ -13,6 +14,13 @@ from octavo.models.loader.gguf_metadata import GgufFile
 from octavo.models.loader.gguf_names import GgufArchitecture
 
 DEFAULT_ROPE_THETA = 10000.0  # llama.cpp's value when rope.freq_base is absent
+# What llama.cpp hard-codes for Gemma 3 (and HF's Gemma3TextConfig defaults to): every sixth
+# layer global, the others local with RoPE base 10000.
+GEMMA3_SLIDING_WINDOW_PATTERN = 6
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
+# llama.cpp scales queries by head_dim ** -0.5, except in the 27B (the one with 62 layers),
+# whose query_pre_attn_scalar is hidden_size / heads (168) as in its HF config.
+GEMMA3_27B_LAYERS = 62
 
 
 def synthesize_hf_config(gguf: GgufFile, arch: GgufArchitecture) -> dict[str, Any]:
@@ -22,14 +30,16 @@ def synthesize_hf_config(gguf: GgufFile, arch: GgufArchitecture) -> dict[str, An
         return f"{prefix}.{name}"
 
     scaling = gguf.get(key("rope.scaling.type"), "none")
-    if scaling != "none":
+    if scaling not in arch.rope_scalings:
         raise ModelLoadError(f"{gguf.path}: RoPE scaling type {scaling!r} is not supported")
+    rope_scaling = None if scaling == "none" else {
+        "rope_type": "linear", "factor": gguf.require(key("rope.scaling.factor"))}
     hidden_size = gguf.require(key("embedding_length"))
     num_heads = gguf.require(key("attention.head_count"))
     embedding = gguf.tensors.get("token_embd.weight")
     if embedding is None:
         raise ModelLoadError(f"{gguf.path}: GGUF has no token_embd.weight tensor")
-    return {
+    config = {
         "architectures": [arch.hf_architecture],
         "model_type": arch.model_type,
         "hidden_size": hidden_size,
@@ -42,16 +52,50 @@ def synthesize_hf_config(gguf: GgufFile, arch: GgufArchitecture) -> dict[str, An
         "vocab_size": int(embedding.shape[1]),
         "rms_norm_eps": gguf.require(key("attention.layer_norm_rms_epsilon")),
         "rope_theta": gguf.get(key("rope.freq_base"), DEFAULT_ROPE_THETA),
-        "rope_scaling": None,
+        "rope_scaling": rope_scaling,
         "max_position_embeddings": gguf.require(key("context_length")),
         # llama.cpp writes output.weight only when it differs from the embedding.
         "tie_word_embeddings": "output.weight" not in gguf.tensors,
         "attention_bias": "blk.0.attn_q.bias" in gguf.tensors,
         "mlp_bias": False,
-        "hidden_act": "silu",
+        "hidden_act": arch.hidden_act,
         "bos_token_id": gguf.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": gguf.get("tokenizer.ggml.eos_token_id"),
+        "eos_token_id": _eos_token_ids(gguf),
         "pad_token_id": gguf.get("tokenizer.ggml.padding_token_id"),
         # Quantized tensors are dequantized to fp32.
         "torch_dtype": "float32",
     }
+    if arch.model_type == "gemma3_text":
+        config.update(_gemma3_fields(gguf, key, config))
+    return config
+
+
+def _gemma3_fields(gguf: GgufFile, key: Callable[[str], str], config: dict[str, Any],
+                   ) -> dict[str, Any]:
+    """Gemma 3's own config fields: the window is in the metadata, the rest is llama.cpp's
+    fixed choice for the architecture (HF's GGUF loader takes its config defaults instead,
+    the same values but for the 27B's query scale: 256 for every size)."""
+    layers = range(config["num_hidden_layers"])
+    query_scalar = (config["hidden_size"] // config["num_attention_heads"]
+                    if config["num_hidden_layers"] == GEMMA3_27B_LAYERS else config["head_dim"])
+    return {
+        "hidden_activation": config["hidden_act"],  # the name HF's Gemma 3 config reads
+        "sliding_window": gguf.require(key("attention.sliding_window")),
+        "layer_types": ["full_attention" if (i + 1) % GEMMA3_SLIDING_WINDOW_PATTERN == 0
+                        else "sliding_attention" for i in layers],
+        "rope_local_base_freq": GEMMA3_LOCAL_ROPE_THETA,
+        "query_pre_attn_scalar": query_scalar,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": gguf.get(key("final_logit_softcapping")),
+    }
+
+
+def _eos_token_ids(gguf: GgufFile) -> int | list[int] | None:
+    """llama.cpp's end-of-generation ids: EOS, and end-of-turn / end-of-message where the
+    file names them (Llama 3 Instruct ends a turn with <|eot_id|>, not its EOS); one id as
+    an int, several as HF writes them, a list."""
+    ids = [gguf.get(f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot", "eom")]
+    unique = list(dict.fromkeys(i for i in ids if i is not None))
+    if not unique:
+        return None
+    return unique[0] if len(unique) == 1 else unique

@@ -15,7 +15,7 @@ from octavo.models.loader.errors import ModelLoadError
 from octavo.models.loader.files import ModelFiles, WeightSource
 from octavo.models.loader.gguf_config import synthesize_hf_config
 from octavo.models.loader.gguf_metadata import GgufFile
-from octavo.models.loader.gguf_names import ARCHITECTURES, hf_tensor_name
+from octavo.models.loader.gguf_names import ARCHITECTURES, GgufArchitecture, hf_tensor_name
 from octavo.models.loader.gguf_weights import GgufWeights
 from octavo.models.loader.hf_folder import load_hf_folder
 from octavo.models.loader.tokenizer import load_gguf_tokenizer
@@ -77,14 +77,14 @@ def read_gguf(path: Path) -> ModelFiles:
             f"supported: {', '.join(ARCHITECTURES)}"
         )
     config = synthesize_hf_config(gguf, arch)
-    tensors = _hf_named_tensors(gguf)
+    tensors = _hf_named_tensors(gguf, arch)
     permuted_heads = _permuted_heads(gguf, config, tensors) if arch.permuted_qk else {}
-    weights = GgufWeights(gguf, tensors, permuted_heads)
+    weights = GgufWeights(gguf, tensors, permuted_heads, arch.norm_shift)
     tokenizer = load_gguf_tokenizer(path, gguf.get("tokenizer.chat_template"))
     return ModelFiles(path, config, tokenizer, weights)
 
 
-def _hf_named_tensors(gguf: GgufFile) -> dict[str, ReaderTensor]:
+def _hf_named_tensors(gguf: GgufFile, arch: GgufArchitecture) -> dict[str, ReaderTensor]:
     supported = ", ".join(sorted(t.name for t in SUPPORTED_TYPES))
     named = {}
     for tensor in gguf.tensors.values():
@@ -93,7 +93,7 @@ def _hf_named_tensors(gguf: GgufFile) -> dict[str, ReaderTensor]:
                 f"{gguf.path}: tensor {tensor.name!r} has unsupported type "
                 f"{tensor.tensor_type.name}; supported: {supported}"
             )
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, arch)
         if name is None:
             raise ModelLoadError(
                 f"{gguf.path}: tensor {tensor.name!r} has no known Hugging Face counterpart "

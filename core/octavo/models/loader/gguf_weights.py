@@ -29,11 +29,14 @@ class GgufWeights:
     """Streams a GGUF's tensors as ``(hf_name, tensor)``; see ``ModelFiles.iter_weights``."""
 
     def __init__(
-        self, gguf: GgufFile, tensors: dict[str, ReaderTensor], permuted_heads: dict[str, int]
+        self, gguf: GgufFile, tensors: dict[str, ReaderTensor], permuted_heads: dict[str, int],
+        norm_shift: float = 0.0,
     ) -> None:
         self.gguf = gguf  # kept open: the tensors are views into its memory map
         self.tensors = tensors  # HF name -> GGUF tensor
         self.permuted_heads = permuted_heads  # HF name -> head count, for Q/K to unpermute
+        # Subtracted (in fp32, as HF's GGUF loader does) from the norm weights: Gemma's 1 + w.
+        self.norm_shift = norm_shift
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -45,6 +48,8 @@ class GgufWeights:
             weight = dequantize(tensor.data, tensor.tensor_type, shape)
             if name in self.permuted_heads:
                 weight = unpermute_qk(weight, self.permuted_heads[name])
+            if self.norm_shift and name.endswith("norm.weight"):
+                weight = weight.float() - self.norm_shift
             yield name, weight
 
     def file_of(self, name: str) -> Path:

@@ -1,7 +1,7 @@
 """``Proposer``: the worker-side interface every speculative-decoding method implements.
 
 A proposer is registered by name through the ``octavo_register_proposers`` hook (the
-octavo-spec-decode plugin registers ngram, draft_model, medusa and eagle) and built
+octavo-spec-decode plugin registers ngram, draft_model, medusa, eagle and eagle3) and built
 once per worker, next to the target model. After each step's sampling the model runner
 calls :meth:`Proposer.propose` with a :class:`ProposeInputs`; the drafts it returns travel
 back to the scheduler, which schedules ``1 + len(drafts)`` tokens for the request in the
@@ -83,6 +83,9 @@ class ProposeInputs:
     # final norm, or (needs_prenorm_hidden_states) before it. None unless asked for.
     hidden_states: torch.Tensor | None = None
     prenorm_hidden_states: torch.Tensor | None = None
+    # The target's hidden states entering each layer of ``Proposer.aux_hidden_state_layers``,
+    # in layer order, each [T, hidden] (EAGLE-3's auxiliary hidden states). None unless asked.
+    aux_hidden_states: list[torch.Tensor] | None = None
     # The persistent batch's block tables (a view, do not write): row r's blocks are
     # block_table[r]; they cover k lookahead slots past each sampling request's tokens.
     block_table: np.ndarray | None = None  # int32 [max_num_reqs, max_blocks_per_req]
@@ -96,6 +99,9 @@ class Proposer(ABC):
     # The runner passes the target's hidden states only to proposers that ask for them.
     needs_hidden_states: ClassVar[bool] = False
     needs_prenorm_hidden_states: ClassVar[bool] = False
+    # Target layers whose input hidden states the runner keeps for ``propose`` (EAGLE-3 reads
+    # three); a proposer sets it in ``__init__`` (its checkpoint names them). Empty: none.
+    aux_hidden_state_layers: tuple[int, ...] = ()
     # Whether propose() can return the nodes of ``DraftTree.of(config)`` (octavo.spec.tree) in its
     # order instead of a chain; only such proposers accept speculative_token_tree.
     supports_token_tree: ClassVar[bool] = False

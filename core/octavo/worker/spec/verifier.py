@@ -84,6 +84,8 @@ class SpecVerifier:
             architectures=architectures))
         if self.proposer.needs_prenorm_hidden_states:
             model.model.keep_prenorm_hidden = True
+        if self.proposer.aux_hidden_state_layers:
+            model.model.aux_hidden_state_layers = frozenset(self.proposer.aux_hidden_state_layers)
         self.ancestors = self.tree.attention_mask() if self.tree is not None else None
         self.max_drafts = config.max_drafts
         # Flat index of the last accepted token of each request verified this step, by its
@@ -249,6 +251,8 @@ class SpecVerifier:
             hidden_states=hidden if self.proposer.needs_hidden_states else None,
             prenorm_hidden_states=(model.model.prenorm_hidden
                                    if self.proposer.needs_prenorm_hidden_states else None),
+            aux_hidden_states=(model.model.aux_hidden_states
+                               if self.proposer.aux_hidden_state_layers else None),
             block_table=batch.block_table,
         )
         proposals = self.proposer.propose(inputs)

@@ -26,9 +26,13 @@ class Sequence:
     # (on a greedy reply it is the reply itself; on a sampled one it is what greedy
     # decoding would have said there).
     next_tokens: torch.Tensor | None = None
+    # [L, 3 * hidden]: the hidden states entering three target layers, concatenated (what an
+    # EAGLE-3 head reads); kept in bfloat16, which halves the largest part of the data.
+    aux_features: torch.Tensor | None = None
 
 
 SAMPLING_TEMPERATURE = 0.7
+AUX_DTYPE = torch.bfloat16
 
 
 def generate_text(model: str | None, prompts: list[str], max_tokens: int, seed: int,
@@ -64,9 +68,9 @@ def load_target(model: str | None) -> tuple[CausalLM, dict]:
 
 @torch.inference_mode()
 def add_features(target: CausalLM, sequences: list[Sequence], batch_tokens: int = 2048,
-                 ) -> None:
+                 aux_layers: tuple[int, ...] = ()) -> None:
     """Fill ``features`` (the target's final hidden states) and ``next_tokens`` (its greedy
-    picks), a few sequences a forward."""
+    picks), a few sequences a forward; with ``aux_layers``, ``aux_features`` too."""
     batches: list[list[Sequence]] = [[]]
     for seq in sequences:
         if batches[-1] and sum(len(s.token_ids) for s in batches[-1]) + len(seq.token_ids) \
@@ -78,28 +82,40 @@ def add_features(target: CausalLM, sequences: list[Sequence], batch_tokens: int 
         ids = torch.cat([s.token_ids for s in batch])
         positions = torch.cat([torch.arange(n) for n in lengths])
         kv_caches = [torch.empty(0)] * target.num_layers
+        target.model.aux_hidden_state_layers = frozenset(aux_layers)  # type: ignore[union-attr]
         hidden = target(ids, positions, kv_caches, full_sequence_metadata(lengths, ids.device))
         next_tokens = target.compute_logits(hidden).argmax(-1)
-        for seq, features, picks in zip(batch, hidden.split(lengths),
-                                        next_tokens.split(lengths)):
+        aux = (torch.cat(target.model.aux_hidden_states, dim=-1)  # type: ignore[union-attr]
+               .to(AUX_DTYPE).split(lengths) if aux_layers else [None] * len(batch))
+        for seq, features, picks, aux_features in zip(batch, hidden.split(lengths),
+                                                      next_tokens.split(lengths), aux):
             seq.features = features.clone()
             seq.next_tokens = picks.clone()
+            seq.aux_features = None if aux_features is None else aux_features.clone()
+    target.model.aux_hidden_state_layers = frozenset()  # type: ignore[union-attr]
 
 
-def save_data(path: Path, model: str | None, sequences: list[Sequence]) -> None:
-    """Keep text and features, so heads of another kind can train without regenerating."""
-    torch.save({"model": model or "", "sequences": [
+def save_data(path: Path, model: str | None, sequences: list[Sequence],
+              aux_layers: tuple[int, ...] = ()) -> None:
+    """Keep text and features (and the aux features of ``aux_layers``, if any), so heads
+    of another kind can train without regenerating."""
+    torch.save({"model": model or "", "aux_layers": list(aux_layers), "sequences": [
         {"token_ids": s.token_ids, "num_prompt_tokens": s.num_prompt_tokens,
-         "features": s.features, "next_tokens": s.next_tokens} for s in sequences]}, path)
+         "features": s.features, "next_tokens": s.next_tokens,
+         "aux_features": s.aux_features} for s in sequences]}, path)
 
 
-def load_data(path: Path, model: str | None) -> list[Sequence]:
+def load_data(path: Path, model: str | None, aux_layers: tuple[int, ...] = ()) -> list[Sequence]:
+    """The sequences of a ``save_data`` file; their aux features only if they are those of
+    ``aux_layers`` (an older file, or one of other layers, gives none)."""
     data = torch.load(path, weights_only=True)
+    same_aux = bool(aux_layers) and tuple(data.get("aux_layers") or ()) == tuple(aux_layers)
     if data.get("model") != (model or ""):
         raise TrainingInputError(f"{path}: holds data of model {data.get('model') or 'default'!r}, "
                          f"not {model or 'default'!r}")
     if any(s.get("next_tokens") is None for s in data["sequences"]):
         raise TrainingInputError(f"{path}: written by an older `octavo spec train` (no greedy "
                          f"labels); delete it to regenerate")
-    return [Sequence(s["token_ids"], s["num_prompt_tokens"], s["features"], s["next_tokens"])
+    return [Sequence(s["token_ids"], s["num_prompt_tokens"], s["features"], s["next_tokens"],
+                     s.get("aux_features") if same_aux else None)
             for s in data["sequences"]]

@@ -10,6 +10,7 @@ import torch
 
 from octavo.plugin_api import CausalLM
 from octavo_spec_decode.eagle import save_eagle
+from octavo_spec_decode.eagle3 import default_aux_layers, save_eagle3
 from octavo_spec_decode.medusa import save_medusa
 from octavo_spec_decode.train import defaults
 from octavo_spec_decode.train.data import (
@@ -20,6 +21,7 @@ from octavo_spec_decode.train.data import (
     load_target,
     save_data,
 )
+from octavo_spec_decode.train.eagle3_train import eagle3_accuracy, train_eagle3
 from octavo_spec_decode.train.eagle_train import eagle_accuracy, train_eagle
 from octavo_spec_decode.train.errors import TrainingInputError
 from octavo_spec_decode.train.evaluate import measure_acceptance
@@ -34,7 +36,7 @@ GENERATION_DTYPE = "auto"
 
 @dataclass(frozen=True)
 class TrainOptions:
-    method: str  # "medusa" or "eagle"
+    method: str  # "medusa", "eagle" or "eagle3"
     model: str | None  # None: the default SmolLM2-135M-Instruct
     out: str
     num_heads: int = 3  # Medusa heads; for EAGLE, the k of the final measurement
@@ -54,7 +56,8 @@ def train_heads(options: TrainOptions) -> str:
     started = time.perf_counter()
     torch.manual_seed(options.seed)
     target, hf_config = load_target(options.model)
-    sequences = training_data(options, target)
+    aux_layers = aux_layers_for(options.method, target)
+    sequences = training_data(options, target, aux_layers)
     train_set, eval_set = split(sequences)
     steps = options.steps or defaults.STEPS[options.method]
     lm_head = target.lm_head.weight
@@ -63,6 +66,10 @@ def train_heads(options: TrainOptions) -> str:
                              seed=options.seed)
         save_medusa(heads, options.out, base_model=options.model or "SmolLM2-135M-Instruct")
         accuracy = medusa_accuracy(heads, eval_set, lm_head)
+    elif options.method == "eagle3":
+        head3 = train_eagle3(target, train_set, steps=steps, seed=options.seed)
+        save_eagle3(head3, options.out, hf_config, aux_layers)
+        accuracy = eagle3_accuracy(head3, eval_set)
     else:
         head = train_eagle(target, train_set, steps=steps, seed=options.seed)
         save_eagle(head, options.out, hf_config)
@@ -88,11 +95,30 @@ def evaluation_trees(options: TrainOptions) -> list[list[list[int]] | None]:
     return [None, tree]
 
 
-def training_data(options: TrainOptions, target: CausalLM) -> list[Sequence]:
-    """The target's replies to the training prompts with its features, from
-    ``options.data`` when that file exists (and written there otherwise)."""
+def aux_layers_for(method: str, target: CausalLM) -> tuple[int, ...]:
+    """The target layers an EAGLE-3 head reads (vLLM's default three); none otherwise."""
+    if method != "eagle3":
+        return ()
+    num_layers = target.config.num_hidden_layers
+    layers = default_aux_layers(num_layers)
+    if len(set(layers)) != len(layers) or min(layers) < 0:
+        raise TrainingInputError(f"the target has {num_layers} layers: EAGLE-3's aux layers "
+                                 f"{layers} (2, L // 2, L - 3) are not three distinct ones; "
+                                 f"it needs a target of 7 layers or more")
+    return layers
+
+
+def training_data(options: TrainOptions, target: CausalLM,
+                  aux_layers: tuple[int, ...] = ()) -> list[Sequence]:
+    """The target's replies to the training prompts with its features (and the aux
+    features of ``aux_layers``), from ``options.data`` when that file exists (and written
+    there otherwise; a file without those aux features gets them added)."""
     if options.data and Path(options.data).is_file():
-        return load_data(Path(options.data), options.model)
+        sequences = load_data(Path(options.data), options.model, aux_layers)
+        if aux_layers and any(s.aux_features is None for s in sequences):
+            add_features(target, sequences, aux_layers=aux_layers)
+            save_data(Path(options.data), options.model, sequences, aux_layers)
+        return sequences
     prompts = training_prompts()
     if options.num_prompts > len(prompts):
         raise TrainingInputError(f"--prompts {options.num_prompts}: only {len(prompts)} built-in "
@@ -100,7 +126,7 @@ def training_data(options: TrainOptions, target: CausalLM) -> list[Sequence]:
     sequences = generate_text(options.model, prompts[:options.num_prompts], options.max_tokens,
                               options.seed, options.samples_per_prompt, options.self_written,
                               dtype=GENERATION_DTYPE)
-    add_features(target, sequences)
+    add_features(target, sequences, aux_layers=aux_layers)
     if options.data:
-        save_data(Path(options.data), options.model, sequences)
+        save_data(Path(options.data), options.model, sequences, aux_layers)
     return sequences

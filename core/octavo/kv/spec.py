@@ -1,0 +1,116 @@
+"""KV specs and KV groups: which layers share block tables (vLLM's hybrid KV cache layout).
+
+Every attention layer declares a spec - full attention, or a sliding window of N tokens.
+Layers with one spec form a group with its own manager and block tables, so sliding-window
+layers can give back the blocks their window no longer covers while full-attention layers
+keep every block.
+
+One pool of block ids serves every group. When the specs have unequal layer counts, each
+spec's layers are split so every group holds the same number of layers,
+``layers_per_group`` (vLLM's rule), and layer ``j`` of every group uses KV tensor ``j``: a
+block id then stands for one page in each of ``layers_per_group`` tensors, and belongs to
+exactly one group at a time. A model whose layers all have one spec is one group, with a
+tensor per layer - exactly the layout without groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Use the larger layer count as the group size when it is less than this many times the
+# smaller: a few padding tensors cost less than splitting into more groups (vLLM's rule).
+PADDING_TOLERANCE = 1.25
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec:
+    """A layer attending every earlier token: it needs every block of the request."""
+
+    def describe(self) -> str:
+        return "full attention"
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec:
+    """A layer attending the last ``sliding_window`` tokens (itself included)."""
+
+    sliding_window: int
+
+    def __post_init__(self) -> None:
+        if self.sliding_window < 1:
+            raise ValueError(f"a sliding window must be at least 1 token, "
+                             f"got {self.sliding_window}")
+
+    def describe(self) -> str:
+        return f"sliding window {self.sliding_window}"
+
+
+KVCacheSpec = FullAttentionSpec | SlidingWindowSpec
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers (model-wide indices, ascending) with one spec; ``layers[j]`` uses KV tensor j."""
+
+    spec: KVCacheSpec
+    layers: tuple[int, ...]
+
+
+def layer_spec(sliding_window: int | None) -> KVCacheSpec:
+    return FullAttentionSpec() if sliding_window is None else SlidingWindowSpec(sliding_window)
+
+
+def kv_cache_groups(sliding_windows: Sequence[int | None]) -> list[KVCacheGroup]:
+    """The groups of a model whose layer ``i`` has window ``sliding_windows[i]`` (None: full
+    attention), full attention first; an empty sequence means one full-attention group."""
+    if not sliding_windows:
+        return [KVCacheGroup(FullAttentionSpec(), ())]
+    by_spec: dict[KVCacheSpec, list[int]] = {}
+    for layer, window in enumerate(sliding_windows):
+        by_spec.setdefault(layer_spec(window), []).append(layer)
+    if len(by_spec) == 1:
+        ((spec, layers),) = by_spec.items()
+        return [KVCacheGroup(spec, tuple(layers))]
+    counts = [len(layers) for layers in by_spec.values()]
+    size = max(counts) if max(counts) < min(counts) * PADDING_TOLERANCE else min(counts)
+    specs = sorted(by_spec, key=lambda spec: isinstance(spec, SlidingWindowSpec))
+    return [KVCacheGroup(spec, tuple(by_spec[spec][start:start + size]))
+            for spec in specs for start in range(0, len(by_spec[spec]), size)]
+
+
+def layers_per_group(groups: Sequence[KVCacheGroup]) -> int:
+    """KV tensors a block id spans: the largest group's layer count."""
+    return max(len(group.layers) for group in groups)
+
+
+def tensor_of_layer(groups: Sequence[KVCacheGroup]) -> dict[int, int]:
+    """Model-wide layer index -> the KV tensor it writes (its place in its group)."""
+    return {layer: j for group in groups for j, layer in enumerate(group.layers)}
+
+
+def is_hybrid(groups: Sequence[KVCacheGroup]) -> bool:
+    """Whether the groups need the coordinator: several groups, or one sliding-window one."""
+    return len(groups) > 1 or isinstance(groups[0].spec, SlidingWindowSpec)
+
+
+def max_blocks_per_request(groups: Sequence[KVCacheGroup], num_tokens: int, block_size: int,
+                           max_chunk: int) -> int:
+    """The most blocks one request of ``num_tokens`` tokens holds at once, over all groups,
+    when it is computed in chunks of at most ``max_chunk`` tokens: a sliding-window group
+    holds its window before the chunk, and the chunk."""
+    full = -(-num_tokens // block_size)
+    total = 0
+    for group in groups:
+        spec = group.spec
+        if isinstance(spec, SlidingWindowSpec):
+            span = spec.sliding_window - 1 + min(max_chunk, num_tokens)
+            total += min(full, -(-span // block_size) + 1)
+        else:
+            total += full
+    return total
+
+
+def describe_groups(groups: Sequence[KVCacheGroup]) -> str:
+    return "; ".join(f"group {i}: {group.spec.describe()}, layers "
+                     f"{', '.join(map(str, group.layers))}" for i, group in enumerate(groups))

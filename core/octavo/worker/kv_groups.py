@@ -1,0 +1,50 @@
+"""The worker side of KV groups (``octavo.kv.spec``): the model's per-layer windows, the
+KV tensors a block id spans, and each attention layer told which group it is in."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from octavo.attention.base import AttentionImpl
+from octavo.attention.kv_groups import KVGroupAttention
+from octavo.kv.spec import KVCacheGroup, tensor_of_layer
+
+
+def layer_windows(model: nn.Module) -> list[int | None]:
+    """Each layer's sliding window (None: full attention), model-wide; every layer full
+    attention for a model whose config does not say (``ArchConfig.sliding_windows``)."""
+    config = getattr(model, "config", None)
+    windows = getattr(config, "sliding_windows", None)
+    return list(windows) if windows is not None else []
+
+
+def local_tensor_indices(groups: Sequence[KVCacheGroup], layers: range) -> list[int]:
+    """For each of this rank's ``layers``, its KV tensor among this rank's tensors."""
+    by_layer = tensor_of_layer(groups)
+    used = sorted({by_layer[layer] for layer in layers})
+    return [used.index(by_layer[layer]) for layer in layers]
+
+
+def assign_kv_groups(model: nn.Module, groups: Sequence[KVCacheGroup], layers: range) -> None:
+    """Wrap each attention layer's impl (found in module order: one per decoder layer, in
+    layer order) so it attends with its group's metadata. Refuses a model whose impls do
+    not line up with its layers, or whose impl windows disagree with the groups' specs."""
+    group_of = {layer: g for g, group in enumerate(groups) for layer in group.layers}
+    found = [(module, name, value) for module in model.modules()
+             for name, value in list(vars(module).items())
+             if isinstance(value, AttentionImpl)]
+    if len(found) != len(layers):
+        raise ValueError(f"{type(model).__name__}: found {len(found)} attention layers for "
+                         f"{len(layers)} decoder layers, so their KV groups are unknown")
+    for layer, (module, name, impl) in zip(layers, found):
+        if isinstance(impl, KVGroupAttention):  # a cache allocated again: wrap afresh
+            impl = impl.impl
+        group = groups[group_of[layer]]
+        window = getattr(group.spec, "sliding_window", None)
+        if impl.sliding_window != window:
+            raise ValueError(f"{type(model).__name__}: layer {layer} attends with window "
+                             f"{impl.sliding_window}, but its KV group is "
+                             f"{group.spec.describe()}")
+        setattr(module, name, KVGroupAttention(impl, group_of[layer]))
