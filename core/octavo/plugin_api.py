@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
     from octavo.models.base import PPMissingLayer as PPMissingLayer
     from octavo.models.build import build_model as build_model
     from octavo.models.config import ArchConfig as ArchConfig
+    from octavo.models.config import model_eos_token_ids as model_eos_token_ids
     from octavo.models.layers.activation import SiluAndMul as SiluAndMul
     from octavo.models.layers.linear import QKVParallelLinear as QKVParallelLinear
     from octavo.models.layers.norm import RMSNorm as RMSNorm
@@ -135,6 +136,7 @@ _EXPORTS: dict[str, str] = {
     "RankInfo": "octavo.distributed.state:RankInfo",
     "ArchConfig": "octavo.models.config:ArchConfig",
     "build_model": "octavo.models.build:build_model",
+    "model_eos_token_ids": "octavo.models.config:model_eos_token_ids",  # what ends requests
     "ModelFiles": "octavo.models.loader:ModelFiles",
     "ModelLoadError": "octavo.models.loader:ModelLoadError",
     "load_model_files": "octavo.models.loader:load_model_files",

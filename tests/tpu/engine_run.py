@@ -4,8 +4,11 @@
 for ``PROMPTS`` (one with ``logprobs``) and reports, besides the tokens, what the worker
 was handed (requests resumed after preemption, prefix-cache hits at first sight, prompt
 chunks that sampled nothing) and, on the tpu backend, the compile guard's count and the
-start-up compile time. A subprocess because interpret mode (and a 2-device CPU mesh) are
-fixed when JAX and the plugin are imported.
+start-up compile time. A second batch runs the sampler's other paths: greedy under
+penalties, logit_bias, allowed_token_ids and min_tokens (deterministic, so the backends
+must agree), and seeded random sampling twice (each backend must repeat itself). A
+subprocess because interpret mode (and a 2-device CPU mesh) are fixed when JAX and the
+plugin are imported.
 """
 
 from __future__ import annotations
@@ -23,6 +26,24 @@ LOGPROBS = 3  # asked for by the first prompt
 # One token bucket (8) and three request buckets: prompts longer than 8 tokens are chunked.
 ENGINE = {"dtype": "float32", "max_num_batched_tokens": 8, "max_num_seqs": 4,
           "max_model_len": 64}
+
+
+# Greedy over processed logits: what the sampler's dense variant computes, row by row.
+PROCESSED = [
+    {"repetition_penalty": 1.3, "presence_penalty": 0.5, "frequency_penalty": 0.3,
+     "logprobs": LOGPROBS},
+    {"logit_bias": {7: 2.5, 11: -100.0}, "min_tokens": 6, "stop_token_ids": [3]},
+    {"allowed_token_ids": list(range(20, 60))},
+]
+PROCESSED = [{"max_tokens": MAX_TOKENS, "temperature": 0.0, **s} for s in PROCESSED]
+# Seeded random rows beside a greedy one: the same tokens on every run.
+SEEDED = [{"temperature": 0.9, "top_k": 20, "top_p": 0.9, "seed": 7}, {"temperature": 0.0},
+          {"temperature": 1.2, "min_p": 0.05, "seed": 123}]
+SEEDED = [{"max_tokens": MAX_TOKENS, "ignore_eos": True, **s} for s in SEEDED]
+
+
+def logprob_steps(steps: Any) -> list[dict[str, list[float]]]:
+    return [{str(k): [v.logprob, v.rank] for k, v in step.items()} for step in steps]
 
 
 def kv_block_bytes(hf_config: dict[str, Any], dtype_bytes: int = 4) -> int:
@@ -62,9 +83,18 @@ def main(model: str, backend: str, engine: dict[str, Any], tp: int = 1) -> dict[
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
                            [with_logprobs] + [plain] * (len(PROMPTS) - 1), use_tqdm=False)
     first = outputs[0].outputs[0].logprobs
+    processed = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:len(PROCESSED)]],
+                             [SamplingParams(**settings) for settings in PROCESSED],
+                             use_tqdm=False)
+    seeded = [llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:3]],
+                           [SamplingParams(**settings) for settings in SEEDED], use_tqdm=False)
+              for _ in range(2)]
     report = {
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-        "logprobs": [{str(k): [v.logprob, v.rank] for k, v in step.items()} for step in first],
+        "logprobs": logprob_steps(first),
+        "processed_tokens": [list(o.outputs[0].token_ids) for o in processed],
+        "processed_logprobs": logprob_steps(processed[0].outputs[0].logprobs),
+        "seeded_tokens": [[list(o.outputs[0].token_ids) for o in run] for run in seeded],
         "resumed": watch.resumed, "prefix_hits": watch.prefix_hits, "chunks": watch.chunks,
     }
     if backend == "tpu":

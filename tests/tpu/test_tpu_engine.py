@@ -1,6 +1,7 @@
 """The whole engine on the TPU backend in interpret mode (``OCTAVO_TPU_INTERPRET=1``: JAX's
 CPU devices, every Pallas kernel in TPU interpret mode) gives the same fp32 greedy tokens
-(and logprobs) as the torch CPU backend on tiny random Llama, Qwen3 and Mistral models,
+(and logprobs), also under penalties, logit_bias, allowed_token_ids and min_tokens, as the
+torch CPU backend on tiny random Llama, Qwen3 and Mistral models,
 through ``LLM(backend="tpu")`` and ``octavo generate --backend tpu``, with -tp 2 on a
 two-device CPU mesh too.
 
@@ -23,7 +24,7 @@ import numpy as np
 import pytest
 
 from tests.core.tiny_models import save_tiny_model
-from tests.tpu.engine_run import ENGINE, kv_block_bytes
+from tests.tpu.engine_run import ENGINE, PROCESSED, kv_block_bytes
 
 ROOT = Path(__file__).parents[2]
 KV_BLOCKS = 6  # fewer than the 4 running requests need at their longest: preemption
@@ -49,13 +50,28 @@ def engine_run(folder: Path, backend: str, tp: int = 1) -> tuple[dict, str]:
     return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
 
 
-def assert_same_run(got: dict, want: dict, label: str) -> None:
-    assert got["tokens"] == want["tokens"], label
-    for got_step, want_step in zip(got["logprobs"], want["logprobs"], strict=True):
+def assert_same_logprobs(got: list[dict], want: list[dict], label: str) -> None:
+    for got_step, want_step in zip(got, want, strict=True):
         assert got_step.keys() == want_step.keys(), label
         for token, (logprob, rank) in want_step.items():
             assert got_step[token][1] == rank, label
             np.testing.assert_allclose(got_step[token][0], logprob, rtol=1e-4, atol=1e-4)
+
+
+def assert_same_run(got: dict, want: dict, label: str) -> None:
+    assert got["tokens"] == want["tokens"], label
+    assert_same_logprobs(got["logprobs"], want["logprobs"], label)
+    # Penalties, logit_bias, allowed_token_ids and min_tokens: greedy, so equal tokens.
+    assert got["processed_tokens"] == want["processed_tokens"], label
+    assert_same_logprobs(got["processed_logprobs"], want["processed_logprobs"], label)
+    bias, allowed = PROCESSED[1], PROCESSED[2]
+    assert 11 not in got["processed_tokens"][1], label
+    assert 3 not in got["processed_tokens"][1][:bias["min_tokens"]], label
+    assert set(got["processed_tokens"][2]) <= set(allowed["allowed_token_ids"]), label
+    # Seeded random sampling repeats itself; the greedy row beside it is the greedy run's.
+    first, second = got["seeded_tokens"]
+    assert first == second, label
+    assert first[1] == got["tokens"][1], label
     # The TPU worker was handed chunked prefills, prefix-cache hits and preemptions (how
     # often can differ from the CPU run on a sliding-window model: the CPU worker frees the
     # blocks that left the window, the TPU worker keeps one KV group of all blocks).

@@ -1,6 +1,6 @@
 """The TPU runner's small parts, in process (JAX on the CPU): the step buckets, the compile
 guard that the engine tests rely on to prove nothing compiles while serving, and the
-refusal of sampling settings the greedy runner does not compute."""
+refusal of the request settings the runner does not compute."""
 
 from __future__ import annotations
 
@@ -44,13 +44,14 @@ def test_guard_counts_a_compile_after_warm_up() -> None:
 
 
 @pytest.mark.parametrize(("params", "named"), [
-    (SamplingParams(temperature=0.8), "temperature > 0"),
-    (SamplingParams(temperature=0.0, presence_penalty=0.5), "penalties"),
-    (SamplingParams(temperature=0.0, min_tokens=3), "min_tokens"),
+    (SamplingParams(temperature=0.0, prompt_logprobs=1), "prompt_logprobs"),
+    (SamplingParams(temperature=0.8, logprobs=21), "logprobs > 20"),
 ])
 def test_unsupported_sampling_is_named(params: SamplingParams, named: str) -> None:
     new = NewRequestData("r1", [1, 2, 3], params, [0], 0)
-    with pytest.raises(ValueError, match=f"request r1: the tpu backend samples greedily.*{named}"):
+    with pytest.raises(ValueError, match=f"request r1: the tpu backend does not compute "
+                                         f"{named}"):
         check_supported(new)
-    check_supported(NewRequestData("r2", [1, 2], SamplingParams(temperature=0.0, logprobs=2),
-                                   [0], 0))
+    for supported in (SamplingParams(temperature=0.8, top_p=0.9, seed=3, logprobs=20),
+                      SamplingParams(presence_penalty=0.5, min_tokens=3, logit_bias={1: 2.0})):
+        check_supported(NewRequestData("r2", [1, 2], supported, [0], 0))

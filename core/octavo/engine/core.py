@@ -29,8 +29,7 @@ from octavo.kv.spec import (
     layers_per_group,
     max_blocks_per_request,
 )
-from octavo.models.config import eos_token_ids
-from octavo.models.generation_config import read_generation_config
+from octavo.models.config import model_eos_token_ids
 from octavo.models.loader import ModelFiles
 from octavo.outputs import EngineCoreOutput
 from octavo.platforms import Platform
@@ -64,8 +63,7 @@ class EngineCore:
         config.cache.num_gpu_blocks = num_blocks
         self.structured_output = StructuredOutputManager(
             files.tokenizer, int(files.hf_config["vocab_size"]),
-            eos_token_ids(files.hf_config,
-                          read_generation_config(files, config.model.generation_config)),
+            model_eos_token_ids(files, config.model.generation_config),
             config.structured_outputs)
         self.scheduler = build_scheduler(config, registries, self.structured_output,
                                          kv_groups)

@@ -14,7 +14,9 @@ group at once, over one pool of blocks (see ``octavo.kv.spec`` for the layout):
 - the block tables of all groups have one length, so trimming them after speculative
   drafts (``free_trailing_blocks``) keeps the same count in each.
 
-Block 0 is the pool's null block: taken from the pool once, never freed, never written.
+With a sliding-window group, block 0 is the pool's null block: taken from the pool once,
+never freed, never written. ``KVCacheManager`` is the coordinator of one full-attention
+group, which needs no null block.
 """
 
 from __future__ import annotations
@@ -36,15 +38,16 @@ class KVCacheCoordinator(KVCacheManagerInterface):
                  groups: Sequence[KVCacheGroup]) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
-        if num_blocks < 2:
-            raise ValueError(f"a KV cache with groups needs at least 2 blocks (one is the "
-                             f"null block), got {num_blocks}")
         if not groups:
             raise ValueError("the coordinator needs at least one KV group")
+        sliding = any(isinstance(group.spec, SlidingWindowSpec) for group in groups)
+        if sliding and num_blocks < 2:
+            raise ValueError(f"a KV cache with a sliding-window group needs at least 2 "
+                             f"blocks (one is the null block), got {num_blocks}")
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
-        (self.null_block,) = self.pool.get_new_blocks(1)
+        self.null_block = self.pool.get_new_blocks(1)[0] if sliding else None
         self.kv_groups = tuple(groups)
         self.num_kv_groups = len(groups)
         self.managers = [self._manager(group_id, group)
@@ -52,15 +55,18 @@ class KVCacheCoordinator(KVCacheManagerInterface):
         self.prefix_stats = PrefixCacheStats()
 
     def _manager(self, group_id: int, group: KVCacheGroup) -> GroupManager:
+        # One group needs no group id in its prefix-cache keys: they are the block hashes.
+        key_id = group_id if len(self.kv_groups) > 1 else None
         if isinstance(group.spec, SlidingWindowSpec):
+            assert self.null_block is not None
             return SlidingWindowGroupManager(self.pool, self.null_block, self.block_size,
-                                             group_id, group.spec)
-        return GroupManager(self.pool, self.null_block, self.block_size, group_id)
+                                             key_id, group.spec)
+        return GroupManager(self.pool, self.null_block, self.block_size, key_id)
 
     @property
     def num_blocks(self) -> int:
         """Blocks that can be handed out (the null block is not)."""
-        return self.pool.num_blocks - 1
+        return self.pool.num_blocks - (self.null_block is not None)
 
     @property
     def num_free_blocks(self) -> int:
@@ -73,8 +79,11 @@ class KVCacheCoordinator(KVCacheManagerInterface):
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """The longest prefix every group has cached: each group's hit blocks (as many per
-        group), concatenated in group order, and their number of tokens. Never the whole
-        sequence; none for requests asking for prompt logprobs (as ``KVCacheManager``)."""
+        group), concatenated in group order, and their number of tokens.
+
+        Full blocks only: the last token is always recomputed, because its logits are what
+        the next token is sampled from; requests asking for prompt logprobs need the logits
+        of every prompt position."""
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         block_hashes = update_block_hashes(request, self.block_size)
@@ -96,10 +105,20 @@ class KVCacheCoordinator(KVCacheManagerInterface):
         num_lookahead_tokens: int = 0,
         delay_cache_blocks: bool = False,
     ) -> list[KVBlock] | None:
-        """``KVCacheManager.allocate_slots`` for every group: the new blocks of all groups,
-        group after group, or ``None`` - changing nothing - unless every group can have
-        its blocks. Sliding-window groups first release the blocks that fell out of the
-        window of the request's next token; those count as free for the check."""
+        """Make room for ``num_new_tokens`` after the request's computed tokens, plus
+        ``num_lookahead_tokens`` of room for speculative drafts, in every group.
+
+        ``new_computed_blocks`` are prefix hits from ``get_computed_blocks`` (only on a
+        request's first allocation); their tokens count as computed. Returns the blocks
+        newly taken from the pool (possibly none), group after group, or ``None`` -
+        changing nothing - unless every group can have its blocks. Sliding-window groups
+        first release the blocks that fell out of the window of the request's next token;
+        those count as free for the check.
+
+        ``delay_cache_blocks``: the new tokens' KV is being loaded by a KV connector, not
+        computed, so their blocks must not be shared before the load is done; they enter
+        the prefix cache with the request's next allocation.
+        """
         if num_new_tokens < 1:
             raise ValueError(f"num_new_tokens must be at least 1, got {num_new_tokens}")
         request_id = request.request_id

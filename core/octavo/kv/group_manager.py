@@ -28,12 +28,14 @@ from octavo.request import Request
 class GroupManager:
     """A full-attention group: every block of the request stays until it is freed."""
 
-    def __init__(self, pool: BlockPool, null_block: KVBlock, block_size: int,
-                 group_id: int) -> None:
+    def __init__(self, pool: BlockPool, null_block: KVBlock | None, block_size: int,
+                 group_id: int | None) -> None:
+        """``null_block``: None where no group needs one; ``group_id``: None for the only
+        group, whose keys are the plain block hashes."""
         self.pool = pool
         self.null_block = null_block
         self.block_size = block_size
-        self.key_suffix = group_id.to_bytes(2, "big")
+        self.key_suffix = b"" if group_id is None else group_id.to_bytes(2, "big")
         self.req_blocks: dict[str, list[KVBlock]] = {}
         # How many leading blocks of each request have been offered to the prefix cache.
         self._num_cached_blocks: dict[str, int] = {}
@@ -122,8 +124,10 @@ class SlidingWindowGroupManager(GroupManager):
     ending before ``p - window + 1`` is released (cached ones stay findable until evicted)
     and the null block takes its place."""
 
-    def __init__(self, pool: BlockPool, null_block: KVBlock, block_size: int, group_id: int,
-                 spec: SlidingWindowSpec) -> None:
+    null_block: KVBlock
+
+    def __init__(self, pool: BlockPool, null_block: KVBlock, block_size: int,
+                 group_id: int | None, spec: SlidingWindowSpec) -> None:
         super().__init__(pool, null_block, block_size, group_id)
         self.sliding_window = spec.sliding_window
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from octavo.models.generation_config import GenerationConfig
-from octavo.models.loader import ModelLoadError
+from octavo.models.generation_config import GenerationConfig, read_generation_config
+from octavo.models.loader import ModelFiles, ModelLoadError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -222,3 +222,9 @@ def eos_token_ids(hf_config: dict[str, Any],
     ids = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
     extra = generation_config.eos_token_ids if generation_config is not None else []
     return list(dict.fromkeys([*ids, *extra]))
+
+
+def model_eos_token_ids(files: ModelFiles, generation_config: str = "auto") -> list[int]:
+    """``eos_token_ids`` of a loaded model's files, with the generation config that
+    ``--generation-config`` (``generation_config``) selects: what ends its requests."""
+    return eos_token_ids(files.hf_config, read_generation_config(files, generation_config))

@@ -14,8 +14,7 @@ import torch
 from octavo.config import EngineConfig
 from octavo.kv_transfer.base import KVConnectorRole
 from octavo.models.build import build_model
-from octavo.models.config import eos_token_ids
-from octavo.models.generation_config import read_generation_config
+from octavo.models.config import model_eos_token_ids
 from octavo.models.loader import ModelFiles
 from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
@@ -58,8 +57,7 @@ class Worker(WorkerInterface):
             max_num_reqs=config.scheduler.max_num_seqs,
             max_model_len=config.model.max_model_len,
             vocab_size=int(files.hf_config["vocab_size"]),
-            eos_token_ids=frozenset(eos_token_ids(
-                files.hf_config, read_generation_config(files, config.model.generation_config))),
+            eos_token_ids=frozenset(model_eos_token_ids(files, config.model.generation_config)),
             device=self.device,
         )
         if config.speculative is not None:

@@ -6,6 +6,12 @@ and computed-token count kept between steps, updated from ``NewRequestData`` and
 padded to the step's (tokens, requests) bucket and put on the device; the step itself,
 ``model.forward`` under ``jax.jit`` with the KV caches donated, was compiled for every
 bucket at start-up (:meth:`warm_up`), and a ``CompileGuard`` counts any compile after it.
+
+Sampling is the JAX sampler (``octavo_tpu.sample``) at the padded request count, in two
+variants per request bucket, both compiled at start-up: without the dense [R, V] parts, and
+with both of them (penalties and the logit bias that logit_bias, allowed_token_ids,
+bad_words and min_tokens make), used by any step where one request needs either. Every step
+also computes the top ``TOP_LOGPROBS`` logprobs, so asking for logprobs compiles nothing.
 """
 
 from __future__ import annotations
@@ -19,7 +25,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from octavo.plugin_api import (
@@ -29,12 +34,15 @@ from octavo.plugin_api import (
     ModelRunnerOutput,
     NewRequestData,
     SchedulerOutput,
-    gather_logprobs,
 )
 from octavo_tpu.buckets import Buckets
 from octavo_tpu.compile_watch import CompileGuard
 from octavo_tpu.mesh import Placement
 from octavo_tpu.model import ModelSpec, Params, forward
+from octavo_tpu.sample import SampleOutput, SamplingTensors, sample
+
+# Top logprobs every step computes: the OpenAI server's max_logprobs (as vLLM's default).
+TOP_LOGPROBS = 20
 
 logger = logging.getLogger("octavo.tpu")
 
@@ -52,7 +60,8 @@ class HostStep:
 class TpuModelRunner:
     def __init__(self, spec: ModelSpec, params: Params, placement: Placement, *,
                  block_size: int, max_num_reqs: int, max_model_len: int,
-                 max_num_batched_tokens: int, dtype: jnp.dtype) -> None:
+                 max_num_batched_tokens: int, dtype: jnp.dtype,
+                 eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.spec = spec
         self.placement = placement
         self.params = placement.put_params(params)
@@ -66,7 +75,10 @@ class TpuModelRunner:
         step = partial(forward, spec, placement.attention, placement.write_kv)
         self._step = jax.jit(step, donate_argnums=(1,),
                              out_shardings=placement.step_out_shardings(spec.num_layers))
-        self._greedy = jax.jit(lambda logits: jnp.argmax(logits, axis=-1).astype(jnp.int32))
+        self.num_logprobs = min(TOP_LOGPROBS, spec.vocab_size)
+        self._sample = jax.jit(partial(sample, num_logprobs=self.num_logprobs))
+        self.eos_token_ids = eos_token_ids
+        self._rng = np.random.default_rng()
         self.startup_compile_seconds: float | None = None
 
     # -- KV cache ---------------------------------------------------------------------
@@ -80,14 +92,20 @@ class TpuModelRunner:
                           for _ in range(self.spec.num_layers)]
 
     def warm_up(self) -> float:
-        """Compile the step (and the greedy pick) for every bucket pair; returns seconds."""
+        """Compile the step for every bucket pair and the sampler's two variants for every
+        request bucket; returns seconds."""
         start = time.perf_counter()
         pairs = self.buckets.pairs()
+        sampled: set[int] = set()
         for num_tokens, num_reqs in tqdm(pairs, desc="Compiling TPU step buckets",
                                          unit="bucket"):
             host = self._empty_step(num_tokens, num_reqs)
             self.kv_caches, logits = self._run(host)
-            self._greedy(logits).block_until_ready()
+            if num_reqs not in sampled:
+                sampled.add(num_reqs)
+                for dense in (False, True):
+                    tensors = self._sampling_tensors([], num_reqs, dense)
+                    self._sample(logits, tensors).token_ids.block_until_ready()
         self.startup_compile_seconds = time.perf_counter() - start
         logger.info("tpu: compiled %d step buckets (tokens %s x requests %s) in %.1f s",
                     len(pairs), list(self.buckets.tokens), list(self.buckets.reqs),
@@ -102,8 +120,7 @@ class TpuModelRunner:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         host = self._prepare(scheduler_output.num_scheduled_tokens)
         self.kv_caches, logits = self._run(host)
-        tokens = np.asarray(self._greedy(logits))
-        output = self._record(host, tokens, logits)
+        output = self._record(host, self._sample(logits, self._step_sampling(host)))
         self.guard.check(f"{host.inputs['input_ids'].shape[0]} tokens, "
                          f"{host.metadata['kv_lens'].shape[0]} requests")
         return output
@@ -156,29 +173,53 @@ class TpuModelRunner:
                     "cu_q_lens": zeros(num_reqs + 1), "num_seqs": zeros(1)}
         return HostStep(np.zeros(0, np.int64), np.zeros(0, bool), inputs, metadata)
 
-    def _record(self, host: HostStep, tokens: np.ndarray, logits: jax.Array,
-                ) -> ModelRunnerOutput:
-        """Append the sampled tokens of the rows that finished their prompt; logprobs for
-        those that asked (from the raw logits, as the core's sampler takes them)."""
+    def _step_sampling(self, host: HostStep) -> SamplingTensors:
+        """The settings of the rows that sample this step (not those mid-prompt)."""
+        states = [self.batch.states[self.batch.req_ids[row]] if done else None
+                  for row, done in zip(host.rows.tolist(), host.sample_mask.tolist())]
+        return self._sampling_tensors(states, host.metadata["kv_lens"].shape[0])
+
+    def _sampling_tensors(self, states: list[CachedRequestState | None], num_reqs: int,
+                          dense: bool | None = None) -> SamplingTensors:
+        """``states`` (None: a row that samples nothing) padded to ``num_reqs`` rows, with
+        both dense parts or neither (``dense``; by default, whether any row needs one)."""
+        params = [None if state is None else state.sampling_params for state in states]
+        positions = [0 if state is None else len(state.output_token_ids) for state in states]
+        if dense is None:
+            dense = SamplingTensors.uses_dense(params, positions)
+        return SamplingTensors.from_params(
+            params, num_reqs, positions, vocab_size=self.spec.vocab_size,
+            prompt_token_ids=[[] if state is None else state.prompt_token_ids
+                              for state in states],
+            output_token_ids=[[] if state is None else state.output_token_ids
+                              for state in states],
+            eos_token_ids=self.eos_token_ids, rng=self._rng,
+            with_penalties=dense, with_bias=dense)
+
+    def _record(self, host: HostStep, out: SampleOutput) -> ModelRunnerOutput:
+        """Append the sampled tokens of the rows that finished their prompt; the logprobs
+        asked for (of the processed logits, as the core's sampler reads them)."""
         batch = self.batch
+        tokens = np.asarray(out.token_ids)
         sampled: list[list[int]] = [[] for _ in host.rows]
         logprobs: dict[str, LogprobsLists] = {}
-        host_logits: torch.Tensor | None = None
+        top: LogprobsLists | None = None
         for i, row in enumerate(host.rows.tolist()):
             if not host.sample_mask[i]:
                 continue  # a prompt chunk: nothing to sample yet
             token = int(tokens[i])
-            batch.append_token(row, token)
-            sampled[i] = [token]
             req_id = batch.req_ids[row]
             n = batch.states[req_id].sampling_params.logprobs
+            batch.append_token(row, token)
+            sampled[i] = [token]
             if n is None:
                 continue
-            if host_logits is None:
-                host_logits = torch.from_numpy(np.array(logits))
-            lp = gather_logprobs(torch.log_softmax(host_logits[i : i + 1], dim=-1),
-                                 torch.tensor([token]), n)
-            logprobs[req_id] = lp.tolists()
+            if top is None:
+                assert out.top is not None
+                top = out.top.to_lists(len(host.rows))
+            logprobs[req_id] = LogprobsLists(token_ids=top.token_ids[i : i + 1, : n + 1],
+                                             logprobs=top.logprobs[i : i + 1, : n + 1],
+                                             ranks=top.ranks[i : i + 1])
         return ModelRunnerOutput(req_ids=[batch.req_ids[r] for r in host.rows],
                                  sampled_token_ids=sampled, logprobs=logprobs)
 
@@ -196,7 +237,7 @@ class TpuModelRunner:
             self.batch.num_computed_tokens[row] = cached.num_computed_tokens[i]
 
     def _add_request(self, new: NewRequestData) -> None:
-        check_supported(new)
+        check_supported(new, self.num_logprobs)
         if new.req_id in self.batch.req_index:  # resumed after preemption: start afresh
             self.batch.remove(new.req_id)
         state = CachedRequestState(
@@ -206,24 +247,17 @@ class TpuModelRunner:
         self.batch.add(state, new.num_computed_tokens)
 
 
-def check_supported(new: NewRequestData) -> None:
-    """Refuse, naming the setting, what this runner does not compute (it samples greedily:
-    random sampling, penalties and logit processors come with the JAX sampler; prompt
-    embeddings are not wired into the JAX model)."""
+def check_supported(new: NewRequestData, num_logprobs: int = TOP_LOGPROBS) -> None:
+    """Refuse, naming the setting, what this runner does not compute: prompt logprobs,
+    structured outputs and prompt embeddings are not wired into the JAX model and sampler,
+    and more logprobs than every step computes."""
     params: Any = new.sampling_params
     unsupported = [name for name, on in (
-        ("temperature > 0", params.temperature > 0),
         ("prompt_logprobs", params.prompt_logprobs is not None),
-        ("repetition/presence/frequency penalties", params.repetition_penalty != 1.0
-         or bool(params.presence_penalty) or bool(params.frequency_penalty)),
-        ("logit_bias", bool(params.logit_bias)),
-        ("allowed_token_ids", bool(params.allowed_token_ids)),
-        ("bad_words", bool(getattr(params, "bad_words_token_ids", None))),
-        ("min_tokens", bool(params.min_tokens)),
         ("structured_outputs", params.structured_outputs is not None),
         ("prompt_embeds", new.prompt_embeds is not None),
+        (f"logprobs > {num_logprobs}", (params.logprobs or 0) > num_logprobs),
     ) if on]
     if unsupported:
-        raise ValueError(f"request {new.req_id}: the tpu backend samples greedily only in "
-                         f"this release; unsupported: {', '.join(unsupported)} (use "
-                         "temperature=0 or --backend cpu)")
+        raise ValueError(f"request {new.req_id}: the tpu backend does not compute "
+                         f"{', '.join(unsupported)} in this release (use --backend cpu)")

@@ -27,6 +27,7 @@ from octavo.plugin_api import (
     WorkerInterface,
     build_model,
     cache_root,
+    model_eos_token_ids,
 )
 from octavo_tpu import platform as tpu_platform
 from octavo_tpu.kernels import ragged_paged_attention, write_kv
@@ -73,7 +74,8 @@ class TpuWorker(WorkerInterface):
         self.runner = TpuModelRunner(
             spec, params, placement, block_size=config.cache.block_size,
             max_num_reqs=scheduler.max_num_seqs, max_model_len=config.model.max_model_len,
-            max_num_batched_tokens=scheduler.max_num_batched_tokens, dtype=dtype)
+            max_num_batched_tokens=scheduler.max_num_batched_tokens, dtype=dtype,
+            eos_token_ids=frozenset(model_eos_token_ids(files, config.model.generation_config)))
 
     @staticmethod
     def _placement(tp: int) -> Placement:

@@ -22,10 +22,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = new_parameter(hidden_size)
 
-    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+    def _unit_rms(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * self._unit_rms(x).to(x.dtype)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -36,28 +38,12 @@ class RMSNorm(nn.Module):
         return self._normalize(x), x
 
 
-class GemmaRMSNorm(nn.Module):
+class GemmaRMSNorm(RMSNorm):
     """Gemma's RMSNorm: ``x / rms(x) * (1 + weight)``, all in fp32 and rounded to the input's
     dtype only at the end (Llama's ``RMSNorm`` rounds before the weight), as HF Gemma does.
 
-    Checkpoints store ``weight`` centred on 0; ``forward(x, residual)`` fuses the residual add
-    before it as ``RMSNorm`` does.
+    Checkpoints store ``weight`` centred on 0; the fused residual add is ``RMSNorm``'s.
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = new_parameter(hidden_size)
-
     def _normalize(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return self._normalize(x)
-        x = x + residual
-        return self._normalize(x), x
+        return (self._unit_rms(x) * (1.0 + self.weight.float())).to(x.dtype)

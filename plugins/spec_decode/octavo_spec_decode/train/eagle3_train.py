@@ -17,21 +17,19 @@ from __future__ import annotations
 import random
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from octavo.plugin_api import AttentionBackend, CausalLM
 from octavo_spec_decode.eagle import head_config
 from octavo_spec_decode.eagle3 import Eagle3Head, Eagle3Shape
 from octavo_spec_decode.train.data import Sequence
 from octavo_spec_decode.train.dense_attention import full_sequence_metadata
+from octavo_spec_decode.train.optimize import STEP_WEIGHT, distillation, optimize
 from octavo_spec_decode.train.targets import TokenSubset, label_tokens, reply_mask
 from octavo_spec_decode.train.ttt_attention import TrainingTimeTestBackend, TrainingTimeTestImpl
 
 # Drafting steps unrolled in training: the k of `spec train`'s default measurement.
 TTT_STEPS = 3
-STEP_WEIGHT = 0.8
 
 
 def new_eagle3_head(target: CausalLM, draft_token_ids: torch.Tensor,
@@ -103,9 +101,8 @@ class Eagle3Batch:
             mask = self.masks[j]
             if not mask.any():
                 continue
-            with torch.no_grad():
-                teacher = torch.softmax(self.features[self.rows[j]] @ subset_lm_head.T, dim=-1)
-            loss = loss + STEP_WEIGHT ** j * F.cross_entropy(head.logits(hidden[mask]), teacher)
+            loss = loss + STEP_WEIGHT ** j * distillation(
+                head.logits(hidden[mask]), self.features[self.rows[j]], subset_lm_head)
         return loss
 
 
@@ -119,21 +116,14 @@ def train_eagle3(target: CausalLM, sequences: list[Sequence], steps: int, seed: 
     subset = TokenSubset.of(sequences, target.lm_head.weight.shape[0])
     head = new_eagle3_head(target, subset.token_ids)
     subset_lm_head = head.lm_head.weight  # the target's rows, frozen
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=steps,
-                                                   pct_start=0.05)
-    with tqdm(range(steps), desc="Training EAGLE-3 head", unit="step",
-              dynamic_ncols=True) as bar:
-        for _ in bar:
-            batch = Eagle3Batch(rng.sample(sequences, min(batch_sequences, len(sequences))),
-                                num_steps)
-            loss = batch.loss(head, subset_lm_head)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+
+    def step_loss() -> torch.Tensor:
+        batch = Eagle3Batch(rng.sample(sequences, min(batch_sequences, len(sequences))),
+                            num_steps)
+        return batch.loss(head, subset_lm_head)
+
+    optimize((p for p in head.parameters() if p.requires_grad), step_loss, steps, lr,
+             "Training EAGLE-3 head")
     return head.eval()
 
 

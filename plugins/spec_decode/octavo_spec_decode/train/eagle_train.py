@@ -14,12 +14,12 @@ import random
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from octavo.plugin_api import CausalLM
 from octavo_spec_decode.eagle import EagleHead, head_config
 from octavo_spec_decode.train.data import Sequence
 from octavo_spec_decode.train.dense_attention import DenseCausalBackend, full_sequence_metadata
+from octavo_spec_decode.train.optimize import optimize
 from octavo_spec_decode.train.targets import TokenSubset, label_tokens, reply_mask
 
 # Weight of the token loss against the feature loss. The paper's 0.1 suits a 7B target
@@ -87,29 +87,23 @@ def train_eagle(target: CausalLM, sequences: list[Sequence], steps: int, seed: i
     head = new_eagle_head(target)
     lm_head = target.lm_head.weight
     subset = TokenSubset.of(sequences, lm_head.shape[0])
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=steps,
-                                                   pct_start=0.05)
-    with tqdm(range(steps), desc="Training EAGLE head", unit="step",
-              dynamic_ncols=True) as bar:
-        for _ in bar:
-            batch = EagleBatch(rng.sample(sequences, min(batch_sequences, len(sequences))),
-                               subset)
-            loss = torch.zeros(())
-            for predicted in batch.unrolled(head, passes):
-                regression = F.smooth_l1_loss(predicted[batch.regress],
-                                              batch.target[batch.regress])
-                scored = batch.labels != -100  # the LM-head product only where it counts
-                if scored.any():
-                    loss = loss + CLS_WEIGHT * F.cross_entropy(
-                        subset.logits(predicted[scored], lm_head), batch.labels[scored])
-                loss = loss + regression
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+
+    def step_loss() -> torch.Tensor:
+        batch = EagleBatch(rng.sample(sequences, min(batch_sequences, len(sequences))),
+                           subset)
+        loss = torch.zeros(())
+        for predicted in batch.unrolled(head, passes):
+            regression = F.smooth_l1_loss(predicted[batch.regress],
+                                          batch.target[batch.regress])
+            scored = batch.labels != -100  # the LM-head product only where it counts
+            if scored.any():
+                loss = loss + CLS_WEIGHT * F.cross_entropy(
+                    subset.logits(predicted[scored], lm_head), batch.labels[scored])
+            loss = loss + regression
+        return loss
+
+    optimize((p for p in head.parameters() if p.requires_grad), step_loss, steps, lr,
+             "Training EAGLE head")
     head.draft_token_ids = subset.token_ids  # drafts pick among the tokens the target used
     return head.eval()
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
 from octavo_spec_decode.medusa import MedusaConfig, MedusaHeads
 from octavo_spec_decode.train.data import Sequence
+from octavo_spec_decode.train.optimize import STEP_WEIGHT, distillation, optimize
 from octavo_spec_decode.train.targets import (
     TokenSubset,
     label_tokens,
@@ -68,10 +68,8 @@ def distillation_loss(heads: MedusaHeads, examples: MedusaExamples, batch: torch
         valid = teacher_rows >= 0
         if not valid.any():
             continue
-        with torch.no_grad():
-            target = torch.softmax(examples.features[teacher_rows[valid]] @ subset_lm_head.T,
-                                   dim=-1)
-        loss = loss + 0.8 ** i * torch.nn.functional.cross_entropy(logits[i][valid], target)
+        loss = loss + STEP_WEIGHT ** i * distillation(
+            logits[i][valid], examples.features[teacher_rows[valid]], subset_lm_head)
     return loss
 
 
@@ -92,21 +90,14 @@ def train_medusa(sequences: list[Sequence], lm_head: torch.Tensor, num_heads: in
     heads.draft_token_ids = subset.token_ids  # drafts pick among the tokens the target used
     subset_lm_head = lm_head[subset.token_ids]
     examples = medusa_examples(sequences, num_heads)
-    params = [p for p in heads.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=steps,
-                                                   pct_start=0.05)
     generator = torch.Generator().manual_seed(seed)
-    with tqdm(range(steps), desc="Training Medusa heads", unit="step",
-              dynamic_ncols=True) as bar:
-        for _ in bar:
-            batch = torch.randint(len(examples.rows), (batch_size,), generator=generator)
-            loss = distillation_loss(heads, examples, batch, subset_lm_head)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+
+    def step_loss() -> torch.Tensor:
+        batch = torch.randint(len(examples.rows), (batch_size,), generator=generator)
+        return distillation_loss(heads, examples, batch, subset_lm_head)
+
+    optimize((p for p in heads.parameters() if p.requires_grad), step_loss, steps, lr,
+             "Training Medusa heads")
     return heads.eval()
 
 

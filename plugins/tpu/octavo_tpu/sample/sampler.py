@@ -42,11 +42,12 @@ class TopLogprobs:
 
     def to_lists(self, num_reqs: int) -> LogprobsLists:
         """The first ``num_reqs`` rows (the real requests) as the worker boundary's plain
-        numpy arrays, int64 ids and ranks."""
+        numpy arrays, int64 ids and ranks. Sliced on the host: slicing a device array by a
+        varying count would compile a program per count."""
         return LogprobsLists(
-            token_ids=np.asarray(self.token_ids[:num_reqs], dtype=np.int64),
-            logprobs=np.asarray(self.logprobs[:num_reqs], dtype=np.float32),
-            ranks=np.asarray(self.ranks[:num_reqs], dtype=np.int64),
+            token_ids=np.asarray(self.token_ids).astype(np.int64)[:num_reqs],
+            logprobs=np.asarray(self.logprobs).astype(np.float32)[:num_reqs],
+            ranks=np.asarray(self.ranks).astype(np.int64)[:num_reqs],
         )
 
 

@@ -104,6 +104,14 @@ class SamplingTensors:
         )
 
 
+    @staticmethod
+    def uses_dense(params: Sequence[SamplingParams | None],
+                   step_positions: Sequence[int]) -> bool:
+        """Whether any row needs a dense part (penalties or the bias) at these positions."""
+        return any(p is not None and (_uses_penalties(p) or _uses_bias(p, int(position)))
+                   for p, position in zip(params, step_positions, strict=True))
+
+
 @dataclass
 class _Rows:
     """The checked request rows of one step and the padded size they go into."""
