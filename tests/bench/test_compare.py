@@ -23,7 +23,8 @@ def test_compare_w2_octavo_and_hf(bench_model: BenchModel, tmp_path: Path) -> No
         [sys.executable, str(COMPARE), "--workloads", "W2", "--rounds", "2",
          "--model", str(bench_model.folder), "--engines", "octavo,hf,vllm",
          "--vllm-python", "", "--dtype", "float32", "--kv-cache-memory", "64MiB",
-         "--threads", "1", "--work-dir", str(tmp_path), "--output-json", str(out)],
+         "--threads", "1", "--work-dir", str(tmp_path), "--output-json", str(out),
+         "--idle-timeout", "0"],
         capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "vllm skipped" in done.stdout
@@ -43,6 +44,17 @@ def test_compare_w2_octavo_and_hf(bench_model: BenchModel, tmp_path: Path) -> No
             assert run["output_tokens"] == len(spec.prompts) * spec.output_len, run
             assert 0 < run["start_up_s"] < 300, run
             assert run["peak_rss"] and all(p["peak_bytes"] > 10**7 for p in run["peak_rss"])
+            machine = run["machine"]  # the machine's state around the run, recorded
+            assert len(machine["load_before"]) == 3 and 0 <= machine["others_cpu_share"] < 1
+            assert isinstance(machine["noisy"], bool)
+        assert [r["round"] for r in runs] == [0, 0, 1, 1]
+        per_round = data["tables"][f"{workload} per round"]
+        assert [row["round"] for row in per_round] == [1, 2]
+        hf_by_round = {r["round"]: r["wall_s"] for r in runs if r["label"] == "hf"}
+        octavo_by_round = {r["round"]: r["wall_s"] for r in runs if r["label"] == "octavo"}
+        for row in per_round:
+            ratio = hf_by_round[row["round"] - 1] / octavo_by_round[row["round"] - 1]
+            assert row["vs hf"] == f"{ratio:.2f}x", row
         octavo_wall = sorted(r["wall_s"] for r in runs if r["label"] == "octavo")
         hf_wall = sorted(r["wall_s"] for r in runs if r["label"] == "hf")
         speedup = (sum(hf_wall) / 2) / (sum(octavo_wall) / 2)  # medians of two runs

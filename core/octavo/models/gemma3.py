@@ -36,6 +36,7 @@ from octavo.models.layers.linear import (
 )
 from octavo.models.layers.norm import GemmaRMSNorm
 from octavo.models.layers.rotary import RotaryEmbedding
+from octavo.models.llama import LlamaModel
 
 # HF activation names -> torch's GELU approximation.
 GELU_APPROXIMATIONS = {"gelu_pytorch_tanh": "tanh"}
@@ -125,53 +126,17 @@ class Gemma3DecoderLayer(nn.Module):
         return hidden, residual
 
 
-class Gemma3Model(nn.Module):
+class Gemma3Model(LlamaModel):
+    """``LlamaModel`` with Gemma's final norm and embeddings scaled by sqrt(hidden_size)."""
+
+    norm_cls = GemmaRMSNorm
+
     def __init__(self, config: ArchConfig, layers: list[nn.Module], layer_range: range,
                  embed: bool, norm: bool, dtype: torch.dtype) -> None:
-        """As ``LlamaModel``: ``layers`` has every index (placeholders for other stages'),
-        ``embed``/``norm`` say whether this stage holds the embedding and the final norm."""
-        super().__init__()
-        self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-                             if embed else PPMissingLayer())
+        super().__init__(config, layers, layer_range, embed, norm)
         # HF keeps sqrt(hidden_size) as an fp32 tensor and rounds it to the weights' dtype.
         scale = torch.tensor(config.hidden_size**0.5, dtype=torch.float32).to(dtype)
         self.register_buffer("embed_scale", scale, persistent=False)
-        self.layers = nn.ModuleList(layers)
-        self.layer_range = layer_range
-        self.norm = (GemmaRMSNorm(config.hidden_size, config.rms_norm_eps) if norm
-                     else PPMissingLayer())
-        # Speculative decoding (EAGLE) reads the features before the final norm, as Llama's.
-        self.keep_prenorm_hidden = False
-        self.prenorm_hidden: torch.Tensor | None = None
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[torch.Tensor],
-        attn_metadata: AttentionMetadata,
-        intermediate_tensors: IntermediateTensors | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor | IntermediateTensors:
-        """``inputs_embeds``: the first layer's input given instead of the ids' (scaled)
-        embeddings, as ``LlamaModel`` takes them."""
-        residual: torch.Tensor | None
-        if intermediate_tensors is not None:
-            hidden, residual = intermediate_tensors.hidden, intermediate_tensors.residual
-        elif inputs_embeds is not None:
-            hidden, residual = inputs_embeds, None
-        else:
-            hidden, residual = self.embed(input_ids), None
-        local_layers = self.layers[self.layer_range.start : self.layer_range.stop]
-        for layer, kv_cache in zip(local_layers, kv_caches, strict=True):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
-        if isinstance(self.norm, PPMissingLayer):
-            assert residual is not None  # every stage holds at least one layer
-            return IntermediateTensors(hidden, residual)
-        hidden, prenorm = self.norm(hidden, residual)
-        if self.keep_prenorm_hidden:
-            self.prenorm_hidden = prenorm
-        return hidden
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The ids' embeddings times ``sqrt(hidden_size)``, what HF's embedding module gives."""

@@ -121,6 +121,8 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    norm_cls: ClassVar[type[RMSNorm]] = RMSNorm  # of the final norm (Gemma's differs)
+
     def __init__(self, config: ArchConfig, layers: list[nn.Module], layer_range: range,
                  embed: bool, norm: bool) -> None:
         """``layers``: every index, this stage's in ``layer_range`` and placeholders
@@ -131,7 +133,8 @@ class LlamaModel(nn.Module):
                              if embed else PPMissingLayer())
         self.layers = nn.ModuleList(layers)
         self.layer_range = layer_range
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if norm else PPMissingLayer()
+        self.norm = (self.norm_cls(config.hidden_size, config.rms_norm_eps) if norm
+                     else PPMissingLayer())
         # Speculative decoding (EAGLE) sets this to keep the last forward's features before
         # the final norm in ``prenorm_hidden``; off, the no-spec path keeps nothing.
         self.keep_prenorm_hidden = False
@@ -159,7 +162,7 @@ class LlamaModel(nn.Module):
         elif inputs_embeds is not None:
             hidden, residual = inputs_embeds, None
         else:
-            hidden, residual = self.embed_tokens(input_ids), None
+            hidden, residual = self.embed(input_ids), None
         local_layers = self.layers[self.layer_range.start : self.layer_range.stop]
         keep, kept = self.aux_hidden_state_layers, list[torch.Tensor]()
         for index, layer, kv_cache in zip(self.layer_range, local_layers, kv_caches,
@@ -176,6 +179,10 @@ class LlamaModel(nn.Module):
         if self.keep_prenorm_hidden:
             self.prenorm_hidden = prenorm
         return hidden
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The first layer's input for ``input_ids`` (Gemma scales the embeddings)."""
+        return self.embed_tokens(input_ids)
 
 
 class LlamaForCausalLM(CausalLM):

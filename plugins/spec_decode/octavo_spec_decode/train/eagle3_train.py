@@ -17,13 +17,13 @@ from __future__ import annotations
 import random
 
 import torch
-from torch import nn
 
 from octavo.plugin_api import AttentionBackend, CausalLM
 from octavo_spec_decode.eagle import head_config
 from octavo_spec_decode.eagle3 import Eagle3Head, Eagle3Shape
 from octavo_spec_decode.train.data import Sequence
 from octavo_spec_decode.train.dense_attention import full_sequence_metadata
+from octavo_spec_decode.train.eagle_train import init_like_llama
 from octavo_spec_decode.train.optimize import STEP_WEIGHT, distillation, optimize
 from octavo_spec_decode.train.targets import TokenSubset, label_tokens, reply_mask
 from octavo_spec_decode.train.ttt_attention import TrainingTimeTestBackend, TrainingTimeTestImpl
@@ -39,12 +39,7 @@ def new_eagle3_head(target: CausalLM, draft_token_ids: torch.Tensor,
     head and final norm copied from the target's."""
     head = Eagle3Head(head_config(target.config), Eagle3Shape(len(draft_token_ids)),
                       attn_backend, target.model.embed_tokens)  # type: ignore[union-attr]
-    for name, param in head.named_parameters():
-        param.requires_grad_(True)
-        if param.dim() == 1:
-            nn.init.ones_(param) if "norm" in name else nn.init.zeros_(param)
-        else:
-            nn.init.normal_(param, std=0.02)
+    init_like_llama(head)
     with torch.no_grad():
         head.lm_head.weight.copy_(target.lm_head.weight[draft_token_ids])
         head.norm.weight.copy_(target.model.norm.weight)  # type: ignore[union-attr]

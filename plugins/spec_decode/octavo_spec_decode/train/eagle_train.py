@@ -32,13 +32,19 @@ def new_eagle_head(target: CausalLM) -> EagleHead:
     """An untrained head shaped like one of the target's layers (HF's Llama init)."""
     head = EagleHead(head_config(target.config), True, DenseCausalBackend,
                      target.model.embed_tokens)  # type: ignore[union-attr]
+    init_like_llama(head)
+    return head
+
+
+def init_like_llama(head: nn.Module) -> None:
+    """HF's Llama initialisation, every parameter trainable: norms 1, biases 0, matrices
+    normal with std 0.02."""
     for name, param in head.named_parameters():
         param.requires_grad_(True)
         if param.dim() == 1:
             nn.init.ones_(param) if "norm" in name else nn.init.zeros_(param)
         else:
             nn.init.normal_(param, std=0.02)
-    return head
 
 
 class EagleBatch:
