@@ -35,11 +35,12 @@ PROCESSED = [
     {"logit_bias": {7: 2.5, 11: -100.0}, "min_tokens": 6, "stop_token_ids": [3]},
     {"allowed_token_ids": list(range(20, 60))},
 ]
-PROCESSED = [{"max_tokens": MAX_TOKENS, "temperature": 0.0, **s} for s in PROCESSED]
+EXTRA_TOKENS = 8  # per request of the second batch
+PROCESSED = [{"max_tokens": EXTRA_TOKENS, "temperature": 0.0, **s} for s in PROCESSED]
 # Seeded random rows beside a greedy one: the same tokens on every run.
 SEEDED = [{"temperature": 0.9, "top_k": 20, "top_p": 0.9, "seed": 7}, {"temperature": 0.0},
           {"temperature": 1.2, "min_p": 0.05, "seed": 123}]
-SEEDED = [{"max_tokens": MAX_TOKENS, "ignore_eos": True, **s} for s in SEEDED]
+SEEDED = [{"max_tokens": EXTRA_TOKENS, "ignore_eos": True, **s} for s in SEEDED]
 
 
 def logprob_steps(steps: Any) -> list[dict[str, list[float]]]:
@@ -71,7 +72,9 @@ class Watch:
         return output
 
 
-def main(model: str, backend: str, engine: dict[str, Any], tp: int = 1) -> dict[str, Any]:
+def main(model: str, backend: str, engine: dict[str, Any], tp: int = 1,
+         sampling: int = 1) -> dict[str, Any]:
+    """The report; ``sampling`` 0 leaves out the second batch (the sampler's other paths)."""
     from octavo import LLM, SamplingParams
 
     llm = LLM(model=model, backend=backend, tensor_parallel_size=tp, **engine)
@@ -83,26 +86,36 @@ def main(model: str, backend: str, engine: dict[str, Any], tp: int = 1) -> dict[
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
                            [with_logprobs] + [plain] * (len(PROMPTS) - 1), use_tqdm=False)
     first = outputs[0].outputs[0].logprobs
-    processed = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:len(PROCESSED)]],
-                             [SamplingParams(**settings) for settings in PROCESSED],
-                             use_tqdm=False)
-    seeded = [llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:3]],
-                           [SamplingParams(**settings) for settings in SEEDED], use_tqdm=False)
-              for _ in range(2)]
-    report = {
+    report: dict[str, Any] = {
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
         "logprobs": logprob_steps(first),
-        "processed_tokens": [list(o.outputs[0].token_ids) for o in processed],
-        "processed_logprobs": logprob_steps(processed[0].outputs[0].logprobs),
-        "seeded_tokens": [[list(o.outputs[0].token_ids) for o in run] for run in seeded],
         "resumed": watch.resumed, "prefix_hits": watch.prefix_hits, "chunks": watch.chunks,
     }
+    if sampling:
+        report |= sampler_paths(llm)
     if backend == "tpu":
         runner = executor.worker.runner
         report["compiles_while_serving"] = runner.guard.compiles_while_serving
         report["startup_compile_seconds"] = runner.startup_compile_seconds
         report["devices"] = len(runner.placement.mesh.devices.flat)
     return report
+
+
+def sampler_paths(llm: Any) -> dict[str, Any]:
+    """The second batch: ``PROCESSED`` once and ``SEEDED`` twice."""
+    from octavo import SamplingParams
+
+    processed = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:len(PROCESSED)]],
+                             [SamplingParams(**settings) for settings in PROCESSED],
+                             use_tqdm=False)
+    seeded = [llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:len(SEEDED)]],
+                           [SamplingParams(**settings) for settings in SEEDED], use_tqdm=False)
+              for _ in range(2)]
+    return {
+        "processed_tokens": [list(o.outputs[0].token_ids) for o in processed],
+        "processed_logprobs": logprob_steps(processed[0].outputs[0].logprobs),
+        "seeded_tokens": [[list(o.outputs[0].token_ids) for o in run] for run in seeded],
+    }
 
 
 if __name__ == "__main__":
