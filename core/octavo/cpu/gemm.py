@@ -16,12 +16,16 @@ call. Faster paths, chosen per call by the number of rows ``T``:
 - without the panel GEMM: oneDNN with the weight reordered once into its blocked layout
   (``mkldnn._reorder_linear_weight``), ~1.4x ``F.linear``'s bandwidth; from ``LARGE_ROWS``
   rows, where there are no AMX tiles, an fp32 copy of the weight also prepacked for oneDNN.
+  oneDNN reorders bf16 weights only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT;
+  elsewhere (an AVX2-only CPU) those rows take ``F.linear``.
 
 Every path computes what a bf16 GEMM does - bf16 products accumulated in fp32, rounded to
 bf16 once at the end - each in its own order.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -48,7 +52,7 @@ class CpuGemm:
         elif fp32_for_large:
             self.packed32 = torch.ops.mkldnn._reorder_linear_weight(weight.float(), None)
             self.bias32 = None if bias is None else bias.float()
-        if self.panels is None or not fp32_for_large:
+        if (self.panels is None or not fp32_for_large) and onednn_reorders_bf16():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         # The panel GEMM serves every row count unless AMX makes oneDNN's bf16 the faster.
         self.panel_rows = float("inf") if fp32_for_large else LARGE_ROWS
@@ -65,7 +69,7 @@ class CpuGemm:
             return y.view(*x.shape[:-1], -1)
         if self.packed32 is not None and rows >= LARGE_ROWS:
             return _linear(x.float(), self.packed32, self.bias32).to(x.dtype)
-        if self.packed is None:  # the kernels were switched off after the weights were packed
+        if self.packed is None:  # no bf16 reorder here, or the kernels were switched off
             return nn.functional.linear(x, self.weight, self.bias)
         return _linear(x, self.packed, self.bias)
 
@@ -73,6 +77,19 @@ class CpuGemm:
 def _linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """oneDNN's linear on a weight from ``_reorder_linear_weight``."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@functools.cache
+def onednn_reorders_bf16() -> bool:
+    """Whether oneDNN can reorder a bf16 weight on this CPU (it raises on one without
+    AVX-512 BW/VL/DQ or AVX-NE-CONVERT, e.g. an AVX2-only EPYC)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.ones(16, 16, dtype=torch.bfloat16), None)
+    except RuntimeError:
+        return False
+    return True
 
 
 def cpu_gemm_supported(dtype: torch.dtype, device: torch.device) -> bool:
