@@ -43,14 +43,9 @@ INTERPRET_DEFAULT_KV_FRACTION = 0.4
 
 
 def enable_compilation_cache() -> str:
-    """Turn on JAX's persistent compilation cache in the user cache folder, for every
-    program however quick its compile (JAX's default skips those under 1 s): a restart
-    with the same model and limits then loads every bucket's step and sampler instead of
-    compiling them. (Programs with host callbacks - the interpret-mode kernels - are never
-    cached.)"""
+    """Turn on JAX's persistent compilation cache in the user cache folder."""
     directory = str(cache_root() / "jax")
     jax.config.update("jax_compilation_cache_dir", directory)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     return directory
 
 
