@@ -14,6 +14,7 @@ before serving and nothing after (the compile guard), and logs its start-up comp
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ import pytest
 
 from tests.core.tiny_models import save_tiny_model
 from tests.tpu.engine_run import ENGINE, PROCESSED, kv_block_bytes
+from tests.tpu.engine_run import main as run_report
 
 ROOT = Path(__file__).parents[2]
 KV_BLOCKS = 6  # fewer than the 4 running requests need at their longest: preemption
@@ -32,23 +34,35 @@ TINY_ARCHS = ("llama", "qwen3", "mistral")  # llama3 RoPE; q/k norms, tied; slid
 
 
 def interpret_env(devices: int = 1) -> dict[str, str]:
-    env = {**os.environ, "OCTAVO_TPU_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    """The tpu runs' environment. XLA's CPU backend at optimisation level 0: interpret-mode
+    programs are callbacks around small ops, which compile faster and run no slower so."""
+    flags = ["--xla_backend_optimization_level=0"]
     if devices > 1:
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    return env
+        flags.append(f"--xla_force_host_platform_device_count={devices}")
+    return {**os.environ, "OCTAVO_TPU_INTERPRET": "1", "OMP_NUM_THREADS": "1",
+            "XLA_FLAGS": " ".join(flags)}
+
+
+def engine_settings(folder: Path) -> dict:
+    hf_config = json.loads((folder / "config.json").read_text())
+    return {**ENGINE, "kv_cache_memory": KV_BLOCKS * kv_block_bytes(hf_config)}
 
 
 def engine_run(folder: Path, backend: str, tp: int = 1, sampling: bool = True,
                ) -> tuple[dict, str]:
     """The report of tests/tpu/engine_run.py for one engine, and its stderr."""
-    hf_config = json.loads((folder / "config.json").read_text())
-    engine = {**ENGINE, "kv_cache_memory": KV_BLOCKS * kv_block_bytes(hf_config)}
     result = subprocess.run(
         [sys.executable, "-m", "tests.tpu.engine_run", str(folder), backend,
-         json.dumps(engine), str(tp), str(int(sampling))],
+         json.dumps(engine_settings(folder)), str(tp), str(int(sampling))],
         capture_output=True, text=True, env=interpret_env(tp), timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+@functools.cache
+def cpu_reference(folder: Path, sampling: bool) -> dict:
+    """The torch CPU backend's report, in this process (it needs no JAX), once a model."""
+    return run_report(str(folder), "cpu", engine_settings(folder), 1, int(sampling))
 
 
 def assert_same_logprobs(got: list[dict], want: list[dict], label: str) -> None:
@@ -86,35 +100,37 @@ def assert_same_sampling(got: dict, want: dict, label: str) -> None:
     assert first[1] == got["tokens"][1][:len(first[1])], label
 
 
-@pytest.fixture(scope="module", params=TINY_ARCHS)
-def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-         ) -> tuple[Path, str]:
-    seed = int(np.random.default_rng().integers(1 << 30))
-    folder = tmp_path_factory.mktemp(request.param)
-    save_tiny_model(request.param, folder, seed)
-    return folder, f"{request.param} seed {seed}"
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, str]]:
+    """A tiny model of each architecture with fresh weights: (folder, label)."""
+    models = {}
+    for arch in TINY_ARCHS:
+        seed = int(np.random.default_rng().integers(1 << 30))
+        folder = tmp_path_factory.mktemp(arch)
+        save_tiny_model(arch, folder, seed)
+        models[arch] = folder, f"{arch} seed {seed}"
+    return models
 
 
-def test_llm_matches_cpu(tiny: tuple[Path, str]) -> None:
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_llm_matches_cpu(tiny_models: dict[str, tuple[Path, str]], arch: str) -> None:
     """The sampler's other paths on one architecture (and on the mesh): they do not
     depend on it."""
-    folder, label = tiny
-    sampling = label.startswith("llama")
-    want, _ = engine_run(folder, "cpu", sampling=sampling)
+    folder, label = tiny_models[arch]
+    sampling = arch == "llama"
     got, stderr = engine_run(folder, "tpu", sampling=sampling)
-    assert_same_run(got, want, label)
+    assert_same_run(got, cpu_reference(folder, sampling), label)
     assert got["devices"] == 1
     assert "Pallas ragged paged attention on 1 cpu device(s), interpret mode" in stderr
     assert "tpu: compiled 3 step buckets (tokens [8] x requests [1, 2, 4]) in" in stderr
     assert got["startup_compile_seconds"] > 0
 
 
-def test_tensor_parallel_two_device_mesh(tmp_path: Path) -> None:
-    """-tp 2 in one worker process: heads and KV caches split over a 2-device CPU mesh."""
-    seed = int(np.random.default_rng().integers(1 << 30))
-    save_tiny_model("llama", tmp_path, seed)
-    want, _ = engine_run(tmp_path, "cpu")
-    got, stderr = engine_run(tmp_path, "tpu", tp=2)
-    assert_same_run(got, want, f"llama tp=2 seed {seed}")
+def test_tensor_parallel_two_device_mesh(tiny_models: dict[str, tuple[Path, str]]) -> None:
+    """-tp 2 in one worker process: heads and KV caches split over a 2-device CPU mesh
+    (the llama model above, against the same CPU reference)."""
+    folder, label = tiny_models["llama"]
+    got, stderr = engine_run(folder, "tpu", tp=2)
+    assert_same_run(got, cpu_reference(folder, True), f"{label}, tp=2")
     assert got["devices"] == 2
     assert "on 2 cpu device(s), interpret mode" in stderr

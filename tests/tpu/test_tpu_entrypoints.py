@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
+from octavo import CompletionOutput
 from tests.core.tiny_models import save_tiny_model
 from tests.e2e.server import API_KEY, Server
 from tests.tpu.test_tpu_engine import interpret_env
@@ -21,6 +22,9 @@ from tests.tpu.test_tpu_engine import interpret_env
 ENGINE_FLAGS = ["--dtype", "float32", "--kv-cache-memory", "1MiB", "--max-num-seqs", "4",
                 "--max-num-batched-tokens", "8", "--max-model-len", "64"]
 PROMPT = "the tiny model says"
+
+
+MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
@@ -32,40 +36,43 @@ def mistral(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return folder, f"mistral seed {seed}"
 
 
-def cli_generate(folder: Path, backend: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "octavo", "generate", PROMPT, "--raw", "--model", str(folder),
-         "--backend", backend, "--max-tokens", "12", *ENGINE_FLAGS],
-        capture_output=True, text=True, env=interpret_env(), timeout=600)
+@pytest.fixture(scope="module")
+def cpu_completion(mistral: tuple[Path, str]) -> CompletionOutput:
+    """What the torch CPU backend answers to PROMPT, greedy (in this process)."""
+    from octavo import LLM, SamplingParams
+
+    llm = LLM(model=str(mistral[0]), backend="cpu", dtype="float32", kv_cache_memory=2**20,
+              max_model_len=64)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    return llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0]
 
 
-def test_cli_generate_matches_cpu(mistral: tuple[Path, str]) -> None:
+def test_cli_generate_matches_cpu(mistral: tuple[Path, str],
+                                  cpu_completion: CompletionOutput) -> None:
     folder, label = mistral
-    want, got = cli_generate(folder, "cpu"), cli_generate(folder, "tpu")
-    assert want.returncode == 0, want.stderr[-3000:]
+    got = subprocess.run(
+        [sys.executable, "-m", "octavo", "generate", PROMPT, "--raw", "--model", str(folder),
+         "--backend", "tpu", "--max-tokens", str(MAX_TOKENS), "--temperature", "0",
+         *ENGINE_FLAGS], capture_output=True, text=True, env=interpret_env(), timeout=600)
     assert got.returncode == 0, got.stderr[-3000:]
-    assert got.stdout == want.stdout, label
+    assert got.stdout == cpu_completion.text + "\n", label
     assert "tpu: compiled 3 step buckets" in got.stderr
 
 
-def test_serve_answers_openai_client(mistral: tuple[Path, str], tmp_path: Path,
+def test_serve_answers_openai_client(mistral: tuple[Path, str],
+                                     cpu_completion: CompletionOutput, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from octavo import LLM, SamplingParams
-
     folder, label = mistral
-    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
-    want = LLM(model=str(folder), backend="cpu", dtype="float32", kv_cache_memory=2**20,
-               max_model_len=64).generate([PROMPT], params, use_tqdm=False)[0].outputs[0].text
-    monkeypatch.setenv("OCTAVO_TPU_INTERPRET", "1")  # the server's environment
+    for name, value in interpret_env().items():  # the server's environment
+        monkeypatch.setenv(name, value)
     args = ["--model", str(folder), "--backend", "tpu", "--api-key", API_KEY, *ENGINE_FLAGS]
     with Server(args, tmp_path / "server.log") as server:
         client = OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
                         timeout=300)
         completion = client.completions.create(
-            model=str(folder), prompt=PROMPT, max_tokens=10, temperature=0.0,
-            extra_body={"ignore_eos": True})
-    assert completion.choices[0].text == want, label
-    assert completion.usage.completion_tokens == 10
+            model=str(folder), prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0)
+    assert completion.choices[0].text == cpu_completion.text, label
+    assert completion.usage.completion_tokens == len(cpu_completion.token_ids)
 
 
 def run_plugins(env: dict[str, str]) -> str:

@@ -4,8 +4,9 @@ The persistent batch is the core's ``InputBatch`` (each request's token ids, blo
 and computed-token count kept between steps, updated from ``NewRequestData`` and
 ``CachedRequestData`` as the torch runner does). Each step's inputs are built in numpy,
 padded to the step's (tokens, requests) bucket and put on the device; the step itself,
-``model.forward`` under ``jax.jit`` with the KV caches donated, was compiled for every
-bucket at start-up (:meth:`warm_up`), and a ``CompileGuard`` counts any compile after it.
+``model.forward`` under ``jax.jit`` with the KV caches donated, was compiled ahead of time
+for every bucket at start-up (:meth:`warm_up`, which keeps one executable per bucket), and
+a ``CompileGuard`` counts any compile after it.
 
 Sampling is the JAX sampler (``octavo_tpu.sample``) at the padded request count, in two
 variants per request bucket, both compiled at start-up: without the dense [R, V] parts, and
@@ -17,7 +18,9 @@ also computes the top ``TOP_LOGPROBS`` logprobs, so asking for logprobs compiles
 from __future__ import annotations
 
 import logging
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -93,25 +96,41 @@ class TpuModelRunner:
 
     def warm_up(self) -> float:
         """Compile the step for every bucket pair and the sampler's two variants for every
-        request bucket; returns seconds."""
+        request bucket, a few at a time (XLA compiles one program on one thread, and JAX
+        releases the GIL while it does), then run each once (interpret mode's callbacks
+        compile small programs on their first run); returns seconds."""
         start = time.perf_counter()
         pairs = self.buckets.pairs()
-        sampled: set[int] = set()
-        for num_tokens, num_reqs in tqdm(pairs, desc="Compiling TPU step buckets",
-                                         unit="bucket"):
-            host = self._empty_step(num_tokens, num_reqs)
-            self.kv_caches, logits = self._run(host)
-            if num_reqs not in sampled:
-                sampled.add(num_reqs)
-                for dense in (False, True):
-                    tensors = self._sampling_tensors([], num_reqs, dense)
-                    self._sample(logits, tensors).token_ids.block_until_ready()
+        variants = [(num_reqs, dense) for num_reqs in self.buckets.reqs
+                    for dense in (False, True)]
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            steps = pool.map(self._compile_step, pairs)
+            samplers = pool.map(self._compile_sampler, variants)
+            self._steps = dict(zip(pairs, tqdm(steps, total=len(pairs), unit="bucket",
+                                               desc="Compiling TPU step buckets")))
+            self._samplers = dict(zip(variants, samplers))
+        for bucket in pairs:  # one run each: what compiles on first run does so now
+            self.kv_caches, logits = self._run(self._empty_step(*bucket))
+            for dense in (False, True):
+                tensors = self._sampling_tensors([], bucket[1], dense)
+                self._samplers[bucket[1], dense](logits, tensors).token_ids.block_until_ready()
         self.startup_compile_seconds = time.perf_counter() - start
         logger.info("tpu: compiled %d step buckets (tokens %s x requests %s) in %.1f s",
                     len(pairs), list(self.buckets.tokens), list(self.buckets.reqs),
                     self.startup_compile_seconds)
         self.guard.arm()
         return self.startup_compile_seconds
+
+    def _compile_step(self, bucket: tuple[int, int]) -> jax.stages.Compiled:
+        inputs, metadata = self._device_inputs(self._empty_step(*bucket))
+        return self._step.lower(self.params, self.kv_caches, inputs, metadata).compile()
+
+    def _compile_sampler(self, variant: tuple[int, bool]) -> jax.stages.Compiled:
+        num_reqs, dense = variant
+        # The step's logits: fp32, one row per request slot, replicated over the mesh.
+        logits = jax.ShapeDtypeStruct((num_reqs, self.spec.vocab_size), jnp.float32,
+                                      sharding=self.placement.replicated)
+        return self._sample.lower(logits, self._sampling_tensors([], num_reqs, dense)).compile()
 
     # -- one step -----------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -120,16 +139,21 @@ class TpuModelRunner:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         host = self._prepare(scheduler_output.num_scheduled_tokens)
         self.kv_caches, logits = self._run(host)
-        output = self._record(host, self._sample(logits, self._step_sampling(host)))
+        tensors = self._step_sampling(host)
+        sampler = self._samplers[(tensors.num_rows, tensors.penalties is not None)]
+        output = self._record(host, sampler(logits, tensors))
         self.guard.check(f"{host.inputs['input_ids'].shape[0]} tokens, "
                          f"{host.metadata['kv_lens'].shape[0]} requests")
         return output
 
     def _run(self, host: HostStep) -> tuple[list[jax.Array], jax.Array]:
+        bucket = (host.inputs["input_ids"].shape[0], host.metadata["kv_lens"].shape[0])
+        return self._steps[bucket](self.params, self.kv_caches, *self._device_inputs(host))
+
+    def _device_inputs(self, host: HostStep) -> tuple[dict[str, jax.Array], ...]:
         put = self.placement.put_input
-        inputs = {k: put(v) for k, v in host.inputs.items()}
-        metadata = {k: put(v) for k, v in host.metadata.items()}
-        return self._step(self.params, self.kv_caches, inputs, metadata)
+        return ({k: put(v) for k, v in host.inputs.items()},
+                {k: put(v) for k, v in host.metadata.items()})
 
     def _prepare(self, num_scheduled: dict[str, int]) -> HostStep:
         batch = self.batch
