@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from octavo.attention.torch_backend import TorchAttentionBackend
 from octavo.cpu import kernels as cpu_kernels
-from octavo.cpu.gemm import LARGE_ROWS, CpuGemm, cpu_gemm_supported
+from octavo.cpu.gemm import LARGE_ROWS, PANEL_MAX_ROWS, CpuGemm, cpu_gemm_supported
 from octavo.cpu.platform import CpuPlatform
 from octavo.models.build import build_model
 from octavo.models.layers.linear import LinearBase
@@ -26,10 +26,10 @@ pytestmark = [pytest.mark.usefixtures("single_thread"),
 
 
 @pytest.mark.parametrize("panels", [True, False], ids=["panel-gemm", "onednn-only"])
-@pytest.mark.parametrize("fp32_for_large", [False, True])
-@pytest.mark.parametrize("rows", [1, 3, LARGE_ROWS, 77, 300])
+@pytest.mark.parametrize("native_bf16", [False, True])
+@pytest.mark.parametrize("rows", [1, 3, PANEL_MAX_ROWS, LARGE_ROWS, 77, 300])
 @pytest.mark.parametrize("bias", [False, True])
-def test_matches_f_linear(panels: bool, fp32_for_large: bool, rows: int, bias: bool,
+def test_matches_f_linear(panels: bool, native_bf16: bool, rows: int, bias: bool,
                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Every path: the panel GEMM where the kernels have it, else oneDNN's bf16 and fp32."""
     if not panels:
@@ -40,7 +40,7 @@ def test_matches_f_linear(panels: bool, fp32_for_large: bool, rows: int, bias: b
     b = torch.randn(96, generator=gen).bfloat16() if bias else None
     x = torch.randn(rows, 80, generator=gen).bfloat16()
     expected = F.linear(x.float(), weight.float(), None if b is None else b.float())
-    out = CpuGemm(weight, b, fp32_for_large)(x)
+    out = CpuGemm(weight, b, native_bf16)(x)
     assert out.dtype == torch.bfloat16 and out.shape == (rows, 96)
     # Both are bf16 products summed in fp32 and rounded once to bf16: within bf16 rounding.
     torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=1e-2,

@@ -1,23 +1,22 @@
 """How a bf16 linear layer multiplies on the CPU.
 
 ``F.linear`` on bf16 tensors re-reads the weight in its plain ``[out, in]`` layout every
-call. Faster paths, chosen per call by the number of rows ``T``:
+call. Faster paths, chosen per call by the number of rows ``T`` (measured with
+``benchmarks/cpu_gemm.py`` on SmolLM2-135M's layers; the table is in benchmarks/RESULTS.md):
 
 - one row (a single request's decode step): the fused CPU kernels' GEMV on the plain
   weight (``octavo.cpu.kernels.gemv``), when they are built here.
-- more rows, with the kernels built for AVX-512: their panel GEMM
-  (``octavo.cpu.kernels.gemm``) on a copy of the weight packed into 32-column panels. It
-  streams bf16 and multiplies in fp32 FMAs. On CPUs whose bf16 arrives by AVX512-BF16 alone
-  (``vdpbf16ps`` does half the multiply-adds per cycle of fp32 FMAs there) it runs at
-  1.4-1.7x oneDNN's bf16 GEMM on SmolLM2-135M's layers from T=32 up, and from 0.94x (T=256
-  to 2048) to 1.25x (T=8192, a full prefill chunk) an fp32 GEMM on an fp32 copy of the
-  weight fed converted activations - without that copy's memory. With AMX tiles, oneDNN's
-  bf16 GEMM is the faster from ``LARGE_ROWS`` rows.
-- without the panel GEMM: oneDNN with the weight reordered once into its blocked layout
-  (``mkldnn._reorder_linear_weight``), ~1.4x ``F.linear``'s bandwidth; from ``LARGE_ROWS``
-  rows, where there are no AMX tiles, an fp32 copy of the weight also prepacked for oneDNN.
-  oneDNN reorders bf16 weights only on CPUs with AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT;
-  elsewhere (an AVX2-only CPU) those rows take ``F.linear``.
+- a few rows (``T < PANEL_MAX_ROWS``), with the kernels built for AVX-512: their panel
+  GEMM (``octavo.cpu.kernels.gemm``) on a copy of the weight packed into 32-column panels,
+  which streams bf16 and multiplies in fp32 FMAs; from 4-8 rows it falls behind.
+- more rows, on a CPU with native bf16 (AVX512-BF16 or AMX): oneDNN's bf16 GEMM on the
+  weight reordered once into its blocked layout (``mkldnn._reorder_linear_weight``):
+  1.1-1.8x ``F.linear`` and 1.5-3x the panel GEMM from 8 rows up on an AVX512-BF16 CPU.
+- more rows, on a CPU without native bf16 (bf16 chosen by hand; the default is fp32
+  there): below ``LARGE_ROWS`` the panel GEMM or, without it, oneDNN's bf16 where oneDNN
+  can reorder bf16 weights (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; elsewhere ``F.linear``);
+  from ``LARGE_ROWS`` an fp32 copy of the weight prepacked for oneDNN, fed converted
+  activations.
 
 Every path computes what a bf16 GEMM does - bf16 products accumulated in fp32, rounded to
 bf16 once at the end - each in its own order.
@@ -32,16 +31,17 @@ from torch import nn
 
 from octavo.cpu import kernels as cpu_kernels
 
-# Rows from which oneDNN's large-GEMM path beats the blocked bf16 weight (measured ~32 for
-# SmolLM2-135M's layers, weights streamed from memory as in a decode step) or, with AMX,
-# the panel GEMM (assumed the same: AMX was not measured).
+# Rows below which the panel GEMM beats oneDNN's blocked bf16 weight on an AVX512-BF16 CPU
+# (2 threads, SmolLM2-135M's layers: it wins at 2 and 4 rows, loses from 8).
+PANEL_MAX_ROWS = 8
+# Rows from which, without native bf16, an fp32 copy of the weight beats the bf16 paths.
 LARGE_ROWS = 32
 
 
 class CpuGemm:
     """``x @ weight.T + bias`` for one bf16 layer, on prepacked copies of its weight."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fp32_for_large: bool,
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, native_bf16: bool,
                  ) -> None:
         self.bias = bias
         self.weight = weight  # the layer's own tensor, not a copy
@@ -49,13 +49,13 @@ class CpuGemm:
         if cpu_kernels.gemm_available():
             self.panels = cpu_kernels.pack_gemm_weight(weight)
             self.bias_panels = None if bias is None else cpu_kernels.pack_gemm_bias(bias)
-        elif fp32_for_large:
+        if not native_bf16:
             self.packed32 = torch.ops.mkldnn._reorder_linear_weight(weight.float(), None)
             self.bias32 = None if bias is None else bias.float()
-        if (self.panels is None or not fp32_for_large) and onednn_reorders_bf16():
+        if (native_bf16 or self.panels is None) and onednn_reorders_bf16():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        # The panel GEMM serves every row count unless AMX makes oneDNN's bf16 the faster.
-        self.panel_rows = float("inf") if fp32_for_large else LARGE_ROWS
+        # Native bf16: oneDNN's from a few rows. Otherwise the panel GEMM up to the fp32 copy.
+        self.panel_rows = PANEL_MAX_ROWS if native_bf16 else LARGE_ROWS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() == x.shape[-1] and x.is_contiguous() and cpu_kernels.usable(x):
@@ -97,7 +97,7 @@ def cpu_gemm_supported(dtype: torch.dtype, device: torch.device) -> bool:
             and torch.backends.mkldnn.is_available())
 
 
-def attach_cpu_gemms(model: nn.Module, fp32_for_large: bool) -> int:
+def attach_cpu_gemms(model: nn.Module, native_bf16: bool) -> int:
     """Give every bf16 layer with a ``cpu_gemm`` slot its :class:`CpuGemm`, from the loaded
     weights (call it after loading; later weight changes are not seen). Returns how many."""
     attached = 0
@@ -109,6 +109,6 @@ def attach_cpu_gemms(model: nn.Module, fp32_for_large: bool) -> int:
             continue
         bias = getattr(module, "bias", None)
         module.cpu_gemm = CpuGemm(weight.detach(), None if bias is None else bias.detach(),
-                                  fp32_for_large)
+                                  native_bf16)
         attached += 1
     return attached

@@ -46,11 +46,6 @@ def cpu_flags() -> frozenset[str]:
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
-def cpu_has_amx() -> bool:
-    """AMX tiles: bf16 GEMMs outrun fp32 ones at every batch size."""
-    return "amx_bf16" in cpu_flags()
-
-
 class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
@@ -103,5 +98,5 @@ class CpuPlatform(Platform):
 
         if not cpu_gemm_supported(dtype, torch.device("cpu")):
             return 0
-        return (attach_cpu_gemms(model, fp32_for_large=not cpu_has_amx())
+        return (attach_cpu_gemms(model, native_bf16=bool(cpu_flags() & BF16_FLAGS))
                 + use_cpu_layers(model))
