@@ -11,7 +11,8 @@ call. Faster paths, chosen per call by the number of rows ``T`` (measured with
   which streams bf16 and multiplies in fp32 FMAs; from 4-8 rows it falls behind.
 - more rows, on a CPU with native bf16 (AVX512-BF16 or AMX): oneDNN's bf16 GEMM on the
   weight reordered once into its blocked layout (``mkldnn._reorder_linear_weight``):
-  1.1-1.8x ``F.linear`` and 1.5-3x the panel GEMM from 8 rows up on an AVX512-BF16 CPU.
+  on an AVX512-BF16 CPU 1.04-2.2x ``F.linear``, and 0.9-1.5x the panel GEMM at 8 rows,
+  1.2-1.7x at 16 and 1.9-3.1x from 64.
 - more rows, on a CPU without native bf16 (bf16 chosen by hand; the default is fp32
   there): below ``LARGE_ROWS`` the panel GEMM or, without it, oneDNN's bf16 where oneDNN
   can reorder bf16 weights (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; elsewhere ``F.linear``);
