@@ -4,11 +4,12 @@
 call. Faster paths, chosen per call by the number of rows ``T`` (measured with
 ``benchmarks/cpu_gemm.py`` on SmolLM2-135M's layers; the table is in benchmarks/RESULTS.md):
 
-- one row (a single request's decode step): the fused CPU kernels' GEMV on the plain
-  weight (``octavo.cpu.kernels.gemv``), when they are built here.
-- a few rows (``T < PANEL_MAX_ROWS``), with the kernels built for AVX-512: their panel
-  GEMM (``octavo.cpu.kernels.gemm``) on a copy of the weight packed into 32-column panels,
-  which streams bf16 and multiplies in fp32 FMAs; from 4-8 rows it falls behind.
+- up to a few rows (``T < PANEL_MAX_ROWS``), with the kernels built for AVX-512: their
+  panel GEMM (``octavo.cpu.kernels.gemm``) on a copy of the weight packed into 32-column
+  panels, which streams bf16 and multiplies in fp32 FMAs; from 4-8 rows it falls behind.
+  At one row it streams the weights ~18% faster than the GEMV (W2's decode 1.37x).
+- one row without the panel GEMM: the fused CPU kernels' GEMV on the plain weight
+  (``octavo.cpu.kernels.gemv``), when they are built here.
 - more rows, on a CPU with native bf16 (AVX512-BF16 or AMX): oneDNN's bf16 GEMM on the
   weight reordered once into its blocked layout (``mkldnn._reorder_linear_weight``):
   on an AVX512-BF16 CPU 1.04-2.2x ``F.linear``, and 0.9-1.5x the panel GEMM at 8 rows,
@@ -59,7 +60,8 @@ class CpuGemm:
         self.panel_rows = PANEL_MAX_ROWS if native_bf16 else LARGE_ROWS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() == x.shape[-1] and x.is_contiguous() and cpu_kernels.usable(x):
+        if (self.panels is None and x.numel() == x.shape[-1] and x.is_contiguous()
+                and cpu_kernels.usable(x)):
             return cpu_kernels.gemv(x, self.weight, self.bias).view(*x.shape[:-1], -1)
         rows = x.numel() // x.shape[-1]
         if self.panels is not None and rows < self.panel_rows and cpu_kernels.usable(x):
