@@ -2,8 +2,9 @@
 
 For SmolLM2-135M's linear layers (the default model's shapes), each path multiplies ``T``
 rows of fresh random bf16 activations by the layer's weight, and the table gives GFLOP/s
-(median of ``--repeats`` timed calls after warm-up, all layers of one shape in turn so that
-weights stream from memory as in a model step):
+(median of ``--repeats`` timed calls after warm-up, cycling through ``COPIES`` weights of
+the shape so that they come from past the L2 cache; they may sit in L3, so one-row figures
+read faster than a model step's, which streams every weight from memory):
 
 - ``F.linear``: PyTorch's bf16 linear on the plain weight;
 - ``onednn bf16``: oneDNN's linear on the weight reordered once into its blocked layout;
@@ -30,10 +31,10 @@ from tqdm import tqdm
 from octavo.cpu import kernels as cpu_kernels
 from octavo.cpu.gemm import onednn_reorders_bf16
 
-# SmolLM2-135M-Instruct: (out, in) of q, k/v, o, gate/up, down; layers of each per step.
-SHAPES = {"q/o 576x576": ((576, 576), 2), "k/v 192x576": ((192, 576), 2),
-          "gate/up 1536x576": ((1536, 576), 2), "down 576x1536": ((576, 1536), 1)}
-COPIES = 8  # weights of each shape cycled through, about 8 x 1.8 MB: past L2
+# SmolLM2-135M-Instruct: (out, in) of its linear layers' weights.
+SHAPES = {"q/o 576x576": (576, 576), "k/v 192x576": (192, 576),
+          "gate/up 1536x576": (1536, 576), "down 576x1536": (576, 1536)}
+COPIES = 8  # weights of each shape cycled through: 8 x 0.2-1.8 MB, past L2
 
 
 def paths(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
@@ -77,7 +78,7 @@ def main() -> None:
     print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{args.threads} thread(s), load average {os.getloadavg()}")
     generator = torch.Generator().manual_seed(int(time.time()))
-    for label, ((out_f, in_f), _) in tqdm(SHAPES.items(), desc="GEMM shapes", unit="shape"):
+    for label, (out_f, in_f) in tqdm(SHAPES.items(), desc="GEMM shapes", unit="shape"):
         weights = [torch.randn(out_f, in_f, generator=generator).bfloat16() * 0.05
                    for _ in range(COPIES)]
         per_path: dict[str, list] = {}

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from octavo import CompletionOutput
+from octavo import LLM, SamplingParams
 from tests.core.tiny_models import save_tiny_model
 from tests.e2e.server import API_KEY, Server
 from tests.tpu.test_tpu_engine import interpret_env
@@ -22,8 +22,6 @@ from tests.tpu.test_tpu_engine import interpret_env
 ENGINE_FLAGS = ["--dtype", "float32", "--kv-cache-memory", "1MiB", "--max-num-seqs", "4",
                 "--max-num-batched-tokens", "8", "--max-model-len", "64"]
 PROMPT = "the tiny model says"
-
-
 MAX_TOKENS = 12
 
 
@@ -37,30 +35,29 @@ def mistral(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 @pytest.fixture(scope="module")
-def cpu_completion(mistral: tuple[Path, str]) -> CompletionOutput:
-    """What the torch CPU backend answers to PROMPT, greedy (in this process)."""
-    from octavo import LLM, SamplingParams
-
-    llm = LLM(model=str(mistral[0]), backend="cpu", dtype="float32", kv_cache_memory=2**20,
-              max_model_len=64)
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
-    return llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0]
+def cpu_llm(mistral: tuple[Path, str]) -> LLM:
+    """The torch CPU backend on the tiny Mistral, in this process: the reference."""
+    return LLM(model=str(mistral[0]), backend="cpu", dtype="float32", kv_cache_memory=2**20,
+               max_model_len=64)
 
 
-def test_cli_generate_matches_cpu(mistral: tuple[Path, str],
-                                  cpu_completion: CompletionOutput) -> None:
+def cpu_text(llm: LLM, **settings: object) -> str:
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, **settings)
+    return llm.generate([PROMPT], params, use_tqdm=False)[0].outputs[0].text
+
+
+def test_cli_generate_matches_cpu(mistral: tuple[Path, str], cpu_llm: LLM) -> None:
     folder, label = mistral
     got = subprocess.run(
         [sys.executable, "-m", "octavo", "generate", PROMPT, "--raw", "--model", str(folder),
          "--backend", "tpu", "--max-tokens", str(MAX_TOKENS), "--temperature", "0",
          *ENGINE_FLAGS], capture_output=True, text=True, env=interpret_env(), timeout=600)
     assert got.returncode == 0, got.stderr[-3000:]
-    assert got.stdout == cpu_completion.text + "\n", label
+    assert got.stdout == cpu_text(cpu_llm) + "\n", label
     assert "tpu: compiled 3 step buckets" in got.stderr
 
 
-def test_serve_answers_openai_client(mistral: tuple[Path, str],
-                                     cpu_completion: CompletionOutput, tmp_path: Path,
+def test_serve_answers_openai_client(mistral: tuple[Path, str], cpu_llm: LLM, tmp_path: Path,
                                      monkeypatch: pytest.MonkeyPatch) -> None:
     folder, label = mistral
     for name, value in interpret_env().items():  # the server's environment
@@ -70,9 +67,10 @@ def test_serve_answers_openai_client(mistral: tuple[Path, str],
         client = OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
                         timeout=300)
         completion = client.completions.create(
-            model=str(folder), prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0)
-    assert completion.choices[0].text == cpu_completion.text, label
-    assert completion.usage.completion_tokens == len(cpu_completion.token_ids)
+            model=str(folder), prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0.0,
+            extra_body={"ignore_eos": True})
+    assert completion.choices[0].text == cpu_text(cpu_llm, ignore_eos=True), label
+    assert completion.usage.completion_tokens == MAX_TOKENS
 
 
 def run_plugins(env: dict[str, str]) -> str:

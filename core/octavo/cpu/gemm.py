@@ -7,7 +7,7 @@ call. Faster paths, chosen per call by the number of rows ``T`` (measured with
 - up to a few rows (``T < PANEL_MAX_ROWS``), with the kernels built for AVX-512: their
   panel GEMM (``octavo.cpu.kernels.gemm``) on a copy of the weight packed into 32-column
   panels, which streams bf16 and multiplies in fp32 FMAs; from 4-8 rows it falls behind.
-  At one row it streams the weights ~18% faster than the GEMV (W2's decode 1.37x).
+  At one row it streams the weights ~18% faster than the GEMV (W2 1.37x end to end).
 - one row without the panel GEMM: the fused CPU kernels' GEMV on the plain weight
   (``octavo.cpu.kernels.gemv``), when they are built here.
 - more rows, on a CPU with native bf16 (AVX512-BF16 or AMX): oneDNN's bf16 GEMM on the

@@ -46,12 +46,17 @@ def cpu_flags() -> frozenset[str]:
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 
 
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: bf16 is the CPU default, and oneDNN's bf16 GEMM the fast one."""
+    return bool(cpu_flags() & BF16_FLAGS)
+
+
 class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
     priority = 0
     dist_backend = "gloo"
-    default_dtype = "bfloat16" if cpu_flags() & BF16_FLAGS else "float32"
+    default_dtype = "bfloat16" if cpu_has_native_bf16() else "float32"
     attention_backend = "cpu"
 
     @classmethod
@@ -98,5 +103,5 @@ class CpuPlatform(Platform):
 
         if not cpu_gemm_supported(dtype, torch.device("cpu")):
             return 0
-        return (attach_cpu_gemms(model, native_bf16=bool(cpu_flags() & BF16_FLAGS))
+        return (attach_cpu_gemms(model, native_bf16=cpu_has_native_bf16())
                 + use_cpu_layers(model))

@@ -109,11 +109,12 @@ class TpuModelRunner:
             self._steps = dict(zip(pairs, tqdm(steps, total=len(pairs), unit="bucket",
                                                desc="Compiling TPU step buckets")))
             self._samplers = dict(zip(variants, samplers))
-        for bucket in pairs:  # one run each: what compiles on first run does so now
-            self.kv_caches, logits = self._run(self._empty_step(*bucket))
-            for dense in (False, True):
-                tensors = self._sampling_tensors([], bucket[1], dense)
-                self._samplers[bucket[1], dense](logits, tensors).token_ids.block_until_ready()
+        logits_of: dict[int, jax.Array] = {}  # one run each: first-run compiles happen now
+        for bucket in pairs:
+            self.kv_caches, logits_of[bucket[1]] = self._run(self._empty_step(*bucket))
+        for (num_reqs, dense), sampler in self._samplers.items():
+            tensors = self._sampling_tensors([], num_reqs, dense)
+            sampler(logits_of[num_reqs], tensors).token_ids.block_until_ready()
         self.startup_compile_seconds = time.perf_counter() - start
         logger.info("tpu: compiled %d step buckets (tokens %s x requests %s) in %.1f s",
                     len(pairs), list(self.buckets.tokens), list(self.buckets.reqs),
