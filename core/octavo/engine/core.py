@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from octavo.config import ConfigError, EngineConfig
 from octavo.engine.components import build_scheduler
+from octavo.engine.heap import freeze_startup_heap
 from octavo.executor.base import WorkerDiedError
 from octavo.executor.select import make_executor
 from octavo.kv.spec import (
@@ -71,6 +72,7 @@ class EngineCore:
         self.num_blocks = num_blocks
         # Every unfinished request: what a step whose plan failed half-made may have touched.
         self._request_ids: set[str] = set()
+        freeze_startup_heap()
 
     def add_request(self, request: Request) -> None:
         self.scheduler.add_request(request)

@@ -5,6 +5,9 @@ request may start) and then a matcher: the grammar's state after the tokens gene
 far. Each step it fills one bitmask of allowed tokens for the constrained requests that
 sample, which travels to the workers in the ``SchedulerOutput``; after the step the matcher
 accepts the sampled tokens. The workers never see a grammar, only bits.
+
+xgrammar (about a second to import) is imported with the first constrained request, not
+at start-up.
 """
 
 from __future__ import annotations
@@ -12,15 +15,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xgrammar as xgr
 
 from octavo.config import StructuredOutputsConfig
 from octavo.request import Request
 from octavo.sampling_params import StructuredOutputsParams
 from octavo.structured.cache import GrammarCache
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +41,7 @@ class StructuredOutputManager:
         self._compiling: dict[str, Future[xgr.CompiledGrammar]] = {}
         self._matchers: dict[str, xgr.GrammarMatcher] = {}
         self._failed: set[str] = set()  # grammar failed to compile: the request is aborted
-        self._batch = xgr.BatchGrammarMatcher()
+        self._batch: xgr.BatchGrammarMatcher | None = None  # made with the first matcher
 
     def add_request(self, request_id: str, params: StructuredOutputsParams) -> None:
         """Start compiling (or find cached) the request's grammar."""
@@ -51,6 +56,10 @@ class StructuredOutputManager:
         if not future.done():
             return False
         del self._compiling[request_id]
+        import xgrammar as xgr
+
+        if self._batch is None:
+            self._batch = xgr.BatchGrammarMatcher()
         try:
             self._matchers[request_id] = xgr.GrammarMatcher(future.result())
         except Exception:
@@ -68,6 +77,7 @@ class StructuredOutputManager:
         if not ids:
             return [], None
         bitmask = np.empty((len(ids), self.num_words), dtype=np.int32)
+        assert self._batch is not None  # made with the first matcher
         self._batch.batch_fill_next_token_bitmask([self._matchers[i] for i in ids], bitmask)
         return ids, bitmask
 

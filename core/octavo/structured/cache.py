@@ -12,11 +12,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import xgrammar as xgr
-
-from octavo.structured.grammar import build_grammar
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 
 class GrammarCache:
@@ -49,11 +48,15 @@ class GrammarCache:
         return future
 
     def _compile(self, kind: str, spec: str) -> xgr.CompiledGrammar:
+        from octavo.structured.grammar import build_grammar  # imports xgrammar
+
         return self.compiler().compile_grammar(build_grammar(kind, spec))
 
     def compiler(self) -> xgr.GrammarCompiler:
         with self._compiler_lock:
             if self._compiler is None:
+                import xgrammar as xgr
+
                 info = xgr.TokenizerInfo.from_huggingface(
                     self.tokenizer, vocab_size=self.vocab_size,
                     stop_token_ids=self.stop_token_ids)

@@ -4,14 +4,14 @@ The worker side of guided decoding. The bitmask is what the scheduler's
 ``StructuredOutputManager`` sends: int32 words, bit ``t % 32`` of word ``t // 32`` set when
 token ``t`` is allowed. xgrammar's kernel applies
 it (native code on the CPU, a Triton or CUDA kernel on GPUs): several times faster than
-unpacking the bits with tensor ops, and no loop over the vocabulary.
+unpacking the bits with tensor ops, and no loop over the vocabulary. Imported with the first
+bitmask, not at start-up.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-import xgrammar as xgr
 
 
 def apply_grammar_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int]) -> None:
@@ -19,6 +19,8 @@ def apply_grammar_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[
     end (logits wider than the grammar's vocabulary) are masked too."""
     if not rows:
         return
+    import xgrammar as xgr
+
     # xgrammar indexes the bitmask and the logits by the same row numbers.
     full = np.full((logits.shape[0], bitmask.shape[1]), -1, dtype=np.int32)
     full[rows] = bitmask

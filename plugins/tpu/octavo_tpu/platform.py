@@ -18,6 +18,11 @@ INTERPRET_ENV = "OCTAVO_TPU_INTERPRET"
 INTERPRET = os.environ.get(INTERPRET_ENV) == "1"
 JAX_MISSING = ("JAX is not installed (looked for the 'jax' module); install it with: "
                "pip install 'jax[tpu]'")
+# JAX reaches a TPU only through libtpu: the 'libtpu' package that jax[tpu] installs, or a
+# library named by TPU_LIBRARY_PATH. Without either, JAX sees no TPU, and the check says so
+# without importing JAX (about a second, paid by every engine start with --backend auto).
+LIBTPU_MISSING = ("JAX sees no TPU devices (no libtpu: neither the 'libtpu' module nor "
+                  "TPU_LIBRARY_PATH); on a TPU VM install it with: pip install 'jax[tpu]'")
 
 
 def devices() -> list[Any]:
@@ -54,6 +59,9 @@ class TpuPlatform(Platform):
     def check_available(cls) -> Availability:
         if importlib.util.find_spec("jax") is None:
             return Availability.no(JAX_MISSING)
+        if not INTERPRET and not (importlib.util.find_spec("libtpu")
+                                  or os.environ.get("TPU_LIBRARY_PATH")):
+            return Availability.no(LIBTPU_MISSING)
         try:
             found = devices()
         except Exception as exc:  # jax raises RuntimeError when no TPU backend initialises

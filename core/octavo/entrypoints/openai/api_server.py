@@ -9,12 +9,12 @@ wrapped in the limits on what one client may hold (``body_limit``, ``http_guard`
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from typing import Any
 
 from octavo.config import EngineConfig
 from octavo.engine.async_llm import AsyncLLM
+from octavo.engine.heap import freeze_startup_heap
 from octavo.engine.stat_logger import LoggingStatLogger
 from octavo.entrypoints.openai.settings import ServerSettings
 from octavo.plugins import get_plugin_host
@@ -70,15 +70,6 @@ async def run_server(config: EngineConfig, settings: ServerSettings,
         engine.shutdown()  # already done by the app's shutdown unless uvicorn failed
     if died:
         watcher.result()  # raises the EngineDeadError: octavo serve exits non-zero
-
-
-def freeze_startup_heap() -> None:
-    """Move every object alive after start-up (torch, the tokenizer, the web stack: millions)
-    out of the garbage collector's reach, as vLLM's server does: a full collection scans
-    them all and stalls the event loop - measured here as one /health in 40 taking ~280 ms
-    on an idle server. What requests allocate later is collected as usual."""
-    gc.collect()
-    gc.freeze()
 
 
 def uvicorn_config(app: Any, settings: ServerSettings) -> Any:
