@@ -1,6 +1,7 @@
 """The CPU's bf16 GEMM paths side by side, by row count: where each one wins on this CPU.
 
-For SmolLM2-135M's linear layers (the default model's shapes), each path multiplies ``T``
+For SmolLM2-135M's linear layers as the model runs them (q/k/v and gate/up fused, the
+tied head), each path multiplies ``T``
 rows of fresh random bf16 activations by the layer's weight, and the table gives GFLOP/s
 (median of ``--repeats`` timed calls after warm-up, cycling through ``COPIES`` weights of
 the shape so that they come from past the L2 cache; they may sit in L3, so one-row figures
@@ -10,7 +11,8 @@ read faster than a model step's, which streams every weight from memory):
 - ``onednn bf16``: oneDNN's linear on the weight reordered once into its blocked layout;
 - ``onednn fp32``: the same on an fp32 copy, activations converted (what ``CpuGemm`` uses
   from ``LARGE_ROWS`` rows when no AMX is present);
-- ``panel``: Octavo's packed-panel GEMM (``octavo.cpu.kernels``), where it is built.
+- ``panel``: Octavo's packed-panel GEMM (``octavo.cpu.kernels``), where it is built;
+- ``pair``: Octavo's pair GEMM (AVX512-BF16 only), what ``CpuGemm`` uses there.
 
     python benchmarks/cpu_gemm.py --threads 2 --rows 1,4,16,32,64,128,256,512,1024,2048
 """
@@ -32,9 +34,10 @@ from octavo.cpu import kernels as cpu_kernels
 from octavo.cpu.gemm import onednn_reorders_bf16
 
 # SmolLM2-135M-Instruct: (out, in) of its linear layers' weights.
-SHAPES = {"q/o 576x576": (576, 576), "k/v 192x576": (192, 576),
-          "gate/up 1536x576": (1536, 576), "down 576x1536": (576, 1536)}
-COPIES = 8  # weights of each shape cycled through: 8 x 0.2-1.8 MB, past L2
+SHAPES = {"qkv 960x576": (960, 576), "o 576x576": (576, 576),
+          "gate_up 3072x576": (3072, 576), "down 576x1536": (576, 1536),
+          "lm_head 49152x576": (49152, 576)}
+COPIES = 8  # weights of each shape cycled through: 8 x 0.7-57 MB, past L2
 
 
 def paths(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
@@ -50,6 +53,9 @@ def paths(weight: torch.Tensor) -> dict[str, Callable[[torch.Tensor], torch.Tens
     if cpu_kernels.gemm_available():
         panels = cpu_kernels.pack_gemm_weight(weight)
         found["panel"] = lambda x: cpu_kernels.gemm(x, panels, None, weight.shape[0])
+    if cpu_kernels.pair_gemm_available():
+        pairs = cpu_kernels.pack_pair_weight(weight)
+        found["pair"] = lambda x: cpu_kernels.pair_gemm(x, pairs, None, weight.shape[0])
     return found
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from octavo.attention.torch_backend import TorchAttentionBackend
 from octavo.cpu import kernels as cpu_kernels
-from octavo.cpu.gemm import LARGE_ROWS, PANEL_MAX_ROWS, CpuGemm, cpu_gemm_supported
+from octavo.cpu.gemm import AMX_ONEDNN_ROWS, LARGE_ROWS, CpuGemm, cpu_gemm_supported
 from octavo.cpu.platform import CpuPlatform
 from octavo.models.build import build_model
 from octavo.models.layers.linear import LinearBase
@@ -25,26 +25,53 @@ pytestmark = [pytest.mark.usefixtures("single_thread"),
                                  reason="torch built without oneDNN")]
 
 
-@pytest.mark.parametrize("panels", [True, False], ids=["panel-gemm", "onednn-only"])
-@pytest.mark.parametrize("native_bf16", [False, True])
-@pytest.mark.parametrize("rows", [1, 3, PANEL_MAX_ROWS, LARGE_ROWS, 77, 300])
+# How CpuGemm is built on each kind of CPU, and which kernels it may use.
+PATHS = {
+    "pair": dict(native_bf16=True, amx=False, kernels=True),
+    "pair then onednn (amx)": dict(native_bf16=True, amx=True, kernels=True),
+    "onednn (native, no kernels)": dict(native_bf16=True, amx=False, kernels=False),
+    "panel then fp32 (not native)": dict(native_bf16=False, amx=False, kernels=True),
+    "onednn then fp32 (not native, no kernels)": dict(native_bf16=False, amx=False,
+                                                      kernels=False),
+}
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("rows", [1, 3, AMX_ONEDNN_ROWS, LARGE_ROWS, 77, 300])
+@pytest.mark.parametrize("shape", [(96, 80), (37, 82), (40, 81)],
+                         ids=["whole panels", "a partial panel", "odd inputs"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_matches_f_linear(panels: bool, native_bf16: bool, rows: int, bias: bool,
+def test_matches_f_linear(path: str, rows: int, shape: tuple[int, int], bias: bool,
                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every path: the panel GEMM where the kernels have it, else oneDNN's bf16 and fp32."""
-    if not panels:
+    """Every path against an fp32 product of the same bf16 values."""
+    setup = PATHS[path]
+    if not setup["kernels"]:
         monkeypatch.setattr(cpu_kernels, "gemm_available", lambda: False)
+        monkeypatch.setattr(cpu_kernels, "pair_gemm_available", lambda: False)
     seed = random.SystemRandom().randrange(2**32)
     gen = torch.Generator().manual_seed(seed)
-    weight = torch.randn(96, 80, generator=gen).bfloat16()
-    b = torch.randn(96, generator=gen).bfloat16() if bias else None
-    x = torch.randn(rows, 80, generator=gen).bfloat16()
+    weight = torch.randn(*shape, generator=gen).bfloat16()
+    b = torch.randn(shape[0], generator=gen).bfloat16() if bias else None
+    x = torch.randn(rows, shape[1], generator=gen).bfloat16()
     expected = F.linear(x.float(), weight.float(), None if b is None else b.float())
-    out = CpuGemm(weight, b, native_bf16)(x)
-    assert out.dtype == torch.bfloat16 and out.shape == (rows, 96)
+    out = CpuGemm(weight, b, setup["native_bf16"], setup["amx"])(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, shape[0])
     # Both are bf16 products summed in fp32 and rounded once to bf16: within bf16 rounding.
     torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=1e-2,
                                msg=lambda m: f"seed={seed}: {m}")
+
+
+@pytest.mark.skipif(not cpu_kernels.pair_gemm_available(), reason="needs AVX512-BF16")
+def test_the_pair_gemm_keeps_one_copy_and_serves_every_row_count() -> None:
+    """Without AMX the pair GEMM is the only prepacked copy, at any row count (and so any
+    strided input); its rows are the sums a bf16 GEMM rounds."""
+    weight = torch.randn(50, 64).bfloat16()
+    gemm = CpuGemm(weight, None, native_bf16=True)
+    assert gemm.pairs is not None
+    assert gemm.packed is None and gemm.panels is None and gemm.packed32 is None
+    x = torch.randn(2, 700, 128).bfloat16()[:, :, ::2]  # rows 128 apart, strided elements
+    torch.testing.assert_close(gemm(x).float(), F.linear(x.float(), weight.float()),
+                               rtol=2**-7, atol=1e-2)
 
 
 def test_bf16_model_on_cpu_uses_them(tmp_path: Path) -> None:

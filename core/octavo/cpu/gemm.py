@@ -1,24 +1,24 @@
 """How a bf16 linear layer multiplies on the CPU.
 
 ``F.linear`` on bf16 tensors re-reads the weight in its plain ``[out, in]`` layout every
-call. Faster paths, chosen per call by the number of rows ``T`` (measured with
-``benchmarks/cpu_gemm.py`` on SmolLM2-135M's layers; the table is in benchmarks/RESULTS.md):
+call. Faster paths, chosen once per layer by what the CPU has and per call by the number of
+rows ``T`` (measured with ``benchmarks/cpu_gemm.py`` on SmolLM2-135M's layers; the tables
+are in benchmarks/RESULTS.md):
 
-- up to a few rows (``T < PANEL_MAX_ROWS``), with the kernels built for AVX-512: their
-  panel GEMM (``octavo.cpu.kernels.gemm``) on a copy of the weight packed into 32-column
-  panels, which streams bf16 and multiplies in fp32 FMAs; from 4-8 rows it falls behind.
-  At one row it streams the weights ~18% faster than the GEMV (W2 1.37x end to end).
-- one row without the panel GEMM: the fused CPU kernels' GEMV on the plain weight
-  (``octavo.cpu.kernels.gemv``), when they are built here.
-- more rows, on a CPU with native bf16 (AVX512-BF16 or AMX): oneDNN's bf16 GEMM on the
-  weight reordered once into its blocked layout (``mkldnn._reorder_linear_weight``):
-  on an AVX512-BF16 CPU 1.04-2.2x ``F.linear``, and 0.9-1.5x the panel GEMM at 8 rows,
-  1.2-1.7x at 16 and 1.9-3.1x from 64.
-- more rows, on a CPU without native bf16 (bf16 chosen by hand; the default is fp32
-  there): below ``LARGE_ROWS`` the panel GEMM or, without it, oneDNN's bf16 where oneDNN
-  can reorder bf16 weights (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; elsewhere ``F.linear``);
-  from ``LARGE_ROWS`` an fp32 copy of the weight prepacked for oneDNN, fed converted
-  activations.
+- on a CPU with AVX512-BF16 (and the kernels built): the pair GEMM
+  (``octavo.cpu.kernels.pair_gemm``) on a copy of the weight packed as bf16 pairs, for
+  every row count - on an AVX512-BF16 EPYC it runs 1.0-2.6x oneDNN's blocked bf16 GEMM up
+  to 64 rows, 0.95-1.03x from 128 to 2048 and 0.93-0.99x at 8192, and streams one row's
+  weights ~1.5x faster than the GEMV - so it is the only copy kept. With AMX tiles (not measured here: no such CPU),
+  oneDNN's bf16 GEMM on its blocked copy takes over from ``AMX_ONEDNN_ROWS`` rows.
+- otherwise (bf16 chosen by hand: the default is fp32 there), below ``LARGE_ROWS`` rows
+  with the kernels built for AVX-512: their panel GEMM
+  (``octavo.cpu.kernels.gemm``) on a copy of the weight packed into 32-column panels, which
+  streams bf16 and multiplies in fp32 FMAs; one row without it: the kernels' GEMV on the
+  plain weight; below ``LARGE_ROWS``, where the panel GEMM is missing, oneDNN's bf16 where
+  oneDNN can reorder bf16 weights (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; elsewhere
+  ``F.linear``); from ``LARGE_ROWS`` an fp32 copy of the weight prepacked for oneDNN, fed
+  converted activations.
 
 Every path computes what a bf16 GEMM does - bf16 products accumulated in fp32, rounded to
 bf16 once at the end - each in its own order.
@@ -27,16 +27,18 @@ bf16 once at the end - each in its own order.
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 from torch import nn
 
 from octavo.cpu import kernels as cpu_kernels
 
-# Rows below which the panel GEMM beats oneDNN's blocked bf16 weight on an AVX512-BF16 CPU
-# (2 threads, SmolLM2-135M's layers: it wins at 2 and 4 rows, loses from 8).
-PANEL_MAX_ROWS = 8
-# Rows from which, without native bf16, an fp32 copy of the weight beats the bf16 paths.
+# With AMX, the rows from which oneDNN's bf16 GEMM (on the tiles) takes over the pair GEMM.
+# A guess from oneDNN's AVX512-BF16 crossover with the panel GEMM (8 rows), not a
+# measurement: no AMX CPU was at hand.
+AMX_ONEDNN_ROWS = 8
+# Without native bf16: rows from which an fp32 copy of the weight beats the bf16 paths.
 LARGE_ROWS = 32
 
 
@@ -44,11 +46,19 @@ class CpuGemm:
     """``x @ weight.T + bias`` for one bf16 layer, on prepacked copies of its weight."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, native_bf16: bool,
-                 ) -> None:
+                 amx: bool = False) -> None:
         self.bias = bias
         self.weight = weight  # the layer's own tensor, not a copy
+        self.pairs = self.pair_bias = None
         self.panels = self.bias_panels = self.packed = self.packed32 = self.bias32 = None
-        if cpu_kernels.gemm_available():
+        self.pair_rows = 0  # rows below which the pair GEMM serves
+        if native_bf16 and cpu_kernels.pair_gemm_available() and weight.shape[1] % 2 == 0:
+            self.pairs = cpu_kernels.pack_pair_weight(weight)
+            self.pair_bias = None if bias is None else cpu_kernels.pack_pair_bias(bias)
+            self.pair_rows = AMX_ONEDNN_ROWS if amx else sys.maxsize
+            if not amx:
+                return
+        elif cpu_kernels.gemm_available() and not native_bf16:
             self.panels = cpu_kernels.pack_gemm_weight(weight)
             self.bias_panels = None if bias is None else cpu_kernels.pack_gemm_bias(bias)
         if not native_bf16:
@@ -56,25 +66,30 @@ class CpuGemm:
             self.bias32 = None if bias is None else bias.float()
         if (native_bf16 or self.panels is None) and onednn_reorders_bf16():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        # Native bf16: oneDNN's from a few rows. Otherwise the panel GEMM up to the fp32 copy.
-        self.panel_rows = PANEL_MAX_ROWS if native_bf16 else LARGE_ROWS
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.panels is None and x.numel() == x.shape[-1] and x.is_contiguous()
-                and cpu_kernels.usable(x)):
-            return cpu_kernels.gemv(x, self.weight, self.bias).view(*x.shape[:-1], -1)
         rows = x.numel() // x.shape[-1]
-        if self.panels is not None and rows < self.panel_rows and cpu_kernels.usable(x):
-            flat = x.reshape(rows, x.shape[-1])
-            if flat.stride(-1) != 1:
-                flat = flat.contiguous()
-            y = cpu_kernels.gemm(flat, self.panels, self.bias_panels, self.weight.shape[0])
+        if rows < self.pair_rows and cpu_kernels.usable(x):
+            y = cpu_kernels.pair_gemm(_rows_of(x, rows), self.pairs, self.pair_bias,
+                                      self.weight.shape[0])
             return y.view(*x.shape[:-1], -1)
+        if self.panels is not None and rows < LARGE_ROWS and cpu_kernels.usable(x):
+            y = cpu_kernels.gemm(_rows_of(x, rows), self.panels, self.bias_panels,
+                                 self.weight.shape[0])
+            return y.view(*x.shape[:-1], -1)
+        if self.panels is None and rows == 1 and x.is_contiguous() and cpu_kernels.usable(x):
+            return cpu_kernels.gemv(x, self.weight, self.bias).view(*x.shape[:-1], -1)
         if self.packed32 is not None and rows >= LARGE_ROWS:
             return _linear(x.float(), self.packed32, self.bias32).to(x.dtype)
         if self.packed is None:  # no bf16 reorder here, or the kernels were switched off
             return nn.functional.linear(x, self.weight, self.bias)
         return _linear(x, self.packed, self.bias)
+
+
+def _rows_of(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` as ``[rows, in]`` with contiguous rows (a copy only when they are not)."""
+    flat = x.reshape(rows, x.shape[-1])
+    return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
 def _linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -100,7 +115,7 @@ def cpu_gemm_supported(dtype: torch.dtype, device: torch.device) -> bool:
             and torch.backends.mkldnn.is_available())
 
 
-def attach_cpu_gemms(model: nn.Module, native_bf16: bool) -> int:
+def attach_cpu_gemms(model: nn.Module, native_bf16: bool, amx: bool = False) -> int:
     """Give every bf16 layer with a ``cpu_gemm`` slot its :class:`CpuGemm`, from the loaded
     weights (call it after loading; later weight changes are not seen). Returns how many."""
     attached = 0
@@ -112,6 +127,6 @@ def attach_cpu_gemms(model: nn.Module, native_bf16: bool) -> int:
             continue
         bias = getattr(module, "bias", None)
         module.cpu_gemm = CpuGemm(weight.detach(), None if bias is None else bias.detach(),
-                                  native_bf16)
+                                  native_bf16, amx)
         attached += 1
     return attached

@@ -50,6 +50,8 @@ _SIGNATURES = {
     "octavo_gemv": [_ptr, _ptr, _ptr, _ptr, _i64, _i64],
     "octavo_gemm_available": [],
     "octavo_gemm": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64],
+    "octavo_pair_gemm_available": [],
+    "octavo_pair_gemm": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64],
     "octavo_rms_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, ctypes.c_float],
     "octavo_silu_and_mul": [_ptr, _ptr, _i64, _i64, _i64],
     "octavo_rope": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64],
@@ -122,6 +124,7 @@ def library() -> ctypes.CDLL | None:
         getattr(lib, name).argtypes = argtypes
         getattr(lib, name).restype = None
     lib.octavo_gemm_available.restype = ctypes.c_int
+    lib.octavo_pair_gemm_available.restype = ctypes.c_int
     return lib
 
 
@@ -188,6 +191,46 @@ def gemm(x: torch.Tensor, panels: torch.Tensor, bias32: torch.Tensor | None,
     library().octavo_gemm(y.data_ptr(), x.data_ptr(), stride, panels.data_ptr(),
                           None if bias32 is None else bias32.data_ptr(), rows, out_features,
                           panels.shape[1])
+    return y
+
+
+PAIR_PANEL = 16  # output columns per panel of the pair GEMM, as PAIR_PANEL in cpu_ops.c
+
+
+def pair_gemm_available() -> bool:
+    """Whether the pair GEMM was built here (it needs AVX512-BF16)."""
+    lib = library()
+    return lib is not None and bool(lib.octavo_pair_gemm_available())
+
+
+def pack_pair_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [out, in] (``in`` even) as the panels :func:`pair_gemm` reads:
+    ``[ceil(out / 16), in / 2, 16, 2]``, the last panel zero-padded: row ``i`` of panel
+    ``p`` holds, for each of its 16 output columns, the weights of inputs ``2i`` and
+    ``2i + 1`` side by side - the operand layout of AVX512-BF16's pair dot product. A copy
+    the size of the weight, made once at load."""
+    out_features, in_features = weight.shape
+    assert in_features % 2 == 0, "the pair GEMM takes an even number of inputs"
+    padded = -out_features % PAIR_PANEL
+    if padded:
+        weight = torch.cat([weight, weight.new_zeros(padded, in_features)])
+    return weight.view(-1, PAIR_PANEL, in_features // 2, 2).transpose(1, 2).contiguous()
+
+
+def pack_pair_bias(bias: torch.Tensor) -> torch.Tensor:
+    """``bias`` in fp32 (added before the single rounding), padded as the panels are."""
+    return torch.nn.functional.pad(bias.float(), (0, -bias.numel() % PAIR_PANEL))
+
+
+def pair_gemm(x: torch.Tensor, packed: torch.Tensor, bias32: torch.Tensor | None,
+              out_features: int) -> torch.Tensor:
+    """``x @ weight.T + bias`` for rows ``x`` [T, in] with contiguous rows, ``weight``
+    given as :func:`pack_pair_weight`'s panels: [T, out]."""
+    rows, stride = _rows(x)
+    y = torch.empty((rows, out_features), dtype=x.dtype)
+    library().octavo_pair_gemm(y.data_ptr(), x.data_ptr(), stride, packed.data_ptr(),
+                               None if bias32 is None else bias32.data_ptr(), rows,
+                               out_features, x.shape[1])
     return y
 
 

@@ -107,5 +107,6 @@ class CpuPlatform(Platform):
         keep_freed_memory()
         if not cpu_gemm_supported(dtype, torch.device("cpu")):
             return 0
-        return (attach_cpu_gemms(model, native_bf16=cpu_has_native_bf16())
+        return (attach_cpu_gemms(model, native_bf16=cpu_has_native_bf16(),
+                                 amx="amx_bf16" in cpu_flags())
                 + use_cpu_layers(model))
