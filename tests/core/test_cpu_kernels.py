@@ -239,7 +239,7 @@ def test_without_the_kernels_nothing_is_switched(monkeypatch: pytest.MonkeyPatch
         assert use_cpu_layers(model) == 0
         monkeypatch.setenv(cpu.ENABLE_ENV, "1")
         monkeypatch.setenv("CC", "/bin/false")
-        monkeypatch.setattr(cpu, "SOURCE", Path(__file__))  # a new cache key: a fresh build
+        monkeypatch.setattr(cpu, "HEADER", Path(__file__))  # a new cache key: a fresh build
         cpu.library.cache_clear()
         assert use_cpu_layers(model) == 0
         assert "CPU kernels unavailable" in caplog.text

@@ -9,8 +9,9 @@ are in benchmarks/RESULTS.md):
   (``octavo.cpu.kernels.pair_gemm``) on a copy of the weight packed as bf16 pairs, for
   every row count - on an AVX512-BF16 EPYC it runs 1.0-2.6x oneDNN's blocked bf16 GEMM up
   to 64 rows, 0.95-1.03x from 128 to 2048 and 0.93-0.99x at 8192, and streams one row's
-  weights ~1.5x faster than the GEMV - so it is the only copy kept. With AMX tiles (not measured here: no such CPU),
-  oneDNN's bf16 GEMM on its blocked copy takes over from ``AMX_ONEDNN_ROWS`` rows.
+  weights ~1.5x faster than the GEMV - so it is the only copy kept. With AMX tiles (not
+  measured here: no such CPU), oneDNN's bf16 GEMM on its blocked copy takes over from
+  ``AMX_ONEDNN_ROWS`` rows.
 - otherwise (bf16 chosen by hand: the default is fp32 there), below ``LARGE_ROWS`` rows
   with the kernels built for AVX-512: their panel GEMM
   (``octavo.cpu.kernels.gemm``) on a copy of the weight packed into 32-column panels, which

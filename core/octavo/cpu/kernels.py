@@ -1,4 +1,5 @@
-"""Fused bf16 CPU kernels (cpu_ops.c), compiled on first use and called through ctypes.
+"""Fused bf16 CPU kernels (cpu_ops.c, cpu_attention.c), compiled on first use and called
+through ctypes.
 
 Why: decoding one token of SmolLM2-135M runs ~80 PyTorch ops per layer. On the CPU each op
 costs microseconds of dispatch whatever its size, so a single-stream decode step spent about
@@ -7,7 +8,7 @@ decode copied every request's whole context out of the paged cache in every laye
 attending it. These kernels do each of those chains in one call and attend straight from
 the cache.
 
-How: the C source ships with the package; the first process that needs it compiles it with
+How: the C sources ship with the package; the first process that needs it compiles it with
 the system C compiler (``cc -O3 -march=native -fopenmp``, about half a second) into the user
 cache folder, keyed by the source, the compiler and the CPU, and later processes load the
 cached library. The library links the OpenMP runtime torch already loaded (same soname), so
@@ -35,7 +36,9 @@ from octavo.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_ops.c")
+# Compiled separately and linked into one library; the header is shared by both.
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_ops.c", "cpu_attention.c")]
+HEADER = Path(__file__).with_name("cpu_kernels.h")
 ENABLE_ENV = "OCTAVO_CPU_KERNELS"
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
 # Linked apart, without -ffast-math: given at link time it adds crtfastmath.o, whose
@@ -77,8 +80,8 @@ def _compiler() -> str | None:
 
 def _library_path(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = "\0".join([SOURCE.read_text(), version, " ".join(FLAGS + LINK_FLAGS + LIBS),
-                     _cpu_identity()])
+    key = "\0".join([*(path.read_text() for path in [*SOURCES, HEADER]), version,
+                     " ".join(FLAGS + LINK_FLAGS + LIBS), _cpu_identity()])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return cache_root() / "kernels" / f"cpu_ops-{digest}.so"
 
@@ -88,13 +91,15 @@ def _build(compiler: str, target: Path) -> None:
     never load a half-written library."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built, obj = Path(tmp) / target.name, Path(tmp) / "cpu_ops.o"
-        for command in ([compiler, *FLAGS, "-c", str(SOURCE), "-o", str(obj)],
-                        [compiler, *LINK_FLAGS, str(obj), "-o", str(built), *LIBS]):
+        built = Path(tmp) / target.name
+        objects = [str(Path(tmp) / source.with_suffix(".o").name) for source in SOURCES]
+        steps = [(source.name, [compiler, *FLAGS, "-c", str(source), "-o", obj])
+                 for source, obj in zip(SOURCES, objects)]
+        steps.append(("linking", [compiler, *LINK_FLAGS, *objects, "-o", str(built), *LIBS]))
+        for what, command in steps:
             result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode != 0:
-                raise RuntimeError(f"{compiler} failed on {SOURCE.name}:\n"
-                                   f"{result.stderr[-2000:]}")
+                raise RuntimeError(f"{compiler} failed on {what}:\n{result.stderr[-2000:]}")
         built.replace(target)
 
 
@@ -194,7 +199,7 @@ def gemm(x: torch.Tensor, panels: torch.Tensor, bias32: torch.Tensor | None,
     return y
 
 
-PAIR_PANEL = 16  # output columns per panel of the pair GEMM, as PAIR_PANEL in cpu_ops.c
+PAIR_PANEL = 16  # output columns per panel of the pair GEMM, as PAIR_PANEL in cpu_kernels.h
 
 
 def pair_gemm_available() -> bool:
