@@ -119,21 +119,23 @@ class JobWatch:
     """Brackets one job: made (after waiting up to ``idle_timeout_s`` for idle CPUs) just
     before the job is launched, ``after()`` once it was waited for. The job's CPU time is
     its process tree's, read from the rusage of waited children (an engine's own workers
-    included, once it has waited for them)."""
+    included, once it has waited for them), plus that of the running processes ``serving``
+    and their descendants (a server the job sends its requests to)."""
 
-    def __init__(self, idle_timeout_s: float) -> None:
+    def __init__(self, idle_timeout_s: float, serving: tuple[int, ...] = ()) -> None:
         idle, waited = wait_for_idle(idle_timeout_s)
         competing = [] if idle else competing_processes()
         self.report = MachineReport(idle, waited, os.getloadavg(), competing_before=competing)
+        self._serving = serving
         self._cpu = CpuTimes.read()
-        self._children = _children_cpu_s()
+        self._children = _children_cpu_s() + tree_cpu_s(serving)
         self._start = time.monotonic()
 
     def after(self) -> MachineReport:
         cpu = CpuTimes.read()
         wall = time.monotonic() - self._start
         capacity = max(wall * (os.cpu_count() or 1), 1e-9)
-        job_cpu = _children_cpu_s() - self._children
+        job_cpu = _children_cpu_s() + tree_cpu_s(self._serving) - self._children
         others = max(0.0, cpu.busy - self._cpu.busy - job_cpu)
         self.report.load_after = os.getloadavg()
         self.report.others_cpu_share = others / capacity
@@ -142,6 +144,20 @@ class JobWatch:
                              or self.report.others_cpu_share > NOISY_SHARE
                              or self.report.steal_share > NOISY_SHARE)
         return self.report
+
+
+def tree_cpu_s(pids: tuple[int, ...]) -> float:
+    """CPU seconds the running processes ``pids`` and their descendants have used."""
+    total = 0.0
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            for proc in [root, *root.children(recursive=True)]:
+                times = proc.cpu_times()
+                total += times.user + times.system
+        except psutil.Error:  # gone meanwhile: its time is no longer counted anywhere
+            continue
+    return total
 
 
 def _children_cpu_s() -> float:

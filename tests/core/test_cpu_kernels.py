@@ -175,6 +175,93 @@ def test_decode_attention_matches_a_dense_reference(group: int, head_dim: int) -
                                    msg=lambda m, b=b: f"seed={seed} request {b}: {m}")
 
 
+def paged_contexts(gen: torch.Generator, lens: list[int], kv_heads: int, head_dim: int,
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cache holding one context per length in random blocks of 16, noise elsewhere, and
+    each context's slots [R, max(lens)] (past a length: the last slot again)."""
+    block = 16
+    counts = [-(-length // block) for length in lens]
+    num_blocks = sum(counts) + 3
+    cache = (torch.randn(2, num_blocks * block, kv_heads * head_dim, generator=gen) * 2).to(BF16)
+    order = torch.randperm(num_blocks, generator=gen)
+    slots = torch.empty(len(lens), max(lens), dtype=torch.int64)
+    for r, length in enumerate(lens):
+        blocks = order[sum(counts[:r]):][:counts[r]]
+        positions = torch.arange(max(lens)).clamp(max=length - 1)
+        slots[r] = blocks[positions // block] * block + positions % block
+    return cache, slots
+
+
+def dense_attention(q: torch.Tensor, cache: torch.Tensor, rows: torch.Tensor, kv_heads: int,
+                    scale: float) -> torch.Tensor:
+    """fp64 causal attention of the last len(q) positions of a context over all of it."""
+    group, head_dim = q.shape[1] // kv_heads, q.shape[2]
+    keys, values = (cache[i, rows].double().view(len(rows), kv_heads, head_dim)
+                    .repeat_interleave(group, dim=1) for i in (0, 1))
+    scores = torch.einsum("qhd,khd->hqk", q.double(), keys) * scale
+    first = len(rows) - len(q)
+    hidden = torch.arange(len(rows))[None, :] > first + torch.arange(len(q))[:, None]
+    weights = scores.masked_fill(hidden, float("-inf")).softmax(-1)
+    return torch.einsum("hqk,khd->qhd", weights, values)
+
+
+needs_pair_attention = pytest.mark.skipif(
+    not cpu.attention_available(64, torch.zeros(2, 1, 1)), reason="needs AVX512-BF16")
+
+
+@needs_pair_attention
+@pytest.mark.parametrize(("group", "head_dim"), [(3, 64), (1, 128), (4, 32), (2, 48)])
+def test_prefill_attention_matches_a_dense_reference(group: int, head_dim: int) -> None:
+    """Prompt chunks over contexts in random blocks: a one-token prompt, a fresh prompt,
+    chunks over cached prefixes, a context past one 512-key softmax block; other rows of the
+    output untouched."""
+    seed, gen = generator()
+    kv_heads = 2
+    lens, query_lens = [1, 37, 600, 256, 1100], [1, 37, 30, 256, 5]
+    cache, slots = paged_contexts(gen, lens, kv_heads, head_dim)
+    starts = torch.tensor([0, *query_lens]).cumsum(0)[:-1] + 3  # 3 rows before the first
+    tokens = int(starts[-1]) + query_lens[-1] + 2
+    q = torch.randn(tokens, kv_heads * group + 1, head_dim, generator=gen).to(BF16)
+    q = q[:, :kv_heads * group]  # a strided view, as in a layer
+    out = torch.full(q.shape, 7.0, dtype=BF16)
+    cpu.prefill_attention(out, q, cache, slots, starts, torch.tensor(query_lens),
+                          torch.tensor(lens), kv_heads, head_dim**-0.5)
+    written = torch.zeros(tokens, dtype=torch.bool)
+    for r, (length, q_len) in enumerate(zip(lens, query_lens)):
+        rows = slice(int(starts[r]), int(starts[r]) + q_len)
+        written[rows] = True
+        expected = dense_attention(q[rows], cache, slots[r, :length], kv_heads,
+                                   head_dim**-0.5)
+        # The weights rounded to bf16 (as PyTorch's flash attention rounds them), the
+        # output's own bf16 rounding.
+        torch.testing.assert_close(out[rows].double(), expected, rtol=2**-7, atol=2e-2,
+                                   msg=lambda m, r=r: f"seed={seed} request {r}: {m}")
+    assert (out[~written] == 7.0).all(), f"seed={seed}: rows of no chunk were written"
+
+
+@needs_pair_attention
+@pytest.mark.parametrize(("group", "head_dim"), [(3, 64), (1, 128), (2, 48)])
+def test_a_shared_prefix_then_each_rows_own_positions(group: int, head_dim: int) -> None:
+    """Cascade attention: decode rows over a shared 600-position prefix (prefix_attention)
+    then their own positions (decode_attention, merging both) equal attention over the
+    whole context."""
+    seed, gen = generator()
+    kv_heads, prefix = 2, 600
+    own = [1, 5, 30, 16, 2, 7, 9, 3, 1]
+    cache, slots = paged_contexts(gen, [prefix + n for n in own], kv_heads, head_dim)
+    slots[:, :prefix] = slots[0, :prefix]  # the shared positions are one set of cache rows
+    q = torch.randn(len(own), kv_heads * group, head_dim, generator=gen).to(BF16)
+    scale = head_dim**-0.5
+    state = cpu.prefix_attention(q, cache, slots[0, :prefix].contiguous(), kv_heads, scale)
+    tails = slots[:, prefix:prefix + max(own)].contiguous()
+    out = cpu.decode_attention(q, cache, tails.flatten(), torch.tensor(own), max(own),
+                               kv_heads, scale, state)
+    for b, n in enumerate(own):
+        expected = dense_attention(q[b:b + 1], cache, slots[b, :prefix + n], kv_heads, scale)
+        torch.testing.assert_close(out[b:b + 1].double(), expected, rtol=2**-7, atol=1e-2,
+                                   msg=lambda m, b=b: f"seed={seed} row {b}: {m}")
+
+
 def test_a_bf16_cpu_model_runs_its_layers_on_the_kernels(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Switched layers, and a prefill then a decode step (through the paged cache) within

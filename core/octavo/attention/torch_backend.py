@@ -28,6 +28,7 @@ metadata's ``backend_state``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -69,7 +70,10 @@ class StepPlan:
 
     decode: DecodeBatch | None
     prefills: list[PrefillGroup]
+    block_size: int
     masks: dict[tuple, torch.Tensor | None] = field(default_factory=dict)  # per window
+    # What a device subclass's fused kernels work out once per step (in the first layer).
+    native: dict[str, Any] = field(default_factory=dict)
 
 
 def build_plan(metadata: AttentionMetadata, block_size: int) -> StepPlan:
@@ -102,7 +106,7 @@ def build_plan(metadata: AttentionMetadata, block_size: int) -> StepPlan:
             first = row_of_token[group.start]
             group.slots = context_slots(block_tables[first:first + group.num_reqs],
                                         group.seq_len, block_size)
-    return StepPlan(decode, prefills)
+    return StepPlan(decode, prefills, block_size)
 
 
 def _decode_batch(starts: list[int], seq_lens: list[int], as_decodes: list[bool],
@@ -198,12 +202,21 @@ class TorchAttentionImpl(AttentionImpl):
             else:
                 output.index_copy_(0, tokens, self._decode(query.index_select(0, tokens),
                                                            cache_rows, decode, plan, native))
+        if plan.prefills:
+            self._prefill_groups(query, key, value, cache_rows, metadata, plan, output, native)
+        return output
+
+    def _prefill_groups(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        cache_rows: torch.Tensor, metadata: AttentionMetadata, plan: StepPlan,
+                        output: torch.Tensor, native: bool) -> None:
+        """The prefill groups' attention into their rows of ``output``, group by group; a
+        device subclass with a fused prefill kernel overrides it."""
+        del metadata, native
         for group in plan.prefills:
             end = group.start + group.num_reqs * group.query_len
             output[group.start:end] = self._prefill(query[group.start:end], key[group.start:end],
                                                     value[group.start:end], cache_rows, group,
                                                     plan)
-        return output
 
     def _prefill(
         self,
@@ -248,7 +261,7 @@ class TorchAttentionImpl(AttentionImpl):
     def _native(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         """Whether a fused kernel writes this layer's KV and decodes it. The portable backend
         has none; a device's subclass (``octavo.cpu.attention``) overrides this and the two
-        ``_native`` methods below."""
+        ``_native`` methods below (and may override ``_prefill_groups``)."""
         del query, kv_cache
         return False
 
@@ -259,14 +272,14 @@ class TorchAttentionImpl(AttentionImpl):
         raise NotImplementedError
 
     def _decode_native(self, query: torch.Tensor, cache_rows: torch.Tensor,
-                       decode: DecodeBatch) -> torch.Tensor:
+                       decode: DecodeBatch, plan: StepPlan) -> torch.Tensor:
         """The decode rows' attention by the fused kernel, straight from the cache."""
         raise NotImplementedError
 
     def _decode(self, query: torch.Tensor, cache_rows: torch.Tensor, decode: DecodeBatch,
                 plan: StepPlan, native: bool) -> torch.Tensor:
         if native:
-            return self._decode_native(query, cache_rows, decode)
+            return self._decode_native(query, cache_rows, decode, plan)
         return self._decode_sdpa(query, cache_rows, decode, plan)
 
     def _decode_sdpa(

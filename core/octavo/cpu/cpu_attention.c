@@ -195,11 +195,15 @@ static void score_context(float *scores, float *scratch, const float *qf, const 
  * PyTorch's CPU flash attention rounds bf16: scores and exp(score - max) in fp32, the
  * exponentials rounded to bf16 for the weighted sum of values (accumulated in fp32), which
  * is divided by the fp32 sum of the exponentials and rounded to bf16 at the end.
- * q: [B, heads, head_dim], rows q_stride apart; out contiguous. */
+ * q: [B, heads, head_dim], rows q_stride apart; out contiguous. With prefix_m (else NULL),
+ * the positions given are what follows a prefix the rows share, whose part
+ * octavo_prefix_attention computed: the two are merged before the division. */
 void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_t num_slots,
                              const int64_t *slots, const int64_t *seq_lens, int64_t batch,
                              int64_t max_len, int64_t num_heads, int64_t num_kv_heads,
-                             int64_t head_dim, int64_t q_stride, float scale) {
+                             int64_t head_dim, int64_t q_stride, float scale,
+                             const float *prefix_m, const float *prefix_l,
+                             const float *prefix_acc) {
     int64_t group = num_heads / num_kv_heads;
     int64_t width = num_kv_heads * head_dim;
     int64_t qwidth = num_heads * head_dim;
@@ -212,6 +216,7 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
         float *qf = malloc(sizeof(float) * qwidth);
         float *acc = malloc(sizeof(float) * qwidth);
         float *sums = malloc(sizeof(float) * num_heads);
+        float *maxes = malloc(sizeof(float) * num_heads);
         float *scratch = malloc(sizeof(float) * 16 * width); /* fp32 cache rows */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t b = 0; b < batch; b++) {
@@ -232,6 +237,7 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
                     s[j] = bf2f(f2bf(e));
                 }
                 sums[h] = sum;
+                maxes[h] = m;
             }
 #if SCORE_BLOCK
             if (head_dim % 16 == 0)
@@ -243,17 +249,360 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
                                       num_heads, group, head_dim);
             bf16 *o = out + b * qwidth;
             for (int64_t h = 0; h < num_heads; h++) {
-                float inv = 1.0f / sums[h];
+                float own = 1.0f, inv = 1.0f / sums[h];
+                const float *shared = NULL;
+                if (prefix_m) { /* merge with the shared prefix's part, rescaled to one max */
+                    int64_t at = b * num_heads + h;
+                    float top = prefix_m[at] > maxes[h] ? prefix_m[at] : maxes[h];
+                    float theirs = expf(prefix_m[at] - top);
+                    own = expf(maxes[h] - top);
+                    inv = 1.0f / (sums[h] * own + prefix_l[at] * theirs);
+                    own *= inv;
+                    inv *= theirs; /* now the prefix output's weight */
+                    shared = prefix_acc + at * head_dim;
+                }
+                if (shared) {
 #pragma omp simd
-                for (int64_t d = 0; d < head_dim; d++)
-                    o[h * head_dim + d] = f2bf(acc[h * head_dim + d] * inv);
+                    for (int64_t d = 0; d < head_dim; d++)
+                        o[h * head_dim + d] = f2bf(acc[h * head_dim + d] * own + shared[d] * inv);
+                } else {
+#pragma omp simd
+                    for (int64_t d = 0; d < head_dim; d++)
+                        o[h * head_dim + d] = f2bf(acc[h * head_dim + d] * inv);
+                }
             }
         }
         free(scores);
         free(qf);
         free(acc);
         free(sums);
+        free(maxes);
         free(scratch);
     }
 }
 
+
+/* ---- Many queries over the same keys: prefill chunks and shared prefixes ----------------
+ *
+ * With AVX512-BF16 both products of attention run on the pair GEMM's tiles: the keys and
+ * values a group of query rows sees are packed once per kv head (keys as 16-key panels of
+ * bf16 pairs along head_dim, values as 16-dim panels of bf16 pairs along the keys), then
+ * S = Q K^T and O += P V are pair GEMMs of up to ATT_ROWS query rows. An online softmax over
+ * blocks of ATT_KEY_BLOCK keys - the block PyTorch's CPU flash attention uses - keeps the
+ * scores of one block per row. head_dim must be a multiple of 16. */
+#ifdef __AVX512BF16__
+#define ATT_KEY_BLOCK 512
+#define ATT_ROWS 48 /* query rows of a prompt chunk attended together: 8 tiles of 6 */
+#define ATT_PREFIX_ROWS 18 /* decode rows attended together over a shared prefix: 3 tiles */
+/* The running max before any key: finite, as -ffast-math assumes no infinities. */
+#define ATT_NO_MAX -1e30f
+
+int octavo_attention_available(void) { return 1; }
+
+/* One kv head's keys and values for `keys` positions, packed: the layout pair_tiles reads. */
+typedef struct {
+    bf16 *k; /* [ceil(keys / 16)][head_dim / 2][16][2] */
+    bf16 *v; /* per block of ATT_KEY_BLOCK keys: [head_dim / 16][ATT_KEY_BLOCK / 2][16][2] */
+    int64_t keys, head_dim;
+} packed_kv;
+
+static int64_t packed_k_elems(int64_t keys, int64_t head_dim) {
+    return (keys + 15) / 16 * 16 * head_dim;
+}
+
+static int64_t packed_v_elems(int64_t keys, int64_t head_dim) {
+    return (keys + ATT_KEY_BLOCK - 1) / ATT_KEY_BLOCK * ATT_KEY_BLOCK * head_dim;
+}
+
+/* Packs keys [first, end) of kv head `kv` (first a multiple of 16), whose cache rows are at
+ * slot[...]: each 16-key panel gathered pair by pair, lanes past p->keys zero. */
+static void pack_keys(packed_kv *p, const bf16 *cache, int64_t width, int64_t kv,
+                      const int64_t *slot, int64_t first, int64_t end) {
+    int64_t head_dim = p->head_dim, half = head_dim / 2, keys = p->keys;
+    const int32_t *key_pairs = (const int32_t *)cache;
+    for (int64_t k0 = first; k0 < end; k0 += 16) {
+        int32_t index[16];
+        __mmask16 valid = keys - k0 >= 16 ? 0xFFFF : (__mmask16)((1u << (keys - k0)) - 1);
+        for (int j = 0; j < 16; j++)
+            index[j] = k0 + j < keys ? (int32_t)((slot[k0 + j] * width + kv * head_dim) / 2) : 0;
+        __m512i rows = _mm512_loadu_si512(index);
+        bf16 *panel = p->k + k0 * head_dim;
+        for (int64_t i = 0; i < half; i++)
+            _mm512_storeu_si512(panel + i * 32,
+                                _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid,
+                                                            _mm512_add_epi32(rows,
+                                                            _mm512_set1_epi32((int)i)),
+                                                            key_pairs, 4));
+    }
+}
+
+/* Packs the values of keys [first, end) of kv head `kv` (first even): the rows of two
+ * consecutive keys interleaved, 16 dims at a time (a missing second key reads as zero). */
+static void pack_values(packed_kv *p, const bf16 *cache, int64_t num_slots, int64_t width,
+                        int64_t kv, const int64_t *slot, int64_t first, int64_t end) {
+    int64_t head_dim = p->head_dim, keys = p->keys;
+    const bf16 *values = cache + num_slots * width + kv * head_dim;
+    for (int64_t j = first / 2; 2 * j < end; j++) {
+        int64_t block = 2 * j / ATT_KEY_BLOCK, jj = j - block * (ATT_KEY_BLOCK / 2);
+        const bf16 *one = values + slot[2 * j] * width;
+        const bf16 *two = 2 * j + 1 < keys ? values + slot[2 * j + 1] * width : NULL;
+        bf16 *dst = p->v + block * ATT_KEY_BLOCK * head_dim + jj * 32;
+        for (int64_t d = 0; d < head_dim; d += 16) {
+            __m512i low = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(one + d)));
+            __m512i high = two ? _mm512_slli_epi32(_mm512_cvtepu16_epi32(
+                                     _mm256_loadu_si256((const __m256i *)(two + d))), 16)
+                               : _mm512_setzero_si512();
+            _mm512_storeu_si512(dst + d / 16 * (ATT_KEY_BLOCK * 16),
+                                _mm512_or_si512(low, high));
+        }
+    }
+}
+
+/* Packing is split into items of ATT_PACK_KEYS keys of one kv head, keys or values, so that
+ * every thread has some. */
+#define ATT_PACK_KEYS 128
+
+static int64_t pack_items(int64_t keys, int64_t num_kv_heads) {
+    return 2 * num_kv_heads * ((keys + ATT_PACK_KEYS - 1) / ATT_PACK_KEYS);
+}
+
+/* The packs of `keys` keys of every kv head, laid out one after another from `base`. */
+static void place_packs(packed_kv *p, bf16 *base, int64_t keys, int64_t num_kv_heads,
+                        int64_t head_dim) {
+    int64_t per_head = packed_k_elems(keys, head_dim) + packed_v_elems(keys, head_dim);
+    for (int64_t kv = 0; kv < num_kv_heads; kv++) {
+        p[kv].k = base + kv * per_head;
+        p[kv].v = p[kv].k + packed_k_elems(keys, head_dim);
+        p[kv].keys = keys;
+        p[kv].head_dim = head_dim;
+    }
+}
+
+/* Item `item` of pack_items(keys, ...) for the kv heads' packs p[0 .. num_kv_heads). */
+static void pack_item(packed_kv *p, int64_t item, const bf16 *cache, int64_t num_slots,
+                      int64_t width, const int64_t *slot) {
+    int64_t ranges = (p[0].keys + ATT_PACK_KEYS - 1) / ATT_PACK_KEYS;
+    int64_t kv = item / (2 * ranges), range = item % (2 * ranges) / 2;
+    int64_t first = range * ATT_PACK_KEYS, end = first + ATT_PACK_KEYS;
+    end = end < p[0].keys ? end : p[0].keys;
+    if (item % 2 == 0)
+        pack_keys(&p[kv], cache, width, kv, slot, first, end);
+    else
+        pack_values(&p[kv], cache, num_slots, width, kv, slot, first, end);
+}
+
+/* Scratch of one thread for attend_rows. */
+typedef struct {
+    float s[ATT_ROWS][ATT_KEY_BLOCK]; /* scores of one key block */
+    bf16 p[ATT_ROWS][ATT_KEY_BLOCK];  /* their exponentials, rounded to bf16 */
+    float sums[PAIR_MR][PAIR_NP * PAIR_PANEL];
+} att_scratch;
+
+/* Online softmax of `rows` query rows (row r at q + r * q_stride: one query head's vectors,
+ * bf16) over the packed keys, key j visible to row r when j <= limit[r] (limit NULL: every
+ * key). Updates each row's running max m, sum l and unnormalised output acc [rows][head_dim]
+ * (fp32), which start at ATT_NO_MAX, 0 and 0. */
+static void attend_rows(const bf16 *q, int64_t q_stride, int64_t rows, const packed_kv *kv,
+                        const int64_t *limit, float scale, float *m, float *l, float *acc,
+                        att_scratch *t) {
+    int64_t head_dim = kv->head_dim, half = head_dim / 2;
+    int64_t last = kv->keys - 1; /* the last key any row sees */
+    if (limit) {
+        last = -1;
+        for (int64_t r = 0; r < rows; r++) last = limit[r] > last ? limit[r] : last;
+    }
+    for (int64_t k0 = 0; k0 <= last; k0 += ATT_KEY_BLOCK) {
+        int64_t seen = last - k0 + 1 < ATT_KEY_BLOCK ? last - k0 + 1 : ATT_KEY_BLOCK;
+        int64_t panels = (seen + 15) / 16, pairs = (seen + 1) / 2;
+        for (int64_t r0 = 0; r0 < rows; r0 += PAIR_MR) { /* S = Q K^T */
+            int mr = rows - r0 < PAIR_MR ? (int)(rows - r0) : PAIR_MR;
+            for (int64_t p = 0; p < panels; p += PAIR_NP) {
+                int np = panels - p < PAIR_NP ? (int)(panels - p) : PAIR_NP;
+                pair_tiles[mr - 1][np - 1](t->sums, q + r0 * q_stride, q_stride,
+                                           kv->k + (k0 + p * 16) * head_dim, 16 * head_dim,
+                                           half);
+                for (int r = 0; r < mr; r++)
+                    memcpy(&t->s[r0 + r][p * 16], t->sums[r], sizeof(float) * np * 16);
+            }
+        }
+        for (int64_t r = 0; r < rows; r++) { /* the softmax step */
+            int64_t n = limit ? limit[r] - k0 + 1 : seen; /* keys of the block row r sees */
+            n = n < seen ? n : seen;
+            float *s = t->s[r];
+            bf16 *p = t->p[r];
+            if (n <= 0) {
+                memset(p, 0, sizeof(bf16) * 2 * pairs);
+                continue;
+            }
+            float block_max = ATT_NO_MAX;
+            for (int64_t j = 0; j < n; j++) {
+                s[j] *= scale;
+                block_max = s[j] > block_max ? s[j] : block_max;
+            }
+            float new_max = block_max > m[r] ? block_max : m[r];
+            float alpha = expf(m[r] - new_max), sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = 0; j < n; j++) {
+                float e = expf(s[j] - new_max);
+                sum += e;
+                p[j] = f2bf(e);
+            }
+            for (int64_t j = n; j < 2 * pairs; j++) p[j] = 0;
+            l[r] = l[r] * alpha + sum;
+            m[r] = new_max;
+            for (int64_t d = 0; d < head_dim; d++) acc[r * head_dim + d] *= alpha;
+        }
+        const bf16 *values = kv->v + k0 * head_dim;
+        for (int64_t r0 = 0; r0 < rows; r0 += PAIR_MR) { /* O += P V */
+            int mr = rows - r0 < PAIR_MR ? (int)(rows - r0) : PAIR_MR;
+            for (int64_t d0 = 0; d0 < head_dim; d0 += PAIR_NP * 16) {
+                int np = (head_dim - d0) / 16 < PAIR_NP ? (int)((head_dim - d0) / 16) : PAIR_NP;
+                pair_tiles[mr - 1][np - 1](t->sums, &t->p[r0][0], ATT_KEY_BLOCK,
+                                           values + d0 * ATT_KEY_BLOCK,
+                                           ATT_KEY_BLOCK * 16, pairs);
+                for (int r = 0; r < mr; r++) {
+                    float *a = acc + (r0 + r) * head_dim + d0;
+                    for (int64_t c = 0; c < np * 16; c++) a[c] += t->sums[r][c];
+                }
+            }
+        }
+    }
+}
+
+/* Causal attention of the prompt chunks of `num_reqs` requests over their contexts in the
+ * cache (their new keys and values already written there). Request r's queries are the
+ * query_lens[r] flat rows from query_start[r] of q (rows q_stride apart, num_heads * head_dim
+ * each); its context is positions 0 .. seq_lens[r] - 1, at slots[r * max_ctx ...]; query i
+ * sits at position seq_lens[r] - query_lens[r] + i. Writes those rows of out (rows of
+ * num_heads * head_dim, bf16) and no others. */
+void octavo_prefill_attention(bf16 *out, const bf16 *q, int64_t q_stride, const bf16 *cache,
+                              int64_t num_slots, const int64_t *slots, int64_t max_ctx,
+                              const int64_t *query_start, const int64_t *query_lens,
+                              const int64_t *seq_lens, int64_t num_reqs, int64_t num_heads,
+                              int64_t num_kv_heads, int64_t head_dim, float scale) {
+    int64_t group = num_heads / num_kv_heads, width = num_kv_heads * head_dim;
+    int64_t qwidth = num_heads * head_dim;
+    /* Per request: where its packs start in one buffer, and its packing and attention
+     * items' first numbers. */
+    int64_t *offset = malloc(sizeof(int64_t) * 3 * (num_reqs + 1));
+    int64_t *packs = offset + num_reqs + 1, *chunks = packs + num_reqs + 1;
+    offset[0] = packs[0] = chunks[0] = 0;
+    for (int64_t r = 0; r < num_reqs; r++) {
+        offset[r + 1] = offset[r] + num_kv_heads * (packed_k_elems(seq_lens[r], head_dim)
+                                                    + packed_v_elems(seq_lens[r], head_dim));
+        packs[r + 1] = packs[r] + pack_items(seq_lens[r], num_kv_heads);
+        chunks[r + 1] = chunks[r] + num_heads * ((query_lens[r] + ATT_ROWS - 1) / ATT_ROWS);
+    }
+    bf16 *packed = malloc(sizeof(bf16) * offset[num_reqs]);
+#pragma omp parallel
+    {
+        packed_kv *p = malloc(sizeof(packed_kv) * num_kv_heads);
+        int64_t r = 0;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < packs[num_reqs]; item++) {
+            while (packs[r + 1] <= item) r++;
+            place_packs(p, packed + offset[r], seq_lens[r], num_kv_heads, head_dim);
+            pack_item(p, item - packs[r], cache, num_slots, width, slots + r * max_ctx);
+        }
+        att_scratch *t = malloc(sizeof(att_scratch));
+        float m[ATT_ROWS], l[ATT_ROWS];
+        int64_t limit[ATT_ROWS];
+        float *acc = malloc(sizeof(float) * ATT_ROWS * head_dim);
+        r = 0;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < chunks[num_reqs]; item++) {
+            while (chunks[r + 1] <= item) r++;
+            int64_t q_len = query_lens[r];
+            int64_t per_head_chunks = (q_len + ATT_ROWS - 1) / ATT_ROWS;
+            int64_t head = (item - chunks[r]) / per_head_chunks;
+            int64_t i0 = (item - chunks[r]) % per_head_chunks * ATT_ROWS;
+            int64_t rows = q_len - i0 < ATT_ROWS ? q_len - i0 : ATT_ROWS;
+            place_packs(p, packed + offset[r], seq_lens[r], num_kv_heads, head_dim);
+            for (int64_t i = 0; i < rows; i++) {
+                m[i] = ATT_NO_MAX;
+                l[i] = 0.0f;
+                limit[i] = seq_lens[r] - q_len + i0 + i;
+            }
+            memset(acc, 0, sizeof(float) * rows * head_dim);
+            int64_t row0 = query_start[r] + i0;
+            attend_rows(q + row0 * q_stride + head * head_dim, q_stride, rows, &p[head / group],
+                        limit, scale, m, l, acc, t);
+            for (int64_t i = 0; i < rows; i++) {
+                bf16 *o = out + (row0 + i) * qwidth + head * head_dim;
+                float inv = 1.0f / l[i];
+                for (int64_t d = 0; d < head_dim; d++) o[d] = f2bf(acc[i * head_dim + d] * inv);
+            }
+        }
+        free(acc);
+        free(t);
+        free(p);
+    }
+    free(packed);
+    free(offset);
+}
+
+/* The part of `batch` decode rows' attention that lies over a prefix of `prefix_len` positions
+ * they all share (its cache rows at prefix_slots): for row b and query head h, the running
+ * max m[b * num_heads + h], sum l[...] and unnormalised output acc[... * head_dim + d], which
+ * octavo_decode_attention completes with each row's own positions (cascade attention). q:
+ * [batch][num_heads][head_dim], rows q_stride apart. */
+void octavo_prefix_attention(float *m, float *l, float *acc, const bf16 *q, int64_t q_stride,
+                             int64_t batch, const bf16 *cache, int64_t num_slots,
+                             const int64_t *prefix_slots, int64_t prefix_len, int64_t num_heads,
+                             int64_t num_kv_heads, int64_t head_dim, float scale) {
+    int64_t group = num_heads / num_kv_heads, width = num_kv_heads * head_dim;
+    int64_t per_head = packed_k_elems(prefix_len, head_dim) + packed_v_elems(prefix_len, head_dim);
+    bf16 *packed = malloc(sizeof(bf16) * per_head * num_kv_heads);
+    int64_t row_chunks = (batch + ATT_PREFIX_ROWS - 1) / ATT_PREFIX_ROWS;
+#pragma omp parallel
+    {
+        packed_kv *p = malloc(sizeof(packed_kv) * num_kv_heads);
+        place_packs(p, packed, prefix_len, num_kv_heads, head_dim);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < pack_items(prefix_len, num_kv_heads); item++)
+            pack_item(p, item, cache, num_slots, width, prefix_slots);
+        att_scratch *t = malloc(sizeof(att_scratch));
+        float rm[ATT_PREFIX_ROWS], rl[ATT_PREFIX_ROWS];
+        float *racc = malloc(sizeof(float) * ATT_PREFIX_ROWS * head_dim);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < num_heads * row_chunks; item++) {
+            int64_t head = item / row_chunks, b0 = item % row_chunks * ATT_PREFIX_ROWS;
+            int64_t rows = batch - b0 < ATT_PREFIX_ROWS ? batch - b0 : ATT_PREFIX_ROWS;
+            for (int64_t i = 0; i < rows; i++) {
+                rm[i] = ATT_NO_MAX;
+                rl[i] = 0.0f;
+            }
+            memset(racc, 0, sizeof(float) * rows * head_dim);
+            attend_rows(q + b0 * q_stride + head * head_dim, q_stride, rows, &p[head / group],
+                        NULL, scale, rm, rl, racc, t);
+            for (int64_t i = 0; i < rows; i++) {
+                int64_t at = (b0 + i) * num_heads + head;
+                m[at] = rm[i];
+                l[at] = rl[i];
+                memcpy(acc + at * head_dim, racc + i * head_dim, sizeof(float) * head_dim);
+            }
+        }
+        free(racc);
+        free(t);
+        free(p);
+    }
+    free(packed);
+}
+#else
+int octavo_attention_available(void) { return 0; }
+
+void octavo_prefill_attention(bf16 *out, const bf16 *q, int64_t q_stride, const bf16 *cache,
+                              int64_t num_slots, const int64_t *slots, int64_t max_ctx,
+                              const int64_t *query_start, const int64_t *query_lens,
+                              const int64_t *seq_lens, int64_t num_reqs, int64_t num_heads,
+                              int64_t num_kv_heads, int64_t head_dim, float scale) {
+    abort(); /* callers check octavo_attention_available() first */
+}
+
+void octavo_prefix_attention(float *m, float *l, float *acc, const bf16 *q, int64_t q_stride,
+                             int64_t batch, const bf16 *cache, int64_t num_slots,
+                             const int64_t *prefix_slots, int64_t prefix_len, int64_t num_heads,
+                             int64_t num_kv_heads, int64_t head_dim, float scale) {
+    abort();
+}
+#endif

@@ -28,6 +28,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -60,7 +61,12 @@ _SIGNATURES = {
     "octavo_rope": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64],
     "octavo_write_kv": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "octavo_decode_attention": [_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64,
-                                _i64, _i64, ctypes.c_float],
+                                _i64, _i64, ctypes.c_float, _ptr, _ptr, _ptr],
+    "octavo_attention_available": [],
+    "octavo_prefill_attention": [_ptr, _ptr, _i64, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr,
+                                 _i64, _i64, _i64, _i64, ctypes.c_float],
+    "octavo_prefix_attention": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64,
+                                _i64, _i64, _i64, ctypes.c_float],
 }
 
 
@@ -130,6 +136,7 @@ def library() -> ctypes.CDLL | None:
         getattr(lib, name).restype = None
     lib.octavo_gemm_available.restype = ctypes.c_int
     lib.octavo_pair_gemm_available.restype = ctypes.c_int
+    lib.octavo_attention_available.restype = ctypes.c_int
     return lib
 
 
@@ -284,18 +291,81 @@ def write_kv(cache_rows: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                               key_stride, value_stride)
 
 
+@dataclass
+class PrefixState:
+    """The part of decode rows' attention over a prefix of positions they share
+    (:func:`prefix_attention`): per row and query head the running max, the sum of the
+    exponentials and the unnormalised output, in fp32."""
+
+    maxes: torch.Tensor  # [B, heads]
+    sums: torch.Tensor  # [B, heads]
+    outputs: torch.Tensor  # [B, heads, head_dim]
+
+
 def decode_attention(q: torch.Tensor, cache_rows: torch.Tensor, slots: torch.Tensor,
                      seq_lens: torch.Tensor, max_len: int, num_kv_heads: int,
-                     scale: float) -> torch.Tensor:
+                     scale: float, prefix: PrefixState | None = None) -> torch.Tensor:
     """One query token per request (``q`` [B, heads, D]) over its context in the paged
     cache (``cache_rows`` [2, slots, kv_heads * D]); ``slots`` [B * max_len] int64,
-    ``seq_lens`` [B] int64."""
+    ``seq_lens`` [B] int64. With ``prefix``, the positions given follow a prefix the rows
+    share, whose part ``prefix`` holds: both parts make the output."""
     batch, num_heads, head_dim = q.shape
     assert q.stride()[1:] == (head_dim, 1) and cache_rows.is_contiguous()
     assert slots.is_contiguous() and seq_lens.is_contiguous()
     out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype)
+    shared = (None, None, None) if prefix is None else (
+        prefix.maxes.data_ptr(), prefix.sums.data_ptr(), prefix.outputs.data_ptr())
     library().octavo_decode_attention(out.data_ptr(), q.data_ptr(), cache_rows.data_ptr(),
                                       cache_rows.shape[1], slots.data_ptr(),
                                       seq_lens.data_ptr(), batch, max_len, num_heads,
-                                      num_kv_heads, head_dim, q.stride(0), scale)
+                                      num_kv_heads, head_dim, q.stride(0), scale, *shared)
     return out
+
+
+def attention_available(head_dim: int, cache_rows: torch.Tensor) -> bool:
+    """Whether :func:`prefill_attention` and :func:`prefix_attention` can run: built here
+    (AVX512-BF16), ``head_dim`` a multiple of 16, and every cache row addressable by the
+    32-bit gather indices they use."""
+    lib = library()
+    return (lib is not None and bool(lib.octavo_attention_available()) and head_dim % 16 == 0
+            and cache_rows[0].numel() // 2 < 2**31)
+
+
+def prefill_attention(out: torch.Tensor, q: torch.Tensor, cache_rows: torch.Tensor,
+                      slots: torch.Tensor, query_start: torch.Tensor, query_lens: torch.Tensor,
+                      seq_lens: torch.Tensor, num_kv_heads: int, scale: float) -> None:
+    """Causal attention of prompt chunks over their contexts, read from the paged cache
+    (their own keys and values already written there), into their rows of ``out``
+    [T, heads, D] (contiguous; other rows untouched). ``q`` [T, heads, D]: request ``r``'s
+    chunk is the ``query_lens[r]`` rows from ``query_start[r]``; its context is positions
+    ``0 .. seq_lens[r] - 1`` at ``slots[r]`` ([R, max_ctx] int64), and its last query token
+    sits at position ``seq_lens[r] - 1``. The [R] arrays are int64."""
+    num_heads, head_dim = q.shape[1:]
+    assert q.stride()[1:] == (head_dim, 1) and out.is_contiguous() and out.shape == q.shape
+    assert cache_rows.is_contiguous() and slots.is_contiguous()
+    assert query_start.is_contiguous() and query_lens.is_contiguous()
+    assert seq_lens.is_contiguous()
+    library().octavo_prefill_attention(out.data_ptr(), q.data_ptr(), q.stride(0),
+                                       cache_rows.data_ptr(), cache_rows.shape[1],
+                                       slots.data_ptr(), slots.shape[1],
+                                       query_start.data_ptr(), query_lens.data_ptr(),
+                                       seq_lens.data_ptr(), len(seq_lens), num_heads,
+                                       num_kv_heads, head_dim, scale)
+
+
+def prefix_attention(q: torch.Tensor, cache_rows: torch.Tensor, prefix_slots: torch.Tensor,
+                     num_kv_heads: int, scale: float) -> PrefixState:
+    """The part of decode rows' attention (``q`` [B, heads, D], one token each) over the
+    positions at ``prefix_slots`` [P] int64 that they all share: computed once for all rows
+    (cascade attention), to be completed by :func:`decode_attention`."""
+    batch, num_heads, head_dim = q.shape
+    assert q.stride()[1:] == (head_dim, 1) and cache_rows.is_contiguous()
+    assert prefix_slots.is_contiguous()
+    state = PrefixState(torch.empty(batch, num_heads), torch.empty(batch, num_heads),
+                        torch.empty(batch, num_heads, head_dim))
+    library().octavo_prefix_attention(state.maxes.data_ptr(), state.sums.data_ptr(),
+                                      state.outputs.data_ptr(), q.data_ptr(), q.stride(0),
+                                      batch, cache_rows.data_ptr(), cache_rows.shape[1],
+                                      prefix_slots.data_ptr(), len(prefix_slots), num_heads,
+                                      num_kv_heads, head_dim, scale)
+    return state

@@ -161,6 +161,19 @@ class AttentionBackendContract(SeededContract):
         self._check_attention(step, verdict, "writes all of the step's K/V before any request "
                               "reads the cache", note="request 1 reads blocks request 0 fills")
 
+    def test_many_requests_sharing_a_cached_prefix(self, verdict: Verdict) -> None:
+        """Ten decode tokens and two prompt chunks whose contexts all start with the same 20
+        cached blocks (one system prompt), each after tokens of its own: the case a backend
+        may attend once for all of them (cascade attention)."""
+        block_size = self._dims()[0][1]
+        prefix = 20 * block_size
+        requests = [(prefix + extra, 1) for extra in (0, 1, 5, 16, 17, 30, 31, 33, 47, 64)]
+        requests += [(prefix, 24), (prefix + 3, 9)]
+        step = self._step(requests, verdict.seed, gqa_ratio=3, prefix_blocks=20)
+        self._check_attention(step, verdict, "reads a cached prefix that many requests share",
+                              note=f"a {prefix}-token prefix shared by {len(requests)} "
+                              "requests")
+
     def test_ignores_padding_tokens(self, verdict: Verdict) -> None:
         step = self._step(MIXED_BATCH, verdict.seed, gqa_ratio=2)
         contract = "ignores padding tokens past num_actual_tokens"
@@ -225,11 +238,11 @@ class AttentionBackendContract(SeededContract):
 
     def _step(self, requests: list[tuple[int, int]], seed: int, gqa_ratio: int = 1,
               dims: tuple[int, int] | None = None, shuffled: bool = True,
-              shared_blocks: int = 0) -> Step:
+              shared_blocks: int = 0, prefix_blocks: int = 0) -> Step:
         head_dim, block_size = dims or self._dims()[0]
         shape = Shape(gqa_ratio * self.num_kv_heads, self.num_kv_heads, head_dim, block_size)
-        return build_step(requests, shape, self.dtype, seed, shuffled,
-                          shared_blocks).to(self.device)
+        return build_step(requests, shape, self.dtype, seed, shuffled, shared_blocks,
+                          prefix_blocks).to(self.device)
 
     def _impl(self, shape: Shape, scale: float, sliding_window: int | None) -> AttentionImpl:
         """Built under the device, as models are."""

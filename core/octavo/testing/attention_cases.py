@@ -69,11 +69,13 @@ class Step:
 
 
 def build_step(requests: list[tuple[int, int]], shape: Shape, dtype: torch.dtype, seed: int,
-               shuffled: bool, shared_blocks: int = 0) -> Step:
+               shuffled: bool, shared_blocks: int = 0, prefix_blocks: int = 0) -> Step:
     """A step on the host. ``shuffled``: every request's blocks are random, out of order and
     interleaved with the noise blocks; else request 0 owns blocks 0.., request 1 the next
     ones, and the noise blocks come last. ``shared_blocks``: request 1's first blocks are
-    request 0's (the prefix cache shares a block that request 0 fills in this very step)."""
+    request 0's (the prefix cache shares a block that request 0 fills in this very step).
+    ``prefix_blocks``: every request's first blocks are request 0's, already cached (one
+    prompt prefix that many requests share; each request's cached prefix covers them)."""
     gen = torch.Generator().manual_seed(seed)
     bs, kv_heads, dim = shape.block_size, shape.num_kv_heads, shape.head_dim
     needed = [-(-(cached + new) // bs) for cached, new in requests]
@@ -97,6 +99,8 @@ def build_step(requests: list[tuple[int, int]], shape: Shape, dtype: torch.dtype
         tables.append(order[start:start + count])
     if shared_blocks:
         tables[1][:shared_blocks] = tables[0][:shared_blocks]
+    for table in tables[1:]:
+        table[:prefix_blocks] = tables[0][:prefix_blocks]
     queries: list[torch.Tensor] = []
     keys: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
@@ -109,6 +113,9 @@ def build_step(requests: list[tuple[int, int]], shape: Shape, dtype: torch.dtype
         seq_len = cached + new
         seq_keys, seq_values = randn(seq_len, kv_heads, dim), randn(seq_len, kv_heads, dim)
         shared = shared_blocks * bs if row == 1 else 0  # request 0 writes these this step
+        if row and prefix_blocks:
+            assert cached >= prefix_blocks * bs, "the shared prefix must be cached"
+            shared = prefix_blocks * bs
         if shared:
             seq_keys[:shared] = full_keys[0][:shared]
             seq_values[:shared] = full_values[0][:shared]
