@@ -62,6 +62,16 @@ def test_matches_f_linear(path: str, rows: int, shape: tuple[int, int], bias: bo
 
 
 @pytest.mark.skipif(not cpu_kernels.pair_gemm_available(), reason="needs AVX512-BF16")
+def test_a_released_weight_is_refused_loudly() -> None:
+    """Once the plain weight is given up, an input only it could serve is an error naming
+    why, not a product with a meta tensor."""
+    gemm = CpuGemm(torch.randn(32, 64).bfloat16(), None, native_bf16=True)
+    assert gemm.release_weight().is_meta
+    with pytest.raises(RuntimeError, match="plain weight was released"):
+        gemm(torch.randn(3, 64))  # fp32
+
+
+@pytest.mark.skipif(not cpu_kernels.pair_gemm_available(), reason="needs AVX512-BF16")
 def test_the_pair_gemm_keeps_one_copy_and_serves_every_row_count() -> None:
     """Without AMX the pair GEMM is the only prepacked copy, at any row count (and so any
     strided input); its rows are the sums a bf16 GEMM rounds."""
@@ -82,6 +92,11 @@ def test_bf16_model_on_cpu_uses_them(tmp_path: Path) -> None:
     linears = [m for m in model.modules() if isinstance(m, LinearBase)]
     assert linears and all(m.cpu_gemm is not None for m in linears)
     assert model.lm_head.cpu_gemm is not None
+    if cpu_kernels.pair_gemm_available() and not CpuPlatform.has_amx():
+        # One copy of each linear weight stays: the pair GEMM's; the tied head's is the
+        # embedding table, which the model still reads.
+        assert all(m.weight.is_meta for m in linears)
+        assert not model.lm_head.weight.is_meta
     fp32 = build_model(files, torch.float32, TorchAttentionBackend)
     CpuPlatform.prepare_model(fp32, torch.float32)
     assert all(m.cpu_gemm is None for m in fp32.modules() if isinstance(m, LinearBase))

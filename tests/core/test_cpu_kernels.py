@@ -265,8 +265,8 @@ def test_a_shared_prefix_then_each_rows_own_positions(group: int, head_dim: int)
 def test_a_bf16_cpu_model_runs_its_layers_on_the_kernels(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Switched layers, and a prefill then a decode step (through the paged cache) within
-    bf16 rounding of the same model on the portable code: SDPA rounds the attention weights
-    to bf16, the kernel keeps them in fp32."""
+    bf16 rounding of the same model built and run on the portable code: SDPA rounds the
+    attention weights to bf16, the kernel keeps them in fp32."""
     seed, gen = generator()
     save_tiny_model("llama", tmp_path, seed=seed % 1000)
     model = build_model(load_model_files(str(tmp_path)), BF16, CpuAttentionBackend)
@@ -277,7 +277,8 @@ def test_a_bf16_cpu_model_runs_its_layers_on_the_kernels(
     try:
         monkeypatch.setenv(cpu.ENABLE_ENV, "0")
         cpu.library.cache_clear()
-        portable = prefill_then_decode(model, ids)
+        model = build_model(load_model_files(str(tmp_path)), BF16, CpuAttentionBackend)
+        portable = prefill_then_decode(model, ids)  # not prepared: PyTorch's ops only
     finally:
         monkeypatch.undo()
         cpu.library.cache_clear()

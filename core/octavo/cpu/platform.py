@@ -64,6 +64,11 @@ class CpuPlatform(Platform):
         return Availability.yes(f"portable PyTorch on {os.cpu_count()} CPU cores")
 
     @classmethod
+    def has_amx(cls) -> bool:
+        """AMX tiles: oneDNN's bf16 GEMM takes large row counts there (octavo.cpu.gemm)."""
+        return "amx_bf16" in cpu_flags()
+
+    @classmethod
     def total_memory(cls) -> int:
         return _meminfo_bytes("MemTotal")
 
@@ -108,5 +113,5 @@ class CpuPlatform(Platform):
         if not cpu_gemm_supported(dtype, torch.device("cpu")):
             return 0
         return (attach_cpu_gemms(model, native_bf16=cpu_has_native_bf16(),
-                                 amx="amx_bf16" in cpu_flags())
+                                 amx=cls.has_amx())
                 + use_cpu_layers(model))

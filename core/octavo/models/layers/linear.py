@@ -38,6 +38,11 @@ class LinearBase(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         raise NotImplementedError
 
+    def reads_weight_with_cpu_gemm(self) -> bool:
+        """Whether ``forward`` still reads ``weight`` itself once a ``cpu_gemm`` is attached
+        (else a platform whose GEMM keeps its own copy may release it)."""
+        return False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cpu_gemm is not None:
             return self.cpu_gemm(x)
@@ -163,6 +168,9 @@ class RowParallelLinear(LinearBase):
             copy_shard(param.data, loaded)
         else:
             copy_shard(param.data, loaded, 1, self.tp_rank, self.tp_size)
+
+    def reads_weight_with_cpu_gemm(self) -> bool:
+        return self.tp_size > 1 and self.bias is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
