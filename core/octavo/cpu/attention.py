@@ -92,6 +92,18 @@ def shared_prefix(decode: DecodeBatch) -> SharedPrefix | None:
         equal_lens=decode.equal_lens))
 
 
+def decode_rows(decode: DecodeBatch, plan: StepPlan, head_dim: int, cache_rows: torch.Tensor,
+                ) -> tuple[DecodeBatch, SharedPrefix | None]:
+    """What the decode kernel attends - the decode rows, or with a shared prefix worth
+    cascade attention what follows it - and that prefix (worked out once per step)."""
+    if "shared_prefix" not in plan.native:
+        plan.native["shared_prefix"] = (shared_prefix(decode)
+                                        if kernels.attention_available(head_dim, cache_rows)
+                                        else None)
+    prefix = plan.native["shared_prefix"]
+    return (decode, None) if prefix is None else (prefix.suffix, prefix)
+
+
 class CpuAttentionImpl(TorchAttentionImpl):
     def _native(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         """bf16 on the CPU, no window, and the kernels built here."""
@@ -103,21 +115,11 @@ class CpuAttentionImpl(TorchAttentionImpl):
 
     def _decode_native(self, query: torch.Tensor, cache_rows: torch.Tensor,
                        decode: DecodeBatch, plan: StepPlan) -> torch.Tensor:
-        prefix = None
-        if kernels.attention_available(self.head_dim, cache_rows):
-            if "shared_prefix" not in plan.native:
-                plan.native["shared_prefix"] = shared_prefix(decode)
-            prefix = plan.native["shared_prefix"]
-        if prefix is None:
-            return kernels.decode_attention(query, cache_rows, decode.slots,
-                                            decode.seq_lens.view(-1), decode.max_len,
-                                            self.num_kv_heads, self.scale)
-        state = kernels.prefix_attention(query, cache_rows, prefix.slots, self.num_kv_heads,
-                                         self.scale)
-        suffix = prefix.suffix
-        return kernels.decode_attention(query, cache_rows, suffix.slots,
-                                        suffix.seq_lens.view(-1), suffix.max_len,
-                                        self.num_kv_heads, self.scale, state)
+        rows, prefix = decode_rows(decode, plan, self.head_dim, cache_rows)
+        state = None if prefix is None else kernels.prefix_attention(
+            query, cache_rows, prefix.slots, self.num_kv_heads, self.scale)
+        return kernels.decode_attention(query, cache_rows, rows.slots, rows.seq_lens.view(-1),
+                                        rows.max_len, self.num_kv_heads, self.scale, state)
 
     def _prefill_groups(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         cache_rows: torch.Tensor, metadata: AttentionMetadata, plan: StepPlan,

@@ -51,4 +51,28 @@ typedef void (*pair_tile_fn)(float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], const bf
 extern const pair_tile_fn pair_tiles[PAIR_MR][PAIR_NP];
 #endif
 
+/* The kernels octavo_decode_layer (cpu_layer.c) runs in turn: cpu_ops.c's and
+ * cpu_attention.c's entry points. */
+void octavo_rms_norm(bf16 *out, bf16 *x, const bf16 *residual, const bf16 *weight,
+                     int64_t rows, int64_t dim, int64_t x_stride, int64_t res_stride, float eps);
+void octavo_silu_and_mul(bf16 *out, const bf16 *x, int64_t rows, int64_t d, int64_t x_stride);
+void octavo_rope(bf16 *q, bf16 *k, const bf16 *cos, const bf16 *sin, int64_t tokens,
+                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
+                 int64_t k_stride);
+void octavo_write_kv(bf16 *cache, int64_t num_slots, const bf16 *key, const bf16 *value,
+                     const int64_t *slot_mapping, int64_t tokens, int64_t width,
+                     int64_t key_stride, int64_t value_stride);
+void octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
+                      const float *bias, int64_t rows, int64_t out, int64_t in);
+void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_t num_slots,
+                             const int64_t *slots, const int64_t *seq_lens, int64_t batch,
+                             int64_t max_len, int64_t num_heads, int64_t num_kv_heads,
+                             int64_t head_dim, int64_t q_stride, float scale,
+                             const float *prefix_m, const float *prefix_l,
+                             const float *prefix_acc);
+void octavo_prefix_attention(float *m, float *l, float *acc, const bf16 *q, int64_t q_stride,
+                             int64_t batch, const bf16 *cache, int64_t num_slots,
+                             const int64_t *prefix_slots, int64_t prefix_len, int64_t num_heads,
+                             int64_t num_kv_heads, int64_t head_dim, float scale);
+
 #endif

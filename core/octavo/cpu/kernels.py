@@ -1,5 +1,5 @@
-"""Fused bf16 CPU kernels (cpu_ops.c, cpu_attention.c), compiled on first use and called
-through ctypes.
+"""Fused bf16 CPU kernels (cpu_ops.c, cpu_attention.c, cpu_layer.c), compiled on first use
+and called through ctypes.
 
 Why: decoding one token of SmolLM2-135M runs ~80 PyTorch ops per layer. On the CPU each op
 costs microseconds of dispatch whatever its size, so a single-stream decode step spent about
@@ -38,7 +38,8 @@ from octavo.paths import cache_root
 logger = logging.getLogger(__name__)
 
 # Compiled separately and linked into one library; the header is shared by both.
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_ops.c", "cpu_attention.c")]
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("cpu_ops.c", "cpu_attention.c", "cpu_layer.c")]
 HEADER = Path(__file__).with_name("cpu_kernels.h")
 ENABLE_ENV = "OCTAVO_CPU_KERNELS"
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
@@ -67,6 +68,7 @@ _SIGNATURES = {
                                  _i64, _i64, _i64, _i64, ctypes.c_float],
     "octavo_prefix_attention": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64,
                                 _i64, _i64, _i64, ctypes.c_float],
+    "octavo_decode_layer": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64],
 }
 
 
@@ -369,3 +371,40 @@ def prefix_attention(q: torch.Tensor, cache_rows: torch.Tensor, prefix_slots: to
                                       prefix_slots.data_ptr(), len(prefix_slots), num_heads,
                                       num_kv_heads, head_dim, scale)
     return state
+
+
+class LayerWeights(ctypes.Structure):
+    """``octavo_layer`` (cpu_layer.c): a Llama-family decoder layer's packed weights and
+    sizes, fixed for the layer's life."""
+
+    _fields_ = [(name, _ptr) for name in ("input_norm", "post_norm", "qkv", "o", "gate_up",
+                                          "down", "qkv_bias", "o_bias", "gate_up_bias",
+                                          "down_bias")] + [
+        (name, _i64) for name in ("hidden", "num_heads", "num_kv_heads", "head_dim",
+                                  "intermediate")] + [
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+
+
+class DecodeStep(ctypes.Structure):
+    """``octavo_decode_step`` (cpu_layer.c): what one decode step gives every layer. The
+    tensors it points into must outlive it (:func:`decode_step` keeps them)."""
+
+    _fields_ = [("tokens", _i64), ("cos", _ptr), ("sin", _ptr), ("slot_mapping", _ptr),
+                ("slots", _ptr), ("seq_lens", _ptr), ("max_len", _i64),
+                ("prefix_slots", _ptr), ("prefix_len", _i64)]
+
+
+def decode_layer(layer: LayerWeights, step: DecodeStep, hidden: torch.Tensor,
+                 residual: torch.Tensor | None, cache_rows: torch.Tensor,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoder layer over a step of decode rows (``hidden`` [T, hidden], contiguous,
+    overwritten with the residual stream when ``residual`` is given): the layer's output
+    and the next residual stream, as the portable layer returns them."""
+    assert hidden.is_contiguous() and cache_rows.is_contiguous()
+    assert residual is None or residual.is_contiguous()
+    out, residual_out = torch.empty_like(hidden), torch.empty_like(hidden)
+    library().octavo_decode_layer(ctypes.byref(layer), ctypes.byref(step), hidden.data_ptr(),
+                                  None if residual is None else residual.data_ptr(),
+                                  out.data_ptr(), residual_out.data_ptr(),
+                                  cache_rows.data_ptr(), cache_rows.shape[1])
+    return out, residual_out

@@ -98,14 +98,15 @@ class CpuPlatform(Platform):
 
     @classmethod
     def prepare_model(cls, model: nn.Module, dtype: torch.dtype) -> int:
-        """For a bf16 model: prepack the loaded weights for the CPU's GEMMs and fuse the
-        element-wise layers; nothing otherwise (fp32 runs PyTorch's own kernels). In any
-        dtype the process's allocator keeps freed memory for the next step
-        (``octavo.cpu.allocator``). Imported here: a process that lists platforms does not
-        load torch or build the kernels."""
+        """For a bf16 model: prepack the loaded weights for the CPU's GEMMs, fuse the
+        element-wise layers and run decode steps a layer per call; nothing otherwise (fp32
+        runs PyTorch's own kernels). In any dtype the process's allocator keeps freed
+        memory for the next step (``octavo.cpu.allocator``). Imported here: a process that
+        lists platforms does not load torch or build the kernels."""
         import torch
 
         from octavo.cpu.allocator import keep_freed_memory
+        from octavo.cpu.decode_layer import use_fused_decode_layers
         from octavo.cpu.gemm import attach_cpu_gemms, cpu_gemm_supported
         from octavo.cpu.layers import use_cpu_layers
 
@@ -114,4 +115,4 @@ class CpuPlatform(Platform):
             return 0
         return (attach_cpu_gemms(model, native_bf16=cpu_has_native_bf16(),
                                  amx=cls.has_amx())
-                + use_cpu_layers(model))
+                + use_cpu_layers(model) + use_fused_decode_layers(model))
