@@ -105,7 +105,7 @@ class CpuPlatform(Platform):
         lists platforms does not load torch or build the kernels."""
         import torch
 
-        from octavo.cpu.allocator import keep_freed_memory
+        from octavo.cpu.allocator import keep_freed_memory, return_freed_memory
         from octavo.cpu.decode_layer import use_fused_decode_layers
         from octavo.cpu.gemm import attach_cpu_gemms, cpu_gemm_supported
         from octavo.cpu.layers import use_cpu_layers
@@ -113,6 +113,7 @@ class CpuPlatform(Platform):
         keep_freed_memory()
         if not cpu_gemm_supported(dtype, torch.device("cpu")):
             return 0
-        return (attach_cpu_gemms(model, native_bf16=cpu_has_native_bf16(),
-                                 amx=cls.has_amx())
-                + use_cpu_layers(model) + use_fused_decode_layers(model))
+        changed = (attach_cpu_gemms(model, native_bf16=cpu_has_native_bf16(), amx=cls.has_amx())
+                   + use_cpu_layers(model) + use_fused_decode_layers(model))
+        return_freed_memory()  # the plain weights the packed copies replaced
+        return changed
