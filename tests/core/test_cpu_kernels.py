@@ -81,7 +81,7 @@ def test_panel_gemm_is_a_bf16_linear(rows: int, out_features: int, in_features: 
     expected = torch.nn.functional.linear(x.float(), weight.float(),
                                           None if bias is None else bias.float())
     out = cpu.gemm(x, cpu.pack_gemm_weight(weight),
-                   None if bias is None else cpu.pack_gemm_bias(bias), out_features)
+                   None if bias is None else cpu.pack_bias(bias, cpu.GEMM_PANEL), out_features)
     torch.testing.assert_close(out.float(), expected, rtol=2**-7, atol=1e-2,
                                msg=lambda m: f"seed={seed}: {m}")
 

@@ -57,13 +57,15 @@ class CpuGemm:
         self.pair_rows = 0  # rows below which the pair GEMM serves
         if native_bf16 and cpu_kernels.pair_gemm_available() and weight.shape[1] % 2 == 0:
             self.pairs = cpu_kernels.pack_pair_weight(weight)
-            self.pair_bias = None if bias is None else cpu_kernels.pack_pair_bias(bias)
+            self.pair_bias = (None if bias is None
+                              else cpu_kernels.pack_bias(bias, cpu_kernels.PAIR_PANEL))
             self.pair_rows = AMX_ONEDNN_ROWS if amx else sys.maxsize
             if not amx:
                 return
         elif cpu_kernels.gemm_available() and not native_bf16:
             self.panels = cpu_kernels.pack_gemm_weight(weight)
-            self.bias_panels = None if bias is None else cpu_kernels.pack_gemm_bias(bias)
+            self.bias_panels = (None if bias is None
+                                else cpu_kernels.pack_bias(bias, cpu_kernels.GEMM_PANEL))
         if not native_bf16:
             self.packed32 = torch.ops.mkldnn._reorder_linear_weight(weight.float(), None)
             self.bias32 = None if bias is None else bias.float()

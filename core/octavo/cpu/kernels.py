@@ -28,6 +28,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,21 +192,28 @@ def pack_gemm_weight(weight: torch.Tensor) -> torch.Tensor:
     return panels.contiguous()
 
 
-def pack_gemm_bias(bias: torch.Tensor) -> torch.Tensor:
-    """``bias`` in fp32 (added before the single rounding), padded as the panels are."""
-    return torch.nn.functional.pad(bias.float(), (0, -bias.numel() % GEMM_PANEL))
+def pack_bias(bias: torch.Tensor, panel: int) -> torch.Tensor:
+    """``bias`` in fp32 (added before the single rounding), zero-padded to whole panels of
+    ``panel`` columns (``GEMM_PANEL`` or ``PAIR_PANEL``)."""
+    return torch.nn.functional.pad(bias.float(), (0, -bias.numel() % panel))
+
+
+def _packed_gemm(kernel: Callable[..., None], x: torch.Tensor, packed: torch.Tensor,
+                 bias32: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """``kernel(y, x, x_stride, packed, bias, rows, out, in)``: a GEMM on a prepacked
+    weight, for rows ``x`` [T, in] with contiguous rows; returns ``y`` [T, out]."""
+    rows, stride = _rows(x)
+    y = torch.empty((rows, out_features), dtype=x.dtype)
+    kernel(y.data_ptr(), x.data_ptr(), stride, packed.data_ptr(),
+           None if bias32 is None else bias32.data_ptr(), rows, out_features, x.shape[1])
+    return y
 
 
 def gemm(x: torch.Tensor, panels: torch.Tensor, bias32: torch.Tensor | None,
          out_features: int) -> torch.Tensor:
     """``x @ weight.T + bias`` for rows ``x`` [T, in] with contiguous rows, ``weight``
     given as :func:`pack_gemm_weight`'s panels: [T, out]."""
-    rows, stride = _rows(x)
-    y = torch.empty((rows, out_features), dtype=x.dtype)
-    library().octavo_gemm(y.data_ptr(), x.data_ptr(), stride, panels.data_ptr(),
-                          None if bias32 is None else bias32.data_ptr(), rows, out_features,
-                          panels.shape[1])
-    return y
+    return _packed_gemm(library().octavo_gemm, x, panels, bias32, out_features)
 
 
 PAIR_PANEL = 16  # output columns per panel of the pair GEMM, as PAIR_PANEL in cpu_kernels.h
@@ -231,21 +239,11 @@ def pack_pair_weight(weight: torch.Tensor) -> torch.Tensor:
     return weight.view(-1, PAIR_PANEL, in_features // 2, 2).transpose(1, 2).contiguous()
 
 
-def pack_pair_bias(bias: torch.Tensor) -> torch.Tensor:
-    """``bias`` in fp32 (added before the single rounding), padded as the panels are."""
-    return torch.nn.functional.pad(bias.float(), (0, -bias.numel() % PAIR_PANEL))
-
-
 def pair_gemm(x: torch.Tensor, packed: torch.Tensor, bias32: torch.Tensor | None,
               out_features: int) -> torch.Tensor:
     """``x @ weight.T + bias`` for rows ``x`` [T, in] with contiguous rows, ``weight``
     given as :func:`pack_pair_weight`'s panels: [T, out]."""
-    rows, stride = _rows(x)
-    y = torch.empty((rows, out_features), dtype=x.dtype)
-    library().octavo_pair_gemm(y.data_ptr(), x.data_ptr(), stride, packed.data_ptr(),
-                               None if bias32 is None else bias32.data_ptr(), rows,
-                               out_features, x.shape[1])
-    return y
+    return _packed_gemm(library().octavo_pair_gemm, x, packed, bias32, out_features)
 
 
 def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
