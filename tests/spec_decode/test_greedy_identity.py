@@ -27,11 +27,12 @@ def other_draft(tmp_path_factory: pytest.TempPathFactory, seed: int) -> Path:
     return folder
 
 
-def copy_prompts(seed: int, count: int = 4) -> list[dict]:
-    """Prompts that repeat part of themselves, so n-gram lookup finds matches."""
+def copy_prompts(seed: int, count: int = 4, shortest: int = 20) -> list[dict]:
+    """Prompts that repeat part of themselves, so n-gram lookup finds matches: a passage of
+    ``shortest``..69 tokens and its first half again."""
     rng = np.random.default_rng(seed)
     prompts = []
-    for n in rng.integers(20, 70, count):
+    for n in rng.integers(shortest, 70, count):
         passage = rng.integers(0, 256, int(n)).tolist()
         prompts.append({"prompt_token_ids": passage + passage[: int(n) // 2]})
     return prompts
