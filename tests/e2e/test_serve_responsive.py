@@ -25,7 +25,9 @@ POLL_INTERVAL_S = 0.02
 # it answers within 0.1 s, but for a rare outlier when other processes load the machine's
 # CPUs (seen: up to 0.34 s, once in a few hundred checks, at a load of 4 on 2 cores; on a
 # slower machine of the same kind, 1 or 2 of about 100 checks at 0.12-0.53 s, idle). The
-# bounds stay well below the old blocking, which any one heavy request would break.
+# bounds stay well below the old blocking, which any one heavy request would break. The
+# schema below is this server's first structured request: when that request imported
+# xgrammar (~1 s holding the GIL), /health waited 0.6-1.1 s here; it is imported at start-up.
 MAX_HEALTH_S = 0.1
 MAX_HEALTH_OUTLIER_S = 1.0
 MAX_OUTLIER_SHARE = 0.05
