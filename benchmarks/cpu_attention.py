@@ -1,0 +1,73 @@
+"""The CPU decode attention kernel at a batch's shape: milliseconds per model step.
+
+A decode step of SmolLM2-135M attends every running request's one new query over its whole
+context, layer by layer. This times ``octavo.cpu.kernels.decode_attention`` over ``--layers``
+separate caches (so that each layer's keys and values come from memory, as in a model step:
+W1's decode reads ~470 MB of them per step), the contexts in blocks of 16 slots scattered at
+random over each cache as a long-running server leaves them, fresh random bf16 contents. It
+prints the best and median step time of ``--repeats`` and the rate at which the step read
+the cache, to set beside the machine's memory bandwidth:
+
+    python benchmarks/cpu_attention.py --threads 2 --rows 64 --context 320
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from tqdm import tqdm
+
+from octavo.cpu import kernels as cpu_kernels
+
+BLOCK = 16  # slots per KV cache block
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rows", type=int, default=64, help="decode rows (requests)")
+    parser.add_argument("--context", type=int, default=320, help="positions each attends")
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--heads", type=int, default=9)
+    parser.add_argument("--kv-heads", type=int, default=3)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    if cpu_kernels.library() is None:
+        raise SystemExit("the CPU kernels are not built here (no C compiler?)")
+    torch.set_num_threads(args.threads)
+    width = args.kv_heads * args.head_dim
+    blocks_per_row = -(-args.context // BLOCK)
+    num_blocks = args.rows * blocks_per_row + 8
+    caches = [torch.randn(2, num_blocks * BLOCK, width).to(torch.bfloat16)
+              for _ in tqdm(range(args.layers), desc="caches")]
+    order = torch.randperm(num_blocks)[: args.rows * blocks_per_row].view(args.rows, -1)
+    slots = (order[:, :, None] * BLOCK + torch.arange(BLOCK)).flatten(1)
+    slots = slots[:, : args.context].contiguous().flatten()
+    lens = torch.full((args.rows,), args.context, dtype=torch.int64)
+    q = torch.randn(args.rows, args.heads, args.head_dim).to(torch.bfloat16)
+    scale = args.head_dim**-0.5
+
+    def step() -> float:
+        start = time.perf_counter()
+        for cache in caches:
+            cpu_kernels.decode_attention(q, cache, slots, lens, args.context, args.kv_heads,
+                                         scale)
+        return time.perf_counter() - start
+
+    step()  # warm-up
+    times = [step() for _ in tqdm(range(args.repeats), desc="steps")]
+    read_gb = 2 * args.rows * args.context * width * 2 * args.layers / 1e9
+    best, median = min(times), statistics.median(times)
+    print(f"decode attention, {args.rows} rows x {args.context} positions, {args.heads}/"
+          f"{args.kv_heads} heads of {args.head_dim}, {args.layers} layers, "
+          f"{args.threads} thread(s): best {best * 1e3:.1f} ms, median {median * 1e3:.1f} ms "
+          f"per step; {read_gb:.2f} GB of keys and values read, {read_gb / median:.1f} GB/s "
+          f"at the median")
+
+
+if __name__ == "__main__":
+    main()
