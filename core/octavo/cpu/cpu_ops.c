@@ -331,6 +331,7 @@ void octavo_silu_and_mul(bf16 *out, const bf16 *x, int64_t rows, int64_t d, int6
 static void rope_rows(bf16 *x, int64_t tokens, int64_t heads, int64_t head_dim, int64_t stride,
                       const bf16 *cos, const bf16 *sin) {
     int64_t half = head_dim / 2;
+#pragma omp parallel for if (tokens * heads * head_dim >= PARALLEL_MIN) schedule(static)
     for (int64_t t = 0; t < tokens; t++) {
         const bf16 *c = cos + t * head_dim, *s = sin + t * head_dim;
         for (int64_t h = 0; h < heads; h++) {
