@@ -149,6 +149,33 @@ static void weigh_all_values(float *acc, const float *scores, int64_t max_len,
  * a time, the two value rows interleaved into pairs. That takes ~2.5x fewer instructions
  * than widening every row to fp32, which left the fp32 path compute-bound at W1's shape. */
 #define PAIR_DECODE_MAX_DIM 256
+/* The running max before any key: finite, as -ffast-math assumes no infinities. */
+#define ATT_NO_MAX -1e30f
+
+/* The softmax's weights over n fp32 scores: s[j] *= scale in place, m = the larger of *max
+ * and every s[j], w[j] = e^(s[j] - m) rounded to bf16 and zeros from n to w_len, *max = m.
+ * Returns the fp32 sum of the exponentials before their rounding. */
+static float exp_weights(float *s, int64_t n, float scale, float *max, bf16 *w,
+                         int64_t w_len) {
+    __m512 factor = _mm512_set1_ps(scale), top = _mm512_set1_ps(*max);
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 k = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+        __m512 x = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, s + j), factor);
+        _mm512_mask_storeu_ps(s + j, k, x);
+        top = _mm512_mask_max_ps(top, k, top, x);
+    }
+    float m = _mm512_reduce_max_ps(top);
+    __m512 sum = _mm512_setzero_ps(), shift = _mm512_set1_ps(m);
+    for (int64_t j = 0; j < n; j += 16) {
+        __mmask16 k = n - j >= 16 ? 0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), shift));
+        sum = _mm512_mask_add_ps(sum, k, sum, e);
+        _mm256_mask_storeu_epi16(w + j, k, round_bf16x16(e));
+    }
+    for (int64_t j = n; j < w_len; j++) w[j] = 0;
+    *max = m;
+    return _mm512_reduce_add_ps(sum);
+}
 
 /* Scores of query heads q[0 .. hs) (one kv head: columns col.. of each cache row) against
  * the 16 key rows at slot[0 .. 16), into scores[h * max_len + j0 ...]. nz = head_dim / 32,
@@ -288,26 +315,16 @@ static inline int64_t pair_dim(int64_t s) {
  * weights: bf16 [heads, max_len + 2]; piece: [heads * head_dim] fp32 scratch. */
 static void pair_attend_row(float *acc, float *sums, float *maxes, float *scores,
                             bf16 *weights, float *piece, const bf16 *q, const bf16 *cache,
-                            int64_t num_slots, const bf16 *values, const int64_t *slot, int64_t len,
-                            int64_t max_len, int64_t width, int64_t num_heads, int64_t group,
-                            int64_t head_dim, float scale) {
+                            int64_t num_slots, const bf16 *values, const int64_t *slot,
+                            int64_t len, int64_t max_len, int64_t width, int64_t num_heads,
+                            int64_t group, int64_t head_dim, float scale) {
     int64_t w_stride = max_len + 2;
-    pair_score_context(scores, q, cache, num_slots, slot, len, max_len, width, num_heads, group, head_dim,
-                       scale);
-    for (int64_t h = 0; h < num_heads; h++) {
-        const float *s = scores + h * max_len;
-        bf16 *w = weights + h * w_stride;
-        float m = s[0], sum = 0.0f;
-        for (int64_t j = 1; j < len; j++) m = s[j] > m ? s[j] : m;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < len; j++) {
-            float e = expf(s[j] - m);
-            sum += e;
-            w[j] = f2bf(e);
-        }
-        w[len] = 0; /* the partner of an odd last position */
-        sums[h] = sum;
-        maxes[h] = m;
+    pair_score_context(scores, q, cache, num_slots, slot, len, max_len, width, num_heads, group,
+                       head_dim, scale);
+    for (int64_t h = 0; h < num_heads; h++) { /* w[len] = 0: an odd last position's partner */
+        maxes[h] = ATT_NO_MAX;
+        sums[h] = exp_weights(scores + h * max_len, len, 1.0f, &maxes[h],
+                              weights + h * w_stride, len + 1);
     }
     int hs;
     for (int64_t h0 = 0; h0 < num_heads; h0 += hs) {
@@ -456,8 +473,8 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
 #ifdef __AVX512BF16__
             if (pairs)
                 pair_attend_row(acc, sums, maxes, scores, weights, piece, q + b * q_stride,
-                                cache, num_slots, values, slot, len, max_len, width, num_heads, group,
-                                head_dim, scale);
+                                cache, num_slots, values, slot, len, max_len, width, num_heads,
+                                group, head_dim, scale);
             else
 #endif
                 fp32_attend_row(acc, sums, maxes, scores, scratch, qf, q + b * q_stride, cache,
@@ -514,9 +531,6 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
 #define ATT_KEY_BLOCK 512
 #define ATT_ROWS 48 /* query rows of a prompt chunk attended together: 8 tiles of 6 */
 #define ATT_PREFIX_ROWS 18 /* decode rows attended together over a shared prefix: 3 tiles */
-/* The running max before any key: finite, as -ffast-math assumes no infinities. */
-#define ATT_NO_MAX -1e30f
-
 int octavo_attention_available(void) { return 1; }
 
 /* One kv head's keys and values for `keys` positions, packed: the layout pair_tiles reads. */
@@ -654,20 +668,9 @@ static void attend_rows(const bf16 *q, int64_t q_stride, int64_t rows, const pac
                 memset(p, 0, sizeof(bf16) * 2 * pairs);
                 continue;
             }
-            float block_max = ATT_NO_MAX;
-            for (int64_t j = 0; j < n; j++) {
-                s[j] *= scale;
-                block_max = s[j] > block_max ? s[j] : block_max;
-            }
-            float new_max = block_max > m[r] ? block_max : m[r];
-            float alpha = expf(m[r] - new_max), sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < n; j++) {
-                float e = expf(s[j] - new_max);
-                sum += e;
-                p[j] = f2bf(e);
-            }
-            for (int64_t j = n; j < 2 * pairs; j++) p[j] = 0;
+            float new_max = m[r];
+            float sum = exp_weights(s, n, scale, &new_max, p, 2 * pairs);
+            float alpha = expf(m[r] - new_max);
             l[r] = l[r] * alpha + sum;
             m[r] = new_max;
             for (int64_t d = 0; d < head_dim; d++) acc[r * head_dim + d] *= alpha;
