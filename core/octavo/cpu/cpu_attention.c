@@ -316,11 +316,16 @@ static inline int64_t pair_dim(int64_t s) {
 static void pair_attend_row(float *acc, float *sums, float *maxes, float *scores,
                             bf16 *weights, float *piece, const bf16 *q, const bf16 *cache,
                             int64_t num_slots, const bf16 *values, const int64_t *slot,
-                            int64_t len, int64_t max_len, int64_t width, int64_t num_heads,
+                            int64_t len, const int64_t *next_slot, int64_t next_len,
+                            int64_t max_len, int64_t width, int64_t num_heads,
                             int64_t group, int64_t head_dim, float scale) {
     int64_t w_stride = max_len + 2;
     pair_score_context(scores, q, cache, num_slots, slot, len, max_len, width, num_heads, group,
                        head_dim, scale);
+    for (int64_t r = 0; r < 32 && r < next_len; r++) {
+        prefetch_row_l2(cache + next_slot[r] * width, width);
+        prefetch_row_l2(values + next_slot[r] * width, width);
+    }
     for (int64_t h = 0; h < num_heads; h++) { /* w[len] = 0: an odd last position's partner */
         maxes[h] = ATT_NO_MAX;
         sums[h] = exp_weights(scores + h * max_len, len, 1.0f, &maxes[h],
@@ -466,15 +471,17 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
         bf16 *weights = pairs ? malloc(sizeof(bf16) * num_heads * (max_len + 2)) : NULL;
         float *piece = pairs ? malloc(sizeof(float) * qwidth) : NULL;
 #endif
-#pragma omp for schedule(dynamic, 1)
+        int64_t step = omp_get_num_threads();
+#pragma omp for schedule(static, 1)
         for (int64_t b = 0; b < batch; b++) {
             int64_t len = seq_lens[b];
             const int64_t *slot = slots + b * max_len;
 #ifdef __AVX512BF16__
             if (pairs)
                 pair_attend_row(acc, sums, maxes, scores, weights, piece, q + b * q_stride,
-                                cache, num_slots, values, slot, len, max_len, width, num_heads,
-                                group, head_dim, scale);
+                                cache, num_slots, values, slot, len, slot + step * max_len,
+                                b + step < batch ? seq_lens[b + step] : 0, max_len, width,
+                                num_heads, group, head_dim, scale);
             else
 #endif
                 fp32_attend_row(acc, sums, maxes, scores, scratch, qf, q + b * q_stride, cache,
