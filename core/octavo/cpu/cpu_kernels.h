@@ -38,8 +38,9 @@ static inline __m256i round_bf16x16(__m512 v) {
 
 /* e^x in 16 lanes, x clamped to [-100, 88]: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two
  * parts, so r is exact to fp32), e^r by its Taylor series to r^6 (error < 2e-7 of the
- * result), times 2^n. Within 2 ulp of expf, and ~5x faster than glibc's vector expf (a
- * library call per 16 lanes): the softmax of every attention kernel runs on it. */
+ * result), times 2^n. Inline, where glibc's vector expf is a library call per 16 lanes: the
+ * softmax of the attention kernels runs on it (prefill attention at W1's chunk of 16 prompts
+ * of 256 tokens: 8.1 -> 6.5 ms a layer, with the softmax's other loops made explicit). */
 static inline __m512 exp16(__m512 x) {
     x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-100.0f));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),

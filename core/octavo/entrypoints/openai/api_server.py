@@ -42,6 +42,7 @@ async def run_server(config: EngineConfig, settings: ServerSettings,
     # The engine core loads the model in its own process meanwhile (on another core):
     # the web stack and the tokenizer's modules are imported now, off the critical path.
     import octavo.engine.llm_engine  # noqa: F401  (the handshake's tokenizer, the Processor)
+
     # xgrammar's extension modules take ~1 s to load, all of it holding the GIL: loaded by
     # the first structured request instead, they stalled every request and /health as long.
     import octavo.structured.grammar  # noqa: F401
