@@ -471,7 +471,9 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
         bf16 *weights = pairs ? malloc(sizeof(bf16) * num_heads * (max_len + 2)) : NULL;
         float *piece = pairs ? malloc(sizeof(float) * qwidth) : NULL;
 #endif
-        int64_t step = omp_get_num_threads();
+#ifdef __AVX512BF16__
+        int64_t step = omp_get_num_threads(); /* rows b, b + step, ... are this thread's */
+#endif
 #pragma omp for schedule(static, 1)
         for (int64_t b = 0; b < batch; b++) {
             int64_t len = seq_lens[b];
