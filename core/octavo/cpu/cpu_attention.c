@@ -23,6 +23,15 @@ static inline void prefetch_row_l2(const bf16 *row, int64_t n) {
     for (int64_t i = 0; i < n; i += 32) __builtin_prefetch(row + i, 0, 1);
 }
 
+/* The key and value rows of positions from .. to - 1 (at slot[...]) into L2. */
+static inline void prefetch_kv_l2(const bf16 *keys, const bf16 *values, const int64_t *slot,
+                                  int64_t from, int64_t to, int64_t width) {
+    for (int64_t r = from; r < to; r++) {
+        prefetch_row_l2(keys + slot[r] * width, width);
+        prefetch_row_l2(values + slot[r] * width, width);
+    }
+}
+
 #ifdef __AVX512F__
 /* Lane i of the result = the sum of v[i]'s 16 lanes: 15 shuffle-and-add steps for all 16
  * sums instead of a full horizontal reduction for each. */
@@ -225,18 +234,13 @@ static void pair_score_context(float *scores, const bf16 *q, const bf16 *cache,
     int nz = (int)(head_dim / 32);
     int64_t j = 0;
     const bf16 *values = cache + num_slots * width;
-    for (int64_t r = 0; r < 32 && r < len; r++) {
-        prefetch_row_l2(cache + slot[r] * width, width);
-        prefetch_row_l2(values + slot[r] * width, width);
-    }
+    prefetch_kv_l2(cache, values, slot, 0, len < 32 ? len : 32, width);
     int64_t kv_heads = num_heads / group;
     for (; j + 16 <= len; j += 16) {
         for (int64_t kv = 0; kv < kv_heads; kv++) {
-            for (int64_t r = j + 32 + 16 * kv / kv_heads;
-                 r < j + 32 + 16 * (kv + 1) / kv_heads && r < len; r++) {
-                prefetch_row_l2(cache + slot[r] * width, width);
-                prefetch_row_l2(values + slot[r] * width, width);
-            }
+            int64_t to = j + 32 + 16 * (kv + 1) / kv_heads;
+            prefetch_kv_l2(cache, values, slot, j + 32 + 16 * kv / kv_heads, to < len ? to : len,
+                           width);
             pair_scores16_n(scores + kv * group * max_len, max_len, j,
                             q + kv * group * head_dim, cache, slot + j, width, kv * head_dim,
                             group, nz, scale);
@@ -322,10 +326,7 @@ static void pair_attend_row(float *acc, float *sums, float *maxes, float *scores
     int64_t w_stride = max_len + 2;
     pair_score_context(scores, q, cache, num_slots, slot, len, max_len, width, num_heads, group,
                        head_dim, scale);
-    for (int64_t r = 0; r < 32 && r < next_len; r++) {
-        prefetch_row_l2(cache + next_slot[r] * width, width);
-        prefetch_row_l2(values + next_slot[r] * width, width);
-    }
+    prefetch_kv_l2(cache, values, next_slot, 0, next_len < 32 ? next_len : 32, width);
     for (int64_t h = 0; h < num_heads; h++) { /* w[len] = 0: an odd last position's partner */
         maxes[h] = ATT_NO_MAX;
         sums[h] = exp_weights(scores + h * max_len, len, 1.0f, &maxes[h],
@@ -470,8 +471,6 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
         int pairs = head_dim % 32 == 0 && head_dim <= PAIR_DECODE_MAX_DIM;
         bf16 *weights = pairs ? malloc(sizeof(bf16) * num_heads * (max_len + 2)) : NULL;
         float *piece = pairs ? malloc(sizeof(float) * qwidth) : NULL;
-#endif
-#ifdef __AVX512BF16__
         int64_t step = omp_get_num_threads(); /* rows b, b + step, ... are this thread's */
 #endif
 #pragma omp for schedule(static, 1)
