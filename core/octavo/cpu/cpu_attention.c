@@ -662,7 +662,7 @@ static void attend_rows(const bf16 *q, int64_t q_stride, int64_t rows, const pac
                 int np = panels - p < PAIR_NP ? (int)(panels - p) : PAIR_NP;
                 pair_tiles[mr - 1][np - 1](t->sums, q + r0 * q_stride, q_stride,
                                            kv->k + (k0 + p * 16) * head_dim, 16 * head_dim,
-                                           half);
+                                           half, NULL, 0);
                 for (int r = 0; r < mr; r++)
                     memcpy(&t->s[r0 + r][p * 16], t->sums[r], sizeof(float) * np * 16);
             }
@@ -690,7 +690,7 @@ static void attend_rows(const bf16 *q, int64_t q_stride, int64_t rows, const pac
                 int np = (head_dim - d0) / 16 < PAIR_NP ? (int)((head_dim - d0) / 16) : PAIR_NP;
                 pair_tiles[mr - 1][np - 1](t->sums, &t->p[r0][0], ATT_KEY_BLOCK,
                                            values + d0 * ATT_KEY_BLOCK,
-                                           ATT_KEY_BLOCK * 16, pairs);
+                                           ATT_KEY_BLOCK * 16, pairs, NULL, 0);
                 for (int r = 0; r < mr; r++) {
                     float *a = acc + (r0 + r) * head_dim + d0;
                     for (int64_t c = 0; c < np * 16; c++) a[c] += t->sums[r][c];

@@ -62,13 +62,14 @@ static inline __m512 exp16(__m512 x) {
 /* The pair GEMM's tiles (cpu_ops.c): pair_tiles[mr - 1][np - 1] writes, for mr <= PAIR_MR
  * rows of x (bf16, rows x_stride apart, inputs in pairs) and np <= PAIR_NP panels of
  * PAIR_PANEL columns of w (packed as bf16 pairs, panels panel_stride apart), the fp32 sums
- * over `pairs` input pairs into sums[r][PAIR_PANEL * p + j]. */
+ * over `pairs` input pairs into sums[r][PAIR_PANEL * p + j], and meanwhile asks the memory
+ * for the ahead_lines (<= pairs) cache lines from `ahead` into L2, one line a pair. */
 #define PAIR_MR 6
 #define PAIR_NP 4
 #define PAIR_PANEL 16
 typedef void (*pair_tile_fn)(float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], const bf16 *x,
                              int64_t x_stride, const bf16 *w, int64_t panel_stride,
-                             int64_t pairs);
+                             int64_t pairs, const char *ahead, int64_t ahead_lines);
 extern const pair_tile_fn pair_tiles[PAIR_MR][PAIR_NP];
 #endif
 
