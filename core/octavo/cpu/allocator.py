@@ -1,5 +1,5 @@
-"""Keeping freed host memory for reuse (glibc's ``mallopt``), as vLLM's CPU backend gets from
-tcmalloc.
+"""Host memory for the CPU backend: freed blocks kept for reuse (glibc's ``mallopt``), as
+vLLM's CPU backend gets from tcmalloc, and 2 MiB pages for the packed weights.
 
 PyTorch's CPU allocator is plain ``malloc``. glibc serves every block above its mmap
 threshold (128 KiB, rising to at most 32 MiB) with a fresh ``mmap`` and returns it to the
@@ -17,6 +17,9 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import mmap
+
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -60,3 +63,62 @@ def keep_freed_memory() -> bool:
     if not kept:
         logger.debug("mallopt refused the allocator settings; freed memory goes back at once")
     return kept
+
+
+HUGE_PAGE_BYTES = 2 << 20
+ARENA_SEGMENT_BYTES = 64 << 20
+ARENA_ALIGN = 64  # a cache line: the kernels' 64-byte loads never straddle two
+
+
+class HugePageArena:
+    """Tensors that live as long as the model (the pair GEMM's packed weights), carved one
+    after another out of anonymous mappings marked ``MADV_HUGEPAGE``, so that Linux backs
+    them with 2 MiB pages where transparent huge pages are in ``madvise`` mode (the common
+    default). A decode step streams every weight from memory, and on 4 KiB pages each
+    GEMM's weights span hundreds of pages, a TLB miss and page walk every 4 KiB: 2 MiB pages
+    took the pair GEMM from ~405 to ~425 GFLOP/s at 64 rows on an AVX512-BF16 EPYC
+    (SmolLM2-135M's layer shapes, weights from memory).
+
+    A segment stays mapped while any tensor in it lives (each tensor holds its mapping);
+    nothing is reused within one, so it suits what is allocated once. Where the kernel
+    refuses the advice, or has no huge pages, the tensors sit on ordinary pages."""
+
+    def __init__(self, segment_bytes: int = ARENA_SEGMENT_BYTES) -> None:
+        self.segment_bytes = segment_bytes
+        self._segment: mmap.mmap | None = None
+        self._used = 0
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A new tensor of ``shape`` in the arena, for the caller to fill."""
+        count = 1
+        for size in shape:
+            count *= size
+        nbytes = count * dtype.itemsize
+        start = -(-self._used // ARENA_ALIGN) * ARENA_ALIGN
+        if self._segment is None or start + nbytes > len(self._segment):
+            self._segment = _huge_page_mapping(max(nbytes, self.segment_bytes))
+            start = 0
+        self._used = start + nbytes
+        return torch.frombuffer(self._segment, dtype=dtype, count=count,
+                                offset=start).view(shape)
+
+
+def _huge_page_mapping(nbytes: int) -> mmap.mmap:
+    """``nbytes`` of private anonymous memory (rounded up to whole 2 MiB pages) that asks the
+    kernel for huge pages. Every mapping starts page-aligned; Linux backs with huge pages
+    the 2 MiB-aligned stretches that lie wholly inside it."""
+    nbytes = -(-nbytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+    segment = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
+    if advice is not None:
+        try:
+            segment.madvise(advice)
+        except OSError as exc:  # a kernel built without transparent huge pages
+            logger.debug("no huge pages for the packed weights: %s", exc)
+    return segment
+
+
+@functools.cache
+def weight_arena() -> HugePageArena:
+    """The process's arena for packed weights."""
+    return HugePageArena()

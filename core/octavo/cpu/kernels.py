@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from octavo.cpu.allocator import weight_arena
 from octavo.paths import cache_root
 
 logger = logging.getLogger(__name__)
@@ -230,13 +231,15 @@ def pack_pair_weight(weight: torch.Tensor) -> torch.Tensor:
     ``[ceil(out / 16), in / 2, 16, 2]``, the last panel zero-padded: row ``i`` of panel
     ``p`` holds, for each of its 16 output columns, the weights of inputs ``2i`` and
     ``2i + 1`` side by side - the operand layout of AVX512-BF16's pair dot product. A copy
-    the size of the weight, made once at load."""
+    the size of the weight, made once at load, on huge pages (``weight_arena``)."""
     out_features, in_features = weight.shape
     assert in_features % 2 == 0, "the pair GEMM takes an even number of inputs"
     padded = -out_features % PAIR_PANEL
     if padded:
         weight = torch.cat([weight, weight.new_zeros(padded, in_features)])
-    return weight.view(-1, PAIR_PANEL, in_features // 2, 2).transpose(1, 2).contiguous()
+    panels = weight.view(-1, PAIR_PANEL, in_features // 2, 2).transpose(1, 2)
+    packed = weight_arena().empty(tuple(panels.shape), weight.dtype)
+    return packed.copy_(panels)
 
 
 def pair_gemm(x: torch.Tensor, packed: torch.Tensor, bias32: torch.Tensor | None,
