@@ -640,6 +640,18 @@ typedef struct {
     float sums[PAIR_MR][PAIR_NP * PAIR_PANEL];
 } att_scratch;
 
+/* Keys of the block from k0 (`seen` of them) that any of rows r0 .. r0 + mr - 1 sees: a
+ * causal chunk's earlier rows skip the products of keys none of them sees, whose weights
+ * would be zeros. */
+static inline int64_t tile_keys(const int64_t *limit, int64_t r0, int mr, int64_t k0,
+                                int64_t seen) {
+    if (!limit) return seen;
+    int64_t top = -1;
+    for (int r = 0; r < mr; r++) top = limit[r0 + r] > top ? limit[r0 + r] : top;
+    int64_t keys = top - k0 + 1;
+    return keys < 0 ? 0 : keys < seen ? keys : seen;
+}
+
 /* Online softmax of `rows` query rows (row r at q + r * q_stride: one query head's vectors,
  * bf16) over the packed keys, key j visible to row r when j <= limit[r] (limit NULL: every
  * key). Updates each row's running max m, sum l and unnormalised output acc [rows][head_dim]
@@ -655,9 +667,10 @@ static void attend_rows(const bf16 *q, int64_t q_stride, int64_t rows, const pac
     }
     for (int64_t k0 = 0; k0 <= last; k0 += ATT_KEY_BLOCK) {
         int64_t seen = last - k0 + 1 < ATT_KEY_BLOCK ? last - k0 + 1 : ATT_KEY_BLOCK;
-        int64_t panels = (seen + 15) / 16, pairs = (seen + 1) / 2;
+        int64_t pairs = (seen + 1) / 2;
         for (int64_t r0 = 0; r0 < rows; r0 += PAIR_MR) { /* S = Q K^T */
             int mr = rows - r0 < PAIR_MR ? (int)(rows - r0) : PAIR_MR;
+            int64_t panels = (tile_keys(limit, r0, mr, k0, seen) + 15) / 16;
             for (int64_t p = 0; p < panels; p += PAIR_NP) {
                 int np = panels - p < PAIR_NP ? (int)(panels - p) : PAIR_NP;
                 pair_tiles[mr - 1][np - 1](t->sums, q + r0 * q_stride, q_stride,
@@ -686,11 +699,13 @@ static void attend_rows(const bf16 *q, int64_t q_stride, int64_t rows, const pac
         const bf16 *values = kv->v + k0 * head_dim;
         for (int64_t r0 = 0; r0 < rows; r0 += PAIR_MR) { /* O += P V */
             int mr = rows - r0 < PAIR_MR ? (int)(rows - r0) : PAIR_MR;
+            int64_t tile_pairs = (tile_keys(limit, r0, mr, k0, seen) + 1) / 2;
+            if (tile_pairs == 0) continue;
             for (int64_t d0 = 0; d0 < head_dim; d0 += PAIR_NP * 16) {
                 int np = (head_dim - d0) / 16 < PAIR_NP ? (int)((head_dim - d0) / 16) : PAIR_NP;
                 pair_tiles[mr - 1][np - 1](t->sums, &t->p[r0][0], ATT_KEY_BLOCK,
                                            values + d0 * ATT_KEY_BLOCK,
-                                           ATT_KEY_BLOCK * 16, pairs, NULL, 0);
+                                           ATT_KEY_BLOCK * 16, tile_pairs, NULL, 0);
                 for (int r = 0; r < mr; r++) {
                     float *a = acc + (r0 + r) * head_dim + d0;
                     for (int64_t c = 0; c < np * 16; c++) a[c] += t->sums[r][c];
