@@ -54,7 +54,8 @@ def _huge_page_kib(address: int) -> int:
 def test_the_weight_arena_hands_out_aligned_tensors_that_keep_their_memory() -> None:
     arena = HugePageArena(segment_bytes=8 * 2**20)
     gen = torch.Generator().manual_seed(int(time.time()))
-    shapes = [(3, 5, 7), (1000, 64), (4 * 2**20,), (17,), (2**20, 3)]  # one past a segment
+    # (5 * 2**20,): 10 MiB, more than a segment, gets a mapping of its own
+    shapes = [(3, 5, 7), (1000, 64), (5 * 2**20,), (17,), (2**20, 3)]
     made = []
     for shape in shapes:
         tensor = arena.empty(shape, torch.bfloat16)

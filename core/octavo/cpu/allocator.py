@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import math
 import mmap
 
 import torch
@@ -90,9 +91,7 @@ class HugePageArena:
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A new tensor of ``shape`` in the arena, for the caller to fill."""
-        count = 1
-        for size in shape:
-            count *= size
+        count = math.prod(shape)
         nbytes = count * dtype.itemsize
         start = -(-self._used // ARENA_ALIGN) * ARENA_ALIGN
         if self._segment is None or start + nbytes > len(self._segment):
