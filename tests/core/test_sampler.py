@@ -28,7 +28,7 @@ from octavo.sample.metadata import (
 )
 from octavo.sample.penalties import apply_penalties
 from octavo.sample.processors import apply_logits_processors
-from octavo.sample.sampler import Sampler, draw_tokens
+from octavo.sample.sampler import ARGMAX_BLOCK, Sampler, draw_tokens, greedy_argmax
 from octavo.sample.topk_topp import NUM_CANDIDATES, _sort_and_truncate, apply_top_k_top_p
 from octavo.sampling_params import SamplingParams, SamplingType
 
@@ -337,6 +337,26 @@ def test_greedy_is_argmax_in_greedy_and_mixed_batches(seed: int) -> None:
     mixed = [SamplingParams(temperature=0.0 if i % 2 else 1.0) for i in range(8)]
     sampled = Sampler()(logits, metadata_from_params(mixed, 100)).sampled_token_ids
     assert torch.equal(sampled[1::2], logits[1::2].argmax(dim=1)), f"seed {seed}"
+
+
+@pytest.mark.parametrize("vocab", [ARGMAX_BLOCK * 5, ARGMAX_BLOCK * 5 + 3])
+def test_blocked_argmax_is_torch_argmax(seed: int, vocab: int) -> None:
+    """The same index as ``argmax`` for every row: the first of equal maxima, whether they
+    lie in one block or in two; a NaN before or after an inf; a row of -inf; a vocabulary
+    the blocks do not divide (plain argmax)."""
+    logits = torch.randn(9, vocab)
+    top = logits.max() + 1
+    logits[0, [7, 3 * ARGMAX_BLOCK + 1]] = top  # equal maxima in different blocks
+    logits[1, [ARGMAX_BLOCK + 9, ARGMAX_BLOCK + 2]] = top  # ... in one block
+    logits[2, 1] = top
+    logits[2, -1] = top  # the last entry ties with an earlier one
+    logits[3, [5, 2 * ARGMAX_BLOCK]] = torch.tensor([float("inf"), float("nan")])
+    logits[4, [5, 2 * ARGMAX_BLOCK]] = torch.tensor([float("nan"), float("inf")])
+    logits[5] = float("-inf")
+    logits[6, -1] = top  # the maximum in the last entry
+    expected = logits.argmax(dim=-1)
+    assert expected[0] == 7 and expected[1] == ARGMAX_BLOCK + 2  # the cases are what they say
+    assert torch.equal(greedy_argmax(logits), expected), f"seed {seed}"
 
 
 def test_logit_bias_steers_greedy_choice(seed: int) -> None:
