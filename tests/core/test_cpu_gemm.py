@@ -84,6 +84,47 @@ def test_the_pair_gemm_keeps_one_copy_and_serves_every_row_count() -> None:
                                rtol=2**-7, atol=1e-2)
 
 
+@pytest.mark.skipif(not cpu_kernels.pair_gemm_available(), reason="needs AVX512-BF16")
+@pytest.mark.parametrize("rows", [1, 5, 64, 301])
+@pytest.mark.parametrize("d", [16, 48, 96], ids=["one panel", "odd panels", "even panels"])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_silu_rounds_as_the_two_steps(rows: int, d: int, bias: bool,
+                                           threads: int) -> None:
+    """The gate/up GEMM with SiLU-and-mul in its epilogue gives, bit for bit, the pair
+    GEMM's [gate | up] followed by the SiLU kernel, on one thread and on two (each owning
+    a range of gate panels, odd or even in number), and stays the activation of the fp32
+    product."""
+    seed = random.SystemRandom().randrange(2**32)
+    gen = torch.Generator().manual_seed(seed)
+    weight = torch.randn(2 * d, 128, generator=gen).bfloat16()
+    b = torch.randn(2 * d, generator=gen).bfloat16() if bias else None
+    x = torch.randn(rows, 128, generator=gen).bfloat16()
+    gemm = CpuGemm(weight, b, native_bf16=True)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        fused = gemm.silu_and_mul(x)
+        two_steps = cpu_kernels.silu_and_mul(gemm(x))
+    finally:
+        torch.set_num_threads(before)
+    assert fused is not None and fused.shape == (rows, d)
+    assert torch.equal(fused, two_steps), f"seed={seed}"
+    projected = F.linear(x.float(), weight.float(), None if b is None else b.float())
+    torch.testing.assert_close(fused.float(), F.silu(projected[:, :d]) * projected[:, d:],
+                               rtol=2**-6, atol=5e-2, msg=lambda m: f"seed={seed}: {m}")
+
+
+@pytest.mark.skipif(not cpu_kernels.pair_gemm_available(), reason="needs AVX512-BF16")
+def test_fused_silu_declines_what_it_cannot_take() -> None:
+    """Halves that are not whole panels, and inputs the pair GEMM does not serve (fp32),
+    are left to the two steps."""
+    assert CpuGemm(torch.randn(2 * 24, 64).bfloat16(), None, True).silu_and_mul(
+        torch.randn(3, 64).bfloat16()) is None
+    assert CpuGemm(torch.randn(2 * 32, 64).bfloat16(), None, True).silu_and_mul(
+        torch.randn(3, 64)) is None
+
+
 def test_bf16_model_on_cpu_uses_them(tmp_path: Path) -> None:
     save_tiny_model("qwen3", tmp_path, seed=0)  # tied embeddings: the head too
     files = load_model_files(str(tmp_path))

@@ -14,7 +14,7 @@ import torch
 from octavo.attention.base import AttentionMetadata
 from octavo.cpu import kernels as cpu
 from octavo.cpu.attention import CpuAttentionBackend
-from octavo.cpu.layers import CpuRMSNorm, use_cpu_layers
+from octavo.cpu.layers import CpuLlamaMLP, CpuRMSNorm, use_cpu_layers
 from octavo.cpu.platform import CpuPlatform
 from octavo.models.base import CausalLM
 from octavo.models.build import build_model
@@ -272,6 +272,7 @@ def test_a_bf16_cpu_model_runs_its_layers_on_the_kernels(
     model = build_model(load_model_files(str(tmp_path)), BF16, CpuAttentionBackend)
     CpuPlatform.prepare_model(model, BF16)
     assert sum(isinstance(m, CpuRMSNorm) for m in model.modules()) == 2 * model.num_layers + 1
+    assert sum(isinstance(m, CpuLlamaMLP) for m in model.modules()) == model.num_layers
     ids = torch.randint(0, model.config.vocab_size, (12,), generator=gen)
     fused = prefill_then_decode(model, ids)
     try:

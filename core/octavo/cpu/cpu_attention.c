@@ -85,8 +85,7 @@ static void score_block16(float *scores, int64_t max_len, int64_t j0, const floa
 
 /* 16 consecutive bf16 values as fp32. */
 static inline __m512 widen_bf16x16(const bf16 *p) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return bf16x16_to_fp32(_mm256_loadu_si256((const __m256i *)p));
 }
 
 /* acc[h][0 .. 16 * nd) = sum over j of p[h * max_len + j] * value row j (fp32), for hs query
@@ -674,7 +673,7 @@ static void attend_rows(const bf16 *q, int64_t q_stride, int64_t rows, const pac
             for (int64_t p = 0; p < panels; p += PAIR_NP) {
                 int np = panels - p < PAIR_NP ? (int)(panels - p) : PAIR_NP;
                 pair_tiles[mr - 1][np - 1](t->sums, q + r0 * q_stride, q_stride,
-                                           kv->k + (k0 + p * 16) * head_dim, 16 * head_dim,
+                                           kv->k + (k0 + p * 16) * head_dim, 16 * head_dim, 0,
                                            half, NULL, 0);
                 for (int r = 0; r < mr; r++)
                     memcpy(&t->s[r0 + r][p * 16], t->sums[r], sizeof(float) * np * 16);
@@ -705,7 +704,7 @@ static void attend_rows(const bf16 *q, int64_t q_stride, int64_t rows, const pac
                 int np = (head_dim - d0) / 16 < PAIR_NP ? (int)((head_dim - d0) / 16) : PAIR_NP;
                 pair_tiles[mr - 1][np - 1](t->sums, &t->p[r0][0], ATT_KEY_BLOCK,
                                            values + d0 * ATT_KEY_BLOCK,
-                                           ATT_KEY_BLOCK * 16, tile_pairs, NULL, 0);
+                                           ATT_KEY_BLOCK * 16, 0, tile_pairs, NULL, 0);
                 for (int r = 0; r < mr; r++) {
                     float *a = acc + (r0 + r) * head_dim + d0;
                     for (int64_t c = 0; c < np * 16; c++) a[c] += t->sums[r][c];

@@ -36,6 +36,11 @@ static inline __m256i round_bf16x16(__m512 v) {
     return _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16));
 }
 
+/* 16 bf16 values (the lanes of a __m256i) as fp32. */
+static inline __m512 bf16x16_to_fp32(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 /* e^x in 16 lanes, x clamped to [-100, 88]: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two
  * parts, so r is exact to fp32), e^r by its Taylor series to r^6 (error < 2e-7 of the
  * result), times 2^n. Inline, where glibc's vector expf is a library call per 16 lanes: the
@@ -63,13 +68,16 @@ static inline __m512 exp16(__m512 x) {
  * rows of x (bf16, rows x_stride apart, inputs in pairs) and np <= PAIR_NP panels of
  * PAIR_PANEL columns of w (packed as bf16 pairs, panels panel_stride apart), the fp32 sums
  * over `pairs` input pairs into sums[r][PAIR_PANEL * p + j], and meanwhile asks the memory
- * for the ahead_lines (<= pairs) cache lines from `ahead` into L2, one line a pair. */
+ * for the ahead_lines (<= pairs) cache lines from `ahead` into L2, one line a pair. The
+ * panels of the tile's upper half (p >= np / 2) lie `jump` elements further on: 0 for
+ * evenly spaced panels, more to pair gate panels with their up panels. */
 #define PAIR_MR 6
 #define PAIR_NP 4
 #define PAIR_PANEL 16
 typedef void (*pair_tile_fn)(float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], const bf16 *x,
                              int64_t x_stride, const bf16 *w, int64_t panel_stride,
-                             int64_t pairs, const char *ahead, int64_t ahead_lines);
+                             int64_t jump, int64_t pairs, const char *ahead,
+                             int64_t ahead_lines);
 extern const pair_tile_fn pair_tiles[PAIR_MR][PAIR_NP];
 #endif
 
@@ -78,6 +86,8 @@ extern const pair_tile_fn pair_tiles[PAIR_MR][PAIR_NP];
 void octavo_rms_norm(bf16 *out, bf16 *x, const bf16 *residual, const bf16 *weight,
                      int64_t rows, int64_t dim, int64_t x_stride, int64_t res_stride, float eps);
 void octavo_silu_and_mul(bf16 *out, const bf16 *x, int64_t rows, int64_t d, int64_t x_stride);
+void octavo_pair_gemm_silu(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
+                           const float *bias, int64_t rows, int64_t d, int64_t in);
 void octavo_rope(bf16 *q, bf16 *k, const bf16 *cos, const bf16 *sin, int64_t tokens,
                  int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
                  int64_t k_stride);

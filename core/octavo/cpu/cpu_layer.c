@@ -42,9 +42,8 @@ void octavo_decode_layer(const octavo_layer *layer, const octavo_decode_step *st
     int64_t t = step->tokens, h = layer->hidden, d = layer->head_dim;
     int64_t q_size = layer->num_heads * d, kv_size = layer->num_kv_heads * d;
     int64_t qkv_size = q_size + 2 * kv_size, inter = layer->intermediate;
-    bf16 *normed = malloc(sizeof(bf16) * t * (h + qkv_size + q_size + 3 * inter));
-    bf16 *qkv = normed + t * h, *attn = qkv + t * qkv_size, *gate_up = attn + t * q_size;
-    bf16 *act = gate_up + t * 2 * inter;
+    bf16 *normed = malloc(sizeof(bf16) * t * (h + qkv_size + q_size + inter));
+    bf16 *qkv = normed + t * h, *attn = qkv + t * qkv_size, *act = attn + t * q_size;
     /* hidden becomes the residual stream (hidden + residual), normed its norm. */
     octavo_rms_norm(normed, hidden, residual, layer->input_norm, t, h, h, h, layer->eps);
     octavo_pair_gemm(qkv, normed, h, layer->qkv, layer->qkv_bias, t, qkv_size, h);
@@ -68,8 +67,7 @@ void octavo_decode_layer(const octavo_layer *layer, const octavo_decode_step *st
     octavo_pair_gemm(residual_out, attn, q_size, layer->o, layer->o_bias, t, h, q_size);
     /* residual_out += the stream (the next residual stream), normed its norm. */
     octavo_rms_norm(normed, residual_out, hidden, layer->post_norm, t, h, h, h, layer->eps);
-    octavo_pair_gemm(gate_up, normed, h, layer->gate_up, layer->gate_up_bias, t, 2 * inter, h);
-    octavo_silu_and_mul(act, gate_up, t, inter, 2 * inter);
+    octavo_pair_gemm_silu(act, normed, h, layer->gate_up, layer->gate_up_bias, t, inter, h);
     octavo_pair_gemm(out, act, inter, layer->down, layer->down_bias, t, h, inter);
     free(normed);
 }

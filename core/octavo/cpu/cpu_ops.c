@@ -14,6 +14,32 @@
 
 #include "cpu_kernels.h"
 
+/* o[i] = silu(gate[i]) * up[i] for n columns, each op rounded to bf16 as PyTorch's bf16
+ * SiluAndMul rounds: silu in fp32 on the bf16 gate, rounded, times up, rounded. With
+ * AVX-512 16 columns at a time on the inline exp16, a masked load for the last few: every
+ * column takes the same path whatever n is (a compiler-vectorised loop sent a tail through
+ * the scalar expf, and the fused GEMM's narrow tiles then rounded a few values otherwise
+ * than the SiLU kernel's wide rows). */
+static inline void silu_mul_row(bf16 *o, const bf16 *gate, const bf16 *up, int64_t n) {
+#ifdef __AVX512F__
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 g = bf16x16_to_fp32(_mm256_maskz_loadu_epi16(k, gate + i));
+        __m512 silu = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f),
+                                                     exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        __m512 product = _mm512_mul_ps(bf16x16_to_fp32(round_bf16x16(silu)),
+                                       bf16x16_to_fp32(_mm256_maskz_loadu_epi16(k, up + i)));
+        _mm256_mask_storeu_epi16(o + i, k, round_bf16x16(product));
+    }
+#else
+    for (int64_t i = 0; i < n; i++) {
+        float g = bf2f(gate[i]);
+        float silu = bf2f(f2bf(g / (1.0f + expf(-g))));
+        o[i] = f2bf(silu * bf2f(up[i]));
+    }
+#endif
+}
+
 /* y = W x (+ bias) for one row x [in] and W [out, in] in its plain layout, each output
  * summed in fp32 and rounded to bf16 once. A decode step of one request is bound by
  * streaming the weights from memory; four rows at a time with AVX512-BF16's dot-product
@@ -185,7 +211,10 @@ int octavo_pair_gemm_available(void) { return 1; }
  * loop, which keeps its 24 sums in registers only when nothing else competes for them. */
 static inline __attribute__((always_inline)) void pair_tile(
     float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], const bf16 *x, int64_t x_stride, const bf16 *w,
-    int64_t panel_stride, int64_t pairs, const char *ahead, int64_t ahead_lines, int mr, int np) {
+    int64_t panel_stride, int64_t jump, int64_t pairs, const char *ahead, int64_t ahead_lines,
+    int mr, int np) {
+    const bf16 *panel[PAIR_NP];
+    for (int p = 0; p < np; p++) panel[p] = w + p * panel_stride + (2 * p >= np ? jump : 0);
     __m512 acc[PAIR_MR][PAIR_NP];
     for (int r = 0; r < mr; r++)
         for (int p = 0; p < np; p++) acc[r][p] = _mm512_setzero_ps();
@@ -193,7 +222,7 @@ static inline __attribute__((always_inline)) void pair_tile(
         if (k < ahead_lines) _mm_prefetch(ahead + 64 * k, _MM_HINT_T1);
         __m512bh b[PAIR_NP];
         for (int p = 0; p < np; p++)
-            b[p] = (__m512bh)_mm512_loadu_si512(w + p * panel_stride + k * 2 * PAIR_PANEL);
+            b[p] = (__m512bh)_mm512_loadu_si512(panel[p] + k * 2 * PAIR_PANEL);
         for (int r = 0; r < mr; r++) {
             int32_t pair;
             memcpy(&pair, x + r * x_stride + 2 * k, sizeof pair);
@@ -225,9 +254,9 @@ static void pair_tile_store(bf16 *y, int64_t y_stride, float sums[PAIR_MR][PAIR_
 #define PAIR_TILE(mr, np) \
     static void pair_tile_##mr##x##np(float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], \
                                       const bf16 *x, int64_t x_stride, const bf16 *w, \
-                                      int64_t panel_stride, int64_t pairs, \
+                                      int64_t panel_stride, int64_t jump, int64_t pairs, \
                                       const char *ahead, int64_t ahead_lines) { \
-        pair_tile(sums, x, x_stride, w, panel_stride, pairs, ahead, ahead_lines, mr, np); \
+        pair_tile(sums, x, x_stride, w, panel_stride, jump, pairs, ahead, ahead_lines, mr, np); \
     }
 #define PAIR_TILES(mr) PAIR_TILE(mr, 1) PAIR_TILE(mr, 2) PAIR_TILE(mr, 3) PAIR_TILE(mr, 4)
 PAIR_TILES(1) PAIR_TILES(2) PAIR_TILES(3) PAIR_TILES(4) PAIR_TILES(5) PAIR_TILES(6)
@@ -235,17 +264,51 @@ PAIR_TILES(1) PAIR_TILES(2) PAIR_TILES(3) PAIR_TILES(4) PAIR_TILES(5) PAIR_TILES
 const pair_tile_fn pair_tiles[PAIR_MR][PAIR_NP] = {
     PAIR_ROW(1), PAIR_ROW(2), PAIR_ROW(3), PAIR_ROW(4), PAIR_ROW(5), PAIR_ROW(6)};
 
-/* x: [rows, in] with rows x_stride apart, in even; y: [rows, out] contiguous; bias: fp32,
- * padded to whole panels, or NULL. */
-void octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
-                      const float *bias, int64_t rows, int64_t out, int64_t in) {
-    int64_t panels = (out + PAIR_PANEL - 1) / PAIR_PANEL, pairs = in / 2;
-    int64_t panel_stride = pairs * 2 * PAIR_PANEL;
+/* silu(gate) * up for the tile's gate sums (its lower half of panels) and up sums (the
+ * upper half), each rounded to bf16 first as the GEMM's output would be, then as
+ * octavo_silu_and_mul computes it; `cols` of the gate columns exist. */
+static void pair_tile_store_silu(bf16 *y, int64_t y_stride,
+                                 float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], const float *gate_bias,
+                                 const float *up_bias, int mr, int np, int64_t cols) {
+    int64_t half = np / 2 * PAIR_PANEL;
+    for (int r = 0; r < mr; r++) {
+        bf16 gate[PAIR_NP / 2 * PAIR_PANEL], up[PAIR_NP / 2 * PAIR_PANEL];
+        for (int64_t c = 0; c < half; c += PAIR_PANEL) {
+            __m512 gb = gate_bias ? _mm512_loadu_ps(gate_bias + c) : _mm512_setzero_ps();
+            __m512 ub = up_bias ? _mm512_loadu_ps(up_bias + c) : _mm512_setzero_ps();
+            _mm256_storeu_si256((__m256i *)(gate + c),
+                                round_bf16x16(_mm512_add_ps(_mm512_loadu_ps(sums[r] + c), gb)));
+            _mm256_storeu_si256((__m256i *)(up + c), round_bf16x16(_mm512_add_ps(
+                                                         _mm512_loadu_ps(sums[r] + half + c), ub)));
+        }
+        silu_mul_row(y + r * y_stride, gate, up, cols);
+    }
+}
+
+/* The share of `lines` cache lines (0 .. lines) that tile i of `tiles` asks the memory for,
+ * at most `pairs` (one a step of its loop). */
+static void ahead_share(int64_t lines, int64_t i, int64_t tiles, int64_t pairs, int64_t *from,
+                        int64_t *to) {
+    *from = lines * i / tiles;
+    *to = lines * (i + 1) / tiles;
+    *to = *to - *from < pairs ? *to : *from + pairs;
+}
+
+/* The pair GEMM over `panels` output panels of `packed`: with up == 0 y = x W^T (+ bias),
+ * [rows, out]; with up > 0 (the fused gate/up projection) panels p < `panels` are the gate's
+ * and p + up the up's, and y = silu(gate) * up, [rows, out] with out = 16 * panels. Each
+ * thread owns a contiguous range of (gate) panels; in groups of up to PAIR_NP panels (half
+ * gate, half up when fused) its tiles of PAIR_MR rows pass over a chunk of rows. */
+static void pair_gemm_panels(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
+                             const float *bias, int64_t rows, int64_t out, int64_t in,
+                             int64_t panels, int64_t up) {
+    int64_t pairs = in / 2, panel_stride = pairs * 2 * PAIR_PANEL;
+    int group = up ? PAIR_NP / 2 : PAIR_NP; /* panels of y a group writes */
     /* Rows whose inputs stay in L2 while every panel of the thread passes over them: many
      * rows of a prefill would otherwise come from memory once per panel group. */
     int64_t chunk = PAIR_CHUNK_BYTES / (2 * in) / PAIR_MR * PAIR_MR;
     chunk = chunk < PAIR_MR ? PAIR_MR : chunk;
-#pragma omp parallel if (rows * out * in >= PARALLEL_MIN)
+#pragma omp parallel if (rows * out * in * (up ? 2 : 1) >= PARALLEL_MIN)
     {
         int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
         int64_t first = panels * t / threads, end = panels * (t + 1) / threads;
@@ -253,37 +316,80 @@ void octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *pack
         for (int64_t m0 = 0; m0 < rows; m0 += chunk) {
             int64_t m_end = rows - m0 < chunk ? rows : m0 + chunk;
             int64_t tiles = (m_end - m0 + PAIR_MR - 1) / PAIR_MR;
-            for (int64_t p = first; p < end; p += PAIR_NP) {
-                int np = (int)(end - p < PAIR_NP ? end - p : PAIR_NP);
+            for (int64_t p = first; p < end; p += group) {
+                int np = (int)(end - p < group ? end - p : group);
                 int64_t cols = out - p * PAIR_PANEL;
                 cols = cols < np * PAIR_PANEL ? cols : np * PAIR_PANEL;
                 /* The panels this thread multiplies next, which its tiles here ask the memory
                  * for a share each: else the first tile of every group would wait for its
-                 * weights (at 64 rows, ~10% of the time). */
-                int64_t next = p + PAIR_NP < end ? p + PAIR_NP : first;
-                int64_t next_np = end - next < PAIR_NP ? end - next : PAIR_NP;
-                int more = p + PAIR_NP < end || m_end < rows;
+                 * weights (at 64 rows, ~10% of the time). Fused, the gate's share first and
+                 * then the up's. */
+                int64_t next = p + group < end ? p + group : first;
+                int64_t next_np = end - next < group ? end - next : group;
+                int more = p + group < end || m_end < rows;
                 int64_t lines = more ? next_np * panel_stride * 2 / 64 : 0;
                 const char *ahead = (const char *)(packed + next * panel_stride);
+                const char *ahead_up = (const char *)(packed + (next + up) * panel_stride);
                 for (int64_t m = m0, i = 0; m < m_end; m += PAIR_MR, i++) {
                     int mr = (int)(m_end - m < PAIR_MR ? m_end - m : PAIR_MR);
-                    int64_t from = lines * i / tiles, to = lines * (i + 1) / tiles;
-                    to = to - from < pairs ? to : from + pairs;
-                    pair_tiles[mr - 1][np - 1](sums, x + m * x_stride, x_stride,
-                                               packed + p * panel_stride, panel_stride, pairs,
-                                               ahead + 64 * from, to - from);
-                    pair_tile_store(y + m * out + p * PAIR_PANEL, out, sums,
-                                    bias ? bias + p * PAIR_PANEL : NULL, mr, cols);
+                    int64_t from, to;
+                    const char *pf = ahead;
+                    ahead_share(up ? 2 * lines : lines, i, tiles, pairs, &from, &to);
+                    if (up && from >= lines) { /* the up panels' share */
+                        pf = ahead_up;
+                        from -= lines;
+                        to -= lines;
+                    } else if (up && to > lines) {
+                        to = lines;
+                    }
+                    const bf16 *x_tile = x + m * x_stride, *w = packed + p * panel_stride;
+                    if (!up) {
+                        pair_tiles[mr - 1][np - 1](sums, x_tile, x_stride, w, panel_stride, 0,
+                                                   pairs, pf + 64 * from, to - from);
+                        pair_tile_store(y + m * out + p * PAIR_PANEL, out, sums,
+                                        bias ? bias + p * PAIR_PANEL : NULL, mr, cols);
+                        continue;
+                    }
+                    pair_tiles[mr - 1][2 * np - 1](sums, x_tile, x_stride, w, panel_stride,
+                                                   (up - np) * panel_stride, pairs,
+                                                   pf + 64 * from, to - from);
+                    pair_tile_store_silu(y + m * out + p * PAIR_PANEL, out, sums,
+                                         bias ? bias + p * PAIR_PANEL : NULL,
+                                         bias ? bias + (p + up) * PAIR_PANEL : NULL, mr, 2 * np,
+                                         cols);
                 }
             }
         }
     }
+}
+
+/* x: [rows, in] with rows x_stride apart, in even; y: [rows, out] contiguous; bias: fp32,
+ * padded to whole panels, or NULL. */
+void octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
+                      const float *bias, int64_t rows, int64_t out, int64_t in) {
+    pair_gemm_panels(y, x, x_stride, packed, bias, rows, out, in,
+                     (out + PAIR_PANEL - 1) / PAIR_PANEL, 0);
+}
+
+/* y = silu(gate) * up, [rows, d], for a gate/up projection packed as one pair GEMM weight of
+ * 2 * d outputs (the gate's d, then the up's; d a multiple of PAIR_PANEL): the projection's
+ * output never goes to memory, and no second pass reads it back. Each product rounds as
+ * octavo_pair_gemm then octavo_silu_and_mul would. */
+void octavo_pair_gemm_silu(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
+                           const float *bias, int64_t rows, int64_t d, int64_t in) {
+    pair_gemm_panels(y, x, x_stride, packed, bias, rows, d, in, d / PAIR_PANEL,
+                     d / PAIR_PANEL);
 }
 #else
 int octavo_pair_gemm_available(void) { return 0; }
 
 void octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
                       const float *bias, int64_t rows, int64_t out, int64_t in) {
+    abort(); /* callers check octavo_pair_gemm_available() first */
+}
+
+void octavo_pair_gemm_silu(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
+                           const float *bias, int64_t rows, int64_t d, int64_t in) {
     abort(); /* callers check octavo_pair_gemm_available() first */
 }
 #endif
@@ -325,17 +431,8 @@ void octavo_rms_norm(bf16 *out, bf16 *x, const bf16 *residual, const bf16 *weigh
 /* out[r] = silu(gate) * up for x[r] = [gate | up] (each d wide), each op rounded to bf16. */
 void octavo_silu_and_mul(bf16 *out, const bf16 *x, int64_t rows, int64_t d, int64_t x_stride) {
 #pragma omp parallel for if (rows * d >= PARALLEL_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        const bf16 *gate = x + r * x_stride;
-        const bf16 *up = gate + d;
-        bf16 *o = out + r * d;
-#pragma omp simd
-        for (int64_t i = 0; i < d; i++) {
-            float g = bf2f(gate[i]);
-            float silu = bf2f(f2bf(g / (1.0f + expf(-g))));
-            o[i] = f2bf(silu * bf2f(up[i]));
-        }
-    }
+    for (int64_t r = 0; r < rows; r++)
+        silu_mul_row(out + r * d, x + r * x_stride, x + r * x_stride + d, d);
 }
 
 /* Rotary embedding in place on `heads` vectors of head_dim per token (x: [tokens, heads,

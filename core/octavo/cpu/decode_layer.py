@@ -51,7 +51,8 @@ def layer_weights(layer: LlamaDecoderLayer) -> kernels.LayerWeights | None:
             and isinstance(attn.attn, CpuAttentionImpl) and attn.attn.sliding_window is None):
         return None
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-    if not all(_pairs_only(linear) for linear in linears):
+    if (not all(_pairs_only(linear) for linear in linears)
+            or mlp.down_proj.weight.shape[1] % kernels.PAIR_PANEL):  # whole panels for SiLU
         return None
     packed = [linear.cpu_gemm.pairs.data_ptr() for linear in linears]  # type: ignore[union-attr]
     return kernels.LayerWeights(

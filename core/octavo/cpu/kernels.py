@@ -59,6 +59,7 @@ _SIGNATURES = {
     "octavo_gemm": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64],
     "octavo_pair_gemm_available": [],
     "octavo_pair_gemm": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64],
+    "octavo_pair_gemm_silu": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64],
     "octavo_rms_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, ctypes.c_float],
     "octavo_silu_and_mul": [_ptr, _ptr, _i64, _i64, _i64],
     "octavo_rope": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64],
@@ -247,6 +248,16 @@ def pair_gemm(x: torch.Tensor, packed: torch.Tensor, bias32: torch.Tensor | None
     """``x @ weight.T + bias`` for rows ``x`` [T, in] with contiguous rows, ``weight``
     given as :func:`pack_pair_weight`'s panels: [T, out]."""
     return _packed_gemm(library().octavo_pair_gemm, x, packed, bias32, out_features)
+
+
+def pair_gemm_silu(x: torch.Tensor, packed: torch.Tensor, bias32: torch.Tensor | None,
+                   d: int) -> torch.Tensor:
+    """``silu(gate) * up`` of the gate/up projection ``x @ weight.T + bias`` (``weight``
+    [2 * d, in] as :func:`pack_pair_weight`'s panels, the gate's d outputs then the up's;
+    ``d`` a multiple of ``PAIR_PANEL``) in one pass: [T, d], as :func:`pair_gemm` then
+    :func:`silu_and_mul` round it, without writing the [T, 2 * d] projection out."""
+    assert d % PAIR_PANEL == 0, "the fused gate/up GEMM takes whole panels of each half"
+    return _packed_gemm(library().octavo_pair_gemm_silu, x, packed, bias32, d)
 
 
 def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

@@ -1,7 +1,8 @@
 """The model layers that have a fused CPU kernel (``octavo.cpu.kernels``), switched onto it.
 
 As with the Triton plugin's layers, :func:`use_cpu_layers` turns each portable ``RMSNorm``,
-``RotaryEmbedding`` and ``SiluAndMul`` of a built bf16 model into the subclass below: the
+``RotaryEmbedding``, ``SiluAndMul`` and ``LlamaMLP`` of a built bf16 model into the subclass
+below: the
 parameters and weight loading stay the portable layer's, and ``forward`` calls the kernel
 for the 2-D bf16 CPU tensors a decoder layer passes, falling back to the portable code for
 anything else (Qwen3's per-head q/k norms, fp32 training passes).
@@ -13,10 +14,12 @@ import torch
 from torch import nn
 
 from octavo.cpu import kernels
+from octavo.cpu.gemm import CpuGemm
 from octavo.models.layers.activation import SiluAndMul
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.rotary import RotaryEmbedding
 from octavo.models.layers.switch import switch_layers
+from octavo.models.llama import LlamaMLP
 
 
 class CpuRMSNorm(RMSNorm):
@@ -54,10 +57,25 @@ class CpuSiluAndMul(SiluAndMul):
         return kernels.silu_and_mul(x)
 
 
+class CpuLlamaMLP(LlamaMLP):
+    """The gate/up projection and SiLU-and-mul in one pass of the pair GEMM where it serves
+    the projection (``CpuGemm.silu_and_mul``): the [T, 2 * intermediate] projection is never
+    written out and read back (W1's prompt chunks: 25 MB a layer)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gemm = self.gate_up_proj.cpu_gemm
+        if isinstance(gemm, CpuGemm) and type(self.act) is CpuSiluAndMul:
+            act = gemm.silu_and_mul(x)
+            if act is not None:
+                return self.down_proj(act)
+        return super().forward(x)
+
+
 CPU_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
     RMSNorm: CpuRMSNorm,
     RotaryEmbedding: CpuRotaryEmbedding,
     SiluAndMul: CpuSiluAndMul,
+    LlamaMLP: CpuLlamaMLP,
 }
 
 
