@@ -106,6 +106,26 @@ def compare(prompts: list[list[int]], ours: tuple, reference: list[tuple]) -> Pa
     return report
 
 
+def exact_errors(ours: tuple, reference: list[tuple], exact: list[tuple]) -> tuple[float, float]:
+    """The largest per-step logit distance from an fp64 run (``exact``, one ``hf_greedy``
+    result per prompt) of our fp32 logits and of the fp32 reference's, over the steps where
+    all three chose the same tokens so far. fp32 runs differ from the exact logits by their
+    rounding, which grows with the model and the prompt; the reference's own distance is
+    the scale an fp32 engine's error is judged on."""
+    our_tokens, our_logits = ours
+    ours_error = reference_error = 0.0
+    for i, ((ref_tokens, ref_logits), (exact_tokens, exact_logits)) in enumerate(
+            zip(reference, exact)):
+        for step, exact_step in enumerate(exact_logits):
+            ours_error = max(ours_error,
+                             (our_logits[i][step].double() - exact_step).abs().max().item())
+            reference_error = max(reference_error,
+                                  (ref_logits[step].double() - exact_step).abs().max().item())
+            if not our_tokens[i][step] == ref_tokens[step] == exact_tokens[step]:
+                break
+    return ours_error, reference_error
+
+
 def greedy_agreement(ours: list[list[int]], reference: list[list[int]]) -> float:
     """The share of tokens equal to the reference's at the same position.
 
