@@ -32,6 +32,7 @@ static inline void silu_mul_row(bf16 *o, const bf16 *gate, const bf16 *up, int64
         _mm256_mask_storeu_epi16(o + i, k, round_bf16x16(product));
     }
 #else
+#pragma omp simd
     for (int64_t i = 0; i < n; i++) {
         float g = bf2f(gate[i]);
         float silu = bf2f(f2bf(g / (1.0f + expf(-g))));
@@ -234,10 +235,11 @@ static inline __attribute__((always_inline)) void pair_tile(
         for (int p = 0; p < np; p++) _mm512_storeu_ps(sums[r] + p * PAIR_PANEL, acc[r][p]);
 }
 
-/* Adds the bias to a tile's sums, rounds them to bf16 and stores the `cols` columns that
- * exist. */
-static void pair_tile_store(bf16 *y, int64_t y_stride, float sums[PAIR_MR][PAIR_NP * PAIR_PANEL],
-                            const float *bias, int mr, int64_t cols) {
+/* Adds the bias to a tile's sums (rows PAIR_NP * PAIR_PANEL apart), rounds them to bf16 and
+ * stores the `cols` columns that exist. */
+static void pair_tile_store(bf16 *y, int64_t y_stride,
+                            const float (*sums)[PAIR_NP * PAIR_PANEL], const float *bias, int mr,
+                            int64_t cols) {
     for (int64_t c = 0; c < cols; c += PAIR_PANEL) {
         int64_t left = cols - c;
         __mmask16 mask = left >= PAIR_PANEL ? 0xFFFF : (__mmask16)((1u << left) - 1);
@@ -265,33 +267,34 @@ const pair_tile_fn pair_tiles[PAIR_MR][PAIR_NP] = {
     PAIR_ROW(1), PAIR_ROW(2), PAIR_ROW(3), PAIR_ROW(4), PAIR_ROW(5), PAIR_ROW(6)};
 
 /* silu(gate) * up for the tile's gate sums (its lower half of panels) and up sums (the
- * upper half), each rounded to bf16 first as the GEMM's output would be, then as
+ * upper half), each stored to bf16 first as the GEMM's output would be, then as
  * octavo_silu_and_mul computes it; `cols` of the gate columns exist. */
 static void pair_tile_store_silu(bf16 *y, int64_t y_stride,
                                  float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], const float *gate_bias,
                                  const float *up_bias, int mr, int np, int64_t cols) {
     int64_t half = np / 2 * PAIR_PANEL;
-    for (int r = 0; r < mr; r++) {
-        bf16 gate[PAIR_NP / 2 * PAIR_PANEL], up[PAIR_NP / 2 * PAIR_PANEL];
-        for (int64_t c = 0; c < half; c += PAIR_PANEL) {
-            __m512 gb = gate_bias ? _mm512_loadu_ps(gate_bias + c) : _mm512_setzero_ps();
-            __m512 ub = up_bias ? _mm512_loadu_ps(up_bias + c) : _mm512_setzero_ps();
-            _mm256_storeu_si256((__m256i *)(gate + c),
-                                round_bf16x16(_mm512_add_ps(_mm512_loadu_ps(sums[r] + c), gb)));
-            _mm256_storeu_si256((__m256i *)(up + c), round_bf16x16(_mm512_add_ps(
-                                                         _mm512_loadu_ps(sums[r] + half + c), ub)));
-        }
-        silu_mul_row(y + r * y_stride, gate, up, cols);
-    }
+    bf16 gate[PAIR_MR][PAIR_NP / 2 * PAIR_PANEL], up[PAIR_MR][PAIR_NP / 2 * PAIR_PANEL];
+    pair_tile_store(&gate[0][0], PAIR_NP / 2 * PAIR_PANEL, sums, gate_bias, mr, half);
+    pair_tile_store(&up[0][0], PAIR_NP / 2 * PAIR_PANEL,
+                    (const float (*)[PAIR_NP * PAIR_PANEL])(sums[0] + half), up_bias, mr, half);
+    for (int r = 0; r < mr; r++) silu_mul_row(y + r * y_stride, gate[r], up[r], cols);
 }
 
-/* The share of `lines` cache lines (0 .. lines) that tile i of `tiles` asks the memory for,
- * at most `pairs` (one a step of its loop). */
-static void ahead_share(int64_t lines, int64_t i, int64_t tiles, int64_t pairs, int64_t *from,
-                        int64_t *to) {
-    *from = lines * i / tiles;
-    *to = lines * (i + 1) / tiles;
-    *to = *to - *from < pairs ? *to : *from + pairs;
+/* Where tile i of `tiles` asks the memory for its share of the next panel group (`lines`
+ * cache lines from `ahead`; fused, as many again from `ahead_up`, the up panels', shared out
+ * after the gate's), and how many lines (*count, at most `pairs`: one a step of its loop). */
+static const char *ahead_share(const char *ahead, const char *ahead_up, int64_t lines,
+                               int64_t i, int64_t tiles, int64_t pairs, int64_t *count) {
+    int64_t total = ahead_up ? 2 * lines : lines;
+    int64_t from = total * i / tiles, to = total * (i + 1) / tiles;
+    if (ahead_up && from >= lines) { /* the up panels' share */
+        ahead = ahead_up;
+        from -= lines;
+        to -= lines;
+    }
+    to = to < lines ? to : lines;
+    *count = to - from < pairs ? to - from : pairs;
+    return ahead + 64 * from;
 }
 
 /* The pair GEMM over `panels` output panels of `packed`: with up == 0 y = x W^T (+ bias),
@@ -329,30 +332,22 @@ static void pair_gemm_panels(bf16 *y, const bf16 *x, int64_t x_stride, const bf1
                 int more = p + group < end || m_end < rows;
                 int64_t lines = more ? next_np * panel_stride * 2 / 64 : 0;
                 const char *ahead = (const char *)(packed + next * panel_stride);
-                const char *ahead_up = (const char *)(packed + (next + up) * panel_stride);
+                const char *ahead_up =
+                    up ? (const char *)(packed + (next + up) * panel_stride) : NULL;
                 for (int64_t m = m0, i = 0; m < m_end; m += PAIR_MR, i++) {
                     int mr = (int)(m_end - m < PAIR_MR ? m_end - m : PAIR_MR);
-                    int64_t from, to;
-                    const char *pf = ahead;
-                    ahead_share(up ? 2 * lines : lines, i, tiles, pairs, &from, &to);
-                    if (up && from >= lines) { /* the up panels' share */
-                        pf = ahead_up;
-                        from -= lines;
-                        to -= lines;
-                    } else if (up && to > lines) {
-                        to = lines;
-                    }
+                    int64_t count;
+                    const char *pf = ahead_share(ahead, ahead_up, lines, i, tiles, pairs, &count);
                     const bf16 *x_tile = x + m * x_stride, *w = packed + p * panel_stride;
                     if (!up) {
                         pair_tiles[mr - 1][np - 1](sums, x_tile, x_stride, w, panel_stride, 0,
-                                                   pairs, pf + 64 * from, to - from);
+                                                   pairs, pf, count);
                         pair_tile_store(y + m * out + p * PAIR_PANEL, out, sums,
                                         bias ? bias + p * PAIR_PANEL : NULL, mr, cols);
                         continue;
                     }
                     pair_tiles[mr - 1][2 * np - 1](sums, x_tile, x_stride, w, panel_stride,
-                                                   (up - np) * panel_stride, pairs,
-                                                   pf + 64 * from, to - from);
+                                                   (up - np) * panel_stride, pairs, pf, count);
                     pair_tile_store_silu(y + m * out + p * PAIR_PANEL, out, sums,
                                          bias ? bias + p * PAIR_PANEL : NULL,
                                          bias ? bias + (p + up) * PAIR_PANEL : NULL, mr, 2 * np,

@@ -52,7 +52,7 @@ def layer_weights(layer: LlamaDecoderLayer) -> kernels.LayerWeights | None:
         return None
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     if (not all(_pairs_only(linear) for linear in linears)
-            or mlp.down_proj.weight.shape[1] % kernels.PAIR_PANEL):  # whole panels for SiLU
+            or not mlp.gate_up_proj.cpu_gemm.fuses_silu):  # type: ignore[union-attr]
         return None
     packed = [linear.cpu_gemm.pairs.data_ptr() for linear in linears]  # type: ignore[union-attr]
     return kernels.LayerWeights(

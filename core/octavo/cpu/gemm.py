@@ -95,14 +95,18 @@ class CpuGemm:
             return nn.functional.linear(x, self.weight, self.bias)
         return _linear(x, self.packed, self.bias)
 
+    @property
+    def fuses_silu(self) -> bool:
+        """Whether, as a gate/up projection (the gate's outputs, then the up's), the pair GEMM
+        can apply SiLU-and-multiply itself: each half in whole panels."""
+        return self.pairs is not None and self.out_features % (2 * cpu_kernels.PAIR_PANEL) == 0
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
-        """For a gate/up projection (the gate's outputs, then the up's): ``silu(gate) * up``
-        of ``x``'s projection in one pass of the pair GEMM, or None where that GEMM does not
-        serve ``x`` (the caller then projects and multiplies in two steps)."""
+        """For a gate/up projection: ``silu(gate) * up`` of ``x``'s projection in one pass of
+        the pair GEMM, or None where that GEMM does not serve ``x`` (the caller then projects
+        and multiplies in two steps)."""
         rows, d = x.numel() // x.shape[-1], self.out_features // 2
-        if (rows >= self.pair_rows or self.out_features % (2 * cpu_kernels.PAIR_PANEL)
-                or not cpu_kernels.usable(x)):
+        if not self.fuses_silu or rows >= self.pair_rows or not cpu_kernels.usable(x):
             return None
         y = cpu_kernels.pair_gemm_silu(_rows_of(x, rows), self.pairs, self.pair_bias, d)
         return y.view(*x.shape[:-1], d)

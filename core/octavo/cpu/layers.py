@@ -2,10 +2,9 @@
 
 As with the Triton plugin's layers, :func:`use_cpu_layers` turns each portable ``RMSNorm``,
 ``RotaryEmbedding``, ``SiluAndMul`` and ``LlamaMLP`` of a built bf16 model into the subclass
-below: the
-parameters and weight loading stay the portable layer's, and ``forward`` calls the kernel
-for the 2-D bf16 CPU tensors a decoder layer passes, falling back to the portable code for
-anything else (Qwen3's per-head q/k norms, fp32 training passes).
+below: the parameters and weight loading stay the portable layer's, and ``forward`` calls the
+kernel for the 2-D bf16 CPU tensors a decoder layer passes, falling back to the portable code
+for anything else (Qwen3's per-head q/k norms, fp32 training passes).
 """
 
 from __future__ import annotations
