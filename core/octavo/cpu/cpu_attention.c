@@ -32,6 +32,28 @@ static inline void prefetch_kv_l2(const bf16 *keys, const bf16 *values, const in
     }
 }
 
+/* The next decode row's key and value rows (this thread's next row), asked of the memory
+ * into L2 a few at a time while this row computes: ~30% during its keys' pass, the rest
+ * during its values' pass, which otherwise leaves the memory idle. Then the memory streams
+ * through both passes instead of in bursts during the keys' pass alone. The next row's own
+ * keys' pass still asks two blocks ahead, for what was evicted or not yet asked for. W1's
+ * decode shape (64 rows over 320 positions, 30 layers, blocks in order): 19.0 -> 15.5 ms a
+ * step, where the memory alone (reading the same rows, no arithmetic) takes ~14. */
+typedef struct {
+    const bf16 *keys, *values;
+    const int64_t *slot;
+    int64_t len, width;
+    int64_t next; /* cache rows asked for so far: the keys of positions 0..len-1, then values */
+} row_fetch;
+
+static inline void row_fetch_some(row_fetch *f, int n) {
+    for (; n > 0 && f->next < 2 * f->len; n--, f->next++) {
+        int64_t j = f->next < f->len ? f->next : f->next - f->len;
+        prefetch_row_l2((f->next < f->len ? f->keys : f->values) + f->slot[j] * f->width,
+                        f->width);
+    }
+}
+
 #ifdef __AVX512F__
 /* Lane i of the result = the sum of v[i]'s 16 lanes: 15 shuffle-and-add steps for all 16
  * sums instead of a full horizontal reduction for each. */
@@ -225,21 +247,25 @@ static void pair_scores16_n(float *scores, int64_t max_len, int64_t j0, const bf
  * by one. The key and value rows two blocks ahead are asked of the memory into L2 meanwhile,
  * a share before each kv head's block so the requests do not all come at once; the values'
  * pass then finds its rows in the cache. On W1's decode shape this took the step's attention
- * from ~34 to ~23 ms (64 rows over 320 positions, 30 layers). */
+ * from ~34 to ~23 ms (64 rows over 320 positions, 30 layers). A share of the next row's
+ * rows is asked for here too (`next`, see row_fetch). */
 static void pair_score_context(float *scores, const bf16 *q, const bf16 *cache,
                                int64_t num_slots, const int64_t *slot, int64_t len,
                                int64_t max_len, int64_t width, int64_t num_heads,
-                               int64_t group, int64_t head_dim, float scale) {
+                               int64_t group, int64_t head_dim, float scale, row_fetch *next) {
     int nz = (int)(head_dim / 32);
     int64_t j = 0;
     const bf16 *values = cache + num_slots * width;
+    int64_t kv_heads = num_heads / group, blocks = len / 16 * kv_heads;
+    /* ~30% of the next row's cache rows here, the rest in the values' pass */
+    int share = blocks ? (int)((2 * next->len * 3 / 10 + blocks - 1) / blocks) : 0;
     prefetch_kv_l2(cache, values, slot, 0, len < 32 ? len : 32, width);
-    int64_t kv_heads = num_heads / group;
     for (; j + 16 <= len; j += 16) {
         for (int64_t kv = 0; kv < kv_heads; kv++) {
             int64_t to = j + 32 + 16 * (kv + 1) / kv_heads;
             prefetch_kv_l2(cache, values, slot, j + 32 + 16 * kv / kv_heads, to < len ? to : len,
                            width);
+            row_fetch_some(next, share);
             pair_scores16_n(scores + kv * group * max_len, max_len, j,
                             q + kv * group * head_dim, cache, slot + j, width, kv * head_dim,
                             group, nz, scale);
@@ -265,11 +291,13 @@ static void pair_score_context(float *scores, const bf16 *q, const bf16 *cache,
  * out as [16 "lo" sums | 16 "hi" sums] (pair_dim gives each one's column). */
 static inline __attribute__((always_inline)) void pair_weigh(
     float *acc, int64_t acc_stride, const bf16 *weights, int64_t w_stride, const bf16 *values,
-    const int64_t *slot, int64_t len, int64_t width, int64_t col, int nz, int hs) {
+    const int64_t *slot, int64_t len, int64_t width, int64_t col, int nz, int hs,
+    row_fetch *next) {
     __m512 sums[4][4];
     for (int h = 0; h < hs; h++)
         for (int c = 0; c < 2 * nz; c++) sums[h][c] = _mm512_setzero_ps();
     for (int64_t j = 0; j < len; j += 2) {
+        row_fetch_some(next, 1);
         const bf16 *v0 = values + slot[j] * width + col;
         const bf16 *v1 = j + 1 < len ? values + slot[j + 1] * width + col : v0; /* weight 0 */
         __m512bh lo[2], hi[2];
@@ -295,12 +323,14 @@ static inline __attribute__((always_inline)) void pair_weigh(
 
 #define PAIR_WEIGH_CASE(nz, hs)                                                             \
     case (nz) * 8 + (hs):                                                                  \
-        pair_weigh(acc, acc_stride, weights, w_stride, values, slot, len, width, col, nz, hs); \
+        pair_weigh(acc, acc_stride, weights, w_stride, values, slot, len, width, col, nz, hs, \
+                   next); \
         break;
 
 static void pair_weigh_n(float *acc, int64_t acc_stride, const bf16 *weights,
                          int64_t w_stride, const bf16 *values, const int64_t *slot,
-                         int64_t len, int64_t width, int64_t col, int nz, int hs) {
+                         int64_t len, int64_t width, int64_t col, int nz, int hs,
+                         row_fetch *next) {
     switch (nz * 8 + hs) {
         PAIR_WEIGH_CASE(1, 1) PAIR_WEIGH_CASE(1, 2) PAIR_WEIGH_CASE(1, 3) PAIR_WEIGH_CASE(1, 4)
         PAIR_WEIGH_CASE(2, 1) PAIR_WEIGH_CASE(2, 2) PAIR_WEIGH_CASE(2, 3) PAIR_WEIGH_CASE(2, 4)
@@ -323,9 +353,9 @@ static void pair_attend_row(float *acc, float *sums, float *maxes, float *scores
                             int64_t max_len, int64_t width, int64_t num_heads,
                             int64_t group, int64_t head_dim, float scale) {
     int64_t w_stride = max_len + 2;
+    row_fetch next = {cache, values, next_slot, next_len, width, 0};
     pair_score_context(scores, q, cache, num_slots, slot, len, max_len, width, num_heads, group,
-                       head_dim, scale);
-    prefetch_kv_l2(cache, values, next_slot, 0, next_len < 32 ? next_len : 32, width);
+                       head_dim, scale, &next);
     for (int64_t h = 0; h < num_heads; h++) { /* w[len] = 0: an odd last position's partner */
         maxes[h] = ATT_NO_MAX;
         sums[h] = exp_weights(scores + h * max_len, len, 1.0f, &maxes[h],
@@ -338,7 +368,8 @@ static void pair_attend_row(float *acc, float *sums, float *maxes, float *scores
         for (int64_t d = 0; d < head_dim; d += 64) {
             int nz = head_dim - d < 64 ? 1 : 2;
             pair_weigh_n(piece + h0 * head_dim + d, head_dim, weights + h0 * w_stride,
-                         w_stride, values, slot, len, width, kv * head_dim + d, nz, hs);
+                         w_stride, values, slot, len, width, kv * head_dim + d, nz, hs,
+                         &next);
         }
     }
     for (int64_t h = 0; h < num_heads; h++)
