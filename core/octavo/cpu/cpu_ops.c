@@ -280,6 +280,18 @@ static void pair_tile_store_silu(bf16 *y, int64_t y_stride,
     for (int r = 0; r < mr; r++) silu_mul_row(y + r * y_stride, gate[r], up[r], cols);
 }
 
+/* Asks for the cache lines a tile's output rows (mr rows of `bytes`, `stride` elements apart)
+ * will be stored to, for writing, before the tile's long loop: else its stores would each
+ * wait for its line to come from memory at the end of it (4096 x 576 -> 960: one thread
+ * 209 -> 219 GFLOP/s, two 403 -> 418). */
+static inline void prefetch_tile_output(const bf16 *y, int64_t stride, int mr, int64_t bytes) {
+    for (int r = 0; r < mr; r++) {
+        uintptr_t start = (uintptr_t)(y + r * stride), end = start + bytes - 1;
+        for (uintptr_t line = start & ~(uintptr_t)63; line <= end; line += 64)
+            _m_prefetchw((void *)line);
+    }
+}
+
 /* Where tile i of `tiles` asks the memory for its share of the next panel group (`lines`
  * cache lines from `ahead`; fused, as many again from `ahead_up`, the up panels', shared out
  * after the gate's), and how many lines (*count, at most `pairs`: one a step of its loop). */
@@ -339,6 +351,8 @@ static void pair_gemm_panels(bf16 *y, const bf16 *x, int64_t x_stride, const bf1
                     int64_t count;
                     const char *pf = ahead_share(ahead, ahead_up, lines, i, tiles, pairs, &count);
                     const bf16 *x_tile = x + m * x_stride, *w = packed + p * panel_stride;
+                    prefetch_tile_output(y + m * out + p * PAIR_PANEL, out, mr,
+                                         cols * (int64_t)sizeof(bf16));
                     if (!up) {
                         pair_tiles[mr - 1][np - 1](sums, x_tile, x_stride, w, panel_stride, 0,
                                                    pairs, pf, count);
