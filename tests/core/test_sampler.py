@@ -339,6 +339,37 @@ def test_greedy_is_argmax_in_greedy_and_mixed_batches(seed: int) -> None:
     assert torch.equal(sampled[1::2], logits[1::2].argmax(dim=1)), f"seed {seed}"
 
 
+@pytest.mark.parametrize("feature", ["none", "logit_bias", "allowed_token_ids", "min_tokens",
+                                     "repetition_penalty"])
+def test_greedy_batch_reads_the_logits_as_given_only_when_nothing_rewrites_them(
+        seed: int, feature: str) -> None:
+    """A greedy batch without logprobs takes the argmax of the caller's logits as they are
+    unless a processor or penalty is on (``edits_logits``); either way the caller's logits
+    stay untouched and every processor still applies."""
+    logits = torch.randn(4, 60)
+    before = logits.clone()
+    best = int(logits[1].argmax())
+    settings = {
+        "none": {},
+        "logit_bias": {"logit_bias": {best: -100.0}},
+        "allowed_token_ids": {"allowed_token_ids": [i for i in range(60) if i != best]},
+        "min_tokens": {"min_tokens": 3, "stop_token_ids": [best]},
+        "repetition_penalty": {"repetition_penalty": 1.5},
+    }[feature]
+    params = [SamplingParams(temperature=0.0)] * 4
+    params[1] = SamplingParams(temperature=0.0, **settings)
+    metadata = metadata_from_params(params, 60, prompt_token_ids=[[0]] * 4)
+    assert metadata.edits_logits == (feature != "none")
+    sampled = Sampler()(logits, metadata).sampled_token_ids
+    assert torch.equal(logits, before), f"seed {seed}"
+    assert torch.equal(sampled[[0, 2, 3]], logits[[0, 2, 3]].argmax(dim=1)), f"seed {seed}"
+    if feature in ("none", "repetition_penalty"):  # token 0's penalty may move row 1
+        expected = apply_penalties(apply_logits_processors(logits.clone(), metadata), metadata)
+        assert int(sampled[1]) == int(expected[1].argmax()), f"seed {seed}"
+    else:
+        assert int(sampled[1]) != best, f"seed {seed}"
+
+
 @pytest.mark.parametrize("vocab", [ARGMAX_BLOCK * 5, ARGMAX_BLOCK * 5 + 3])
 def test_blocked_argmax_is_torch_argmax(seed: int, vocab: int) -> None:
     """The same index as ``argmax`` for every row: the first of equal maxima, whether they

@@ -106,6 +106,14 @@ class SamplingMetadata:
     min_tokens: dict[int, tuple[int, frozenset[int]]]
     max_num_logprobs: int | None  # top-n logprobs to return; None: no logprobs
 
+    @property
+    def edits_logits(self) -> bool:
+        """Whether a processor or a penalty may rewrite some row's logits (the sampler's
+        steps 1 and 2); else a batch of greedy rows is the argmax of the logits as given."""
+        return (self.allowed_token_ids_mask is not None or self.repetition_penalties is not None
+                or bool(self.min_tokens) or any(self.logit_bias)
+                or any(self.bad_words_token_ids))
+
     @classmethod
     def from_arrays(
         cls,

@@ -40,7 +40,13 @@ class SamplerOutput:
 
 class Sampler(torch.nn.Module):
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        """``logits`` [B, V] are left untouched; the sampler works on an fp32 copy."""
+        """``logits`` [B, V] are left untouched; the sampler works on an fp32 copy, except
+        for a greedy batch that nothing rewrites and that asks for no logprobs: its argmax
+        reads the logits as given (the copy of 64 x 49,152 fp32 logits took 1.2 ms a step
+        of W1, six times the argmax)."""
+        if (metadata.all_greedy and metadata.max_num_logprobs is None
+                and not metadata.edits_logits):
+            return SamplerOutput(sampled_token_ids=greedy_argmax(logits), logprobs=None)
         logits = logits.to(torch.float32, copy=True)
         logits = apply_logits_processors(logits, metadata)
         logits = apply_penalties(logits, metadata)
