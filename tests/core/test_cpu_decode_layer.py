@@ -1,7 +1,7 @@
-"""Decode steps a layer per call (``octavo.cpu.decode_layer``): the same kernels in the same
-order as the portable layers, so an engine with it and one without give the same tokens and
-the same logprobs, on plain decode steps and on steps where many requests share a prefix
-(cascade attention inside the fused call)."""
+"""Decode steps a layer per call, or the whole stack in one (``octavo.cpu.decode_layer``):
+the same kernels in the same order as the portable layers, so an engine with them and one
+without give the same tokens and the same logprobs, on plain decode steps and on steps where
+many requests share a prefix (cascade attention inside the fused call)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from octavo import LLM, SamplingParams
 from octavo.cpu import decode_layer, kernels
@@ -42,12 +43,16 @@ def test_fused_decode_steps_match_the_layers(tmp_path: Path,
     after_shared = [shared + [rng.randrange(256) for _ in range(n)] for n in range(1, 11)]
     unrelated = [[rng.randrange(256) for _ in range(n)] for n in (5, 40, 300)]
     batches = [after_shared, unrelated]
-    calls = {"layer": 0, "cascade": 0}  # layer calls, steps with a shared prefix
-    decode, prefix = kernels.decode_layer, decode_layer.decode_step
+    calls = {"layer": 0, "stack": 0, "cascade": 0}  # fused calls, steps with a shared prefix
+    decode, stack, prefix = kernels.decode_layer, kernels.decode_layers, decode_layer.decode_step
 
     def counted_layer(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls["layer"] += 1
         return decode(*args, **kwargs)
+
+    def counted_stack(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["stack"] += 1
+        return stack(*args, **kwargs)
 
     def counted_step(*args, **kwargs):  # type: ignore[no-untyped-def]
         step = prefix(*args, **kwargs)
@@ -55,17 +60,22 @@ def test_fused_decode_steps_match_the_layers(tmp_path: Path,
         return step
 
     monkeypatch.setattr(kernels, "decode_layer", counted_layer)
+    monkeypatch.setattr(kernels, "decode_layers", counted_stack)
     monkeypatch.setattr(decode_layer, "decode_step", counted_step)
-    fused = generate(tmp_path, shared, batches)
-    assert calls["layer"] > 0 and calls["cascade"] > 0, calls
+    stacked = generate(tmp_path, shared, batches)  # the whole stack in one call
+    assert calls["stack"] > 0 and calls["cascade"] > 0 and calls["layer"] == 0, calls
+    monkeypatch.setattr(decode_layer.CpuLlamaModel, "_fused_stack", lambda self, caches: None)
+    calls.update(stack=0, cascade=0)
+    fused = generate(tmp_path, shared, batches)  # one call per layer
+    assert calls["layer"] > 0 and calls["cascade"] > 0 and calls["stack"] == 0, calls
     monkeypatch.setattr(decode_layer, "use_fused_decode_layers", lambda model: 0)
-    calls["layer"] = 0
+    calls.update(layer=0, stack=0)
     portable = generate(tmp_path, shared, batches)
-    assert calls["layer"] == 0
-    for i, ((tokens, logprobs), (want_tokens, want_logprobs)) in enumerate(
-            zip(fused, portable)):
-        assert tokens == want_tokens, f"seed={seed} request {i}"
-        assert logprobs == want_logprobs, f"seed={seed} request {i}: same kernels, same bits"
+    assert calls["layer"] == calls["stack"] == 0
+    for i, want in enumerate(portable):
+        assert stacked[i][0] == fused[i][0] == want[0], f"seed={seed} request {i}"
+        assert stacked[i][1] == fused[i][1] == want[1], (
+            f"seed={seed} request {i}: same kernels, same bits")
 
 
 def test_layers_it_cannot_run_stay_portable(tmp_path: Path) -> None:
@@ -79,3 +89,49 @@ def test_layers_it_cannot_run_stay_portable(tmp_path: Path) -> None:
     model = llm.llm_engine.core.executor.worker.runner.model
     layers = [m for m in model.modules() if isinstance(m, decode_layer.CpuLlamaDecoderLayer)]
     assert layers and all(layer._weights is None for layer in layers)
+
+
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+def test_the_stack_call_passes_each_layer_what_the_loop_does(num_layers: int) -> None:
+    """``decode_layers`` over 1-3 random layers gives the bits of ``decode_layer`` called
+    in a loop (each layer's output and residual stream the next one's input), and leaves
+    the first input as it was; whichever of its buffers hold the end, odd or even."""
+    seed = random.SystemRandom().randrange(2**31)
+    g = torch.Generator().manual_seed(seed)
+    rows, hidden, heads, kv_heads, head_dim, inter, blocks = 5, 64, 4, 2, 32, 96, 16
+
+    def packed(out: int, inp: int) -> torch.Tensor:
+        return kernels.pack_pair_weight((torch.randn(out, inp, generator=g) * 0.1).bfloat16())
+
+    keep: list[torch.Tensor] = []
+    layers = []
+    for _ in range(num_layers):
+        ws = [packed((heads + 2 * kv_heads) * head_dim, hidden),
+              packed(hidden, heads * head_dim), packed(2 * inter, hidden), packed(hidden, inter)]
+        norms = [(1 + 0.1 * torch.randn(hidden, generator=g)).bfloat16() for _ in range(2)]
+        keep += ws + norms
+        layers.append(kernels.LayerWeights(
+            norms[0].data_ptr(), norms[1].data_ptr(), *(w.data_ptr() for w in ws),
+            None, None, None, None, hidden, heads, kv_heads, head_dim, inter, 1e-5,
+            head_dim**-0.5))
+    width = kv_heads * head_dim
+    caches = [torch.randn(2, blocks * 16, width, generator=g).bfloat16()
+              for _ in range(num_layers)]
+    seq_lens = torch.tensor([9, 17, 1, 30, 12])
+    slots = torch.randperm(blocks * 16, generator=g)[: rows * 30].view(rows, 30).contiguous()
+    slot_mapping = slots[torch.arange(rows), seq_lens - 1].contiguous()
+    cos, sin = (torch.randn(rows, head_dim, generator=g).bfloat16() for _ in range(2))
+    step = kernels.DecodeStep(rows, cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(),
+                              slots.data_ptr(), seq_lens.data_ptr(), 30, None, 0)
+    x = torch.randn(rows, hidden, generator=g).bfloat16()
+
+    looped = [c.clone() for c in caches]
+    h, residual = x.clone(), None
+    for layer, cache in zip(layers, looped):
+        h, residual = kernels.decode_layer(layer, step, h, residual, cache)
+    stacked = [c.clone() for c in caches]
+    given = x.clone()
+    out, stream = kernels.decode_layers(kernels.LayerStack(layers, stacked), step, given)
+    assert torch.equal(given, x), f"seed={seed}"
+    assert torch.equal(out, h) and torch.equal(stream, residual), f"seed={seed}"
+    assert all(torch.equal(a, b) for a, b in zip(stacked, looped)), f"seed={seed}"

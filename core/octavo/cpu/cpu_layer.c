@@ -71,3 +71,22 @@ void octavo_decode_layer(const octavo_layer *layer, const octavo_decode_step *st
     octavo_pair_gemm(out, act, inter, layer->down, layer->down_bias, t, h, inter);
     free(normed);
 }
+
+/* Every layer of a decode step in one call: layer i over caches[i] (each
+ * [2][num_slots][width]), each layer's output and residual stream the next one's input, as
+ * the model's loop over octavo_decode_layer would pass them. bufs[0]: the first layer's
+ * input (read only); bufs[1..4]: [T][hidden] each, which the layers take in turn for their
+ * outputs: the last layer's output and residual stream end in bufs[1] and bufs[2] for an odd
+ * number of layers, bufs[3] and bufs[4] for an even one. */
+void octavo_decode_layers(const octavo_layer *layers, int64_t num_layers,
+                          const octavo_decode_step *step, bf16 *const *bufs,
+                          bf16 *const *caches, int64_t num_slots) {
+    bf16 *hidden = bufs[0], *residual = NULL;
+    for (int64_t i = 0; i < num_layers; i++) {
+        bf16 *out = bufs[i % 2 ? 3 : 1], *residual_out = bufs[i % 2 ? 4 : 2];
+        octavo_decode_layer(&layers[i], step, hidden, residual, out, residual_out, caches[i],
+                            num_slots);
+        hidden = out;
+        residual = residual_out;
+    }
+}

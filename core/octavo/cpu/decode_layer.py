@@ -7,6 +7,9 @@ norm and the MLP, each the kernel the portable layers would call, in the same or
 SmolLM2-135M that saves the ~2 ms a step spent in Python between those kernels (its 30
 layers make ~300 calls), a sixth of a single-stream decode step.
 
+Where every layer of the model takes it, ``CpuLlamaModel`` runs the whole stack in one call
+(``octavo_decode_layers``), which saves the Python and ctypes around each layer's call too.
+
 It applies where every part is the fused kernels' and nothing else happens in between: a
 bf16 layer whose four projections the pair GEMM serves alone (AVX512-BF16, one tensor-
 parallel rank), plain RMSNorms, the CPU's rotary embedding, no per-head q/k norm, no
@@ -26,7 +29,7 @@ from octavo.cpu.gemm import CpuGemm
 from octavo.cpu.layers import CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
 from octavo.models.layers.linear import LinearBase
 from octavo.models.layers.switch import switch_layers
-from octavo.models.llama import LlamaDecoderLayer, LlamaMLP
+from octavo.models.llama import LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 
 def _pairs_only(linear: LinearBase) -> bool:
@@ -75,17 +78,73 @@ class CpuLlamaDecoderLayer(LlamaDecoderLayer):
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._weights is False:
-            self._weights = layer_weights(self)
-        step = (None if self._weights is None or not kernels.usable(hidden, kv_cache)
+        weights = _layer_weights(self)
+        step = (None if weights is None or not kernels.usable(hidden, kv_cache)
                 or not hidden.is_contiguous()
                 else decode_step(positions, hidden.shape[0], kv_cache, attn_metadata,
                                  self.self_attn.rotary_emb))
-        if step is None:
+        if step is None or weights is None:
             return super().forward(positions, hidden, residual, kv_cache, attn_metadata)
-        assert isinstance(self._weights, kernels.LayerWeights)
         cache_rows = kv_cache.view(2, -1, kv_cache.shape[-2] * kv_cache.shape[-1])
-        return kernels.decode_layer(self._weights, step, hidden, residual, cache_rows)
+        return kernels.decode_layer(weights, step, hidden, residual, cache_rows)
+
+
+class CpuLlamaModel(LlamaModel):
+    """A decode step's whole stack of fused layers in one call (``octavo_decode_layers``):
+    the Python and ctypes around each layer's call cost ~60 us, ~1.8 ms of a W1 decode step
+    over SmolLM2-135M's 30 layers. Where a layer or the step is not one the fused call runs,
+    or a stage starts from another's residual stream, or EAGLE-3 keeps layers' inputs, the
+    layers run one by one as before."""
+
+    _stack: kernels.LayerStack | None = None
+
+    def run_layers(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        stack = (None if residual is not None or self.aux_hidden_state_layers
+                 or not hidden.is_contiguous() or not kernels.usable(hidden, kv_caches[0])
+                 else self._fused_stack(kv_caches))
+        step = None if stack is None else decode_step(
+            positions, hidden.shape[0], kv_caches[0], attn_metadata, self._rotary())
+        if stack is None or step is None:
+            return super().run_layers(positions, hidden, residual, kv_caches, attn_metadata)
+        return kernels.decode_layers(stack, step, hidden)
+
+    def _rotary(self) -> CpuRotaryEmbedding:
+        """The rotary embedding of the layers (one for all; the first layer's)."""
+        first = self.layers[self.layer_range.start]
+        assert isinstance(first, CpuLlamaDecoderLayer)  # _fused_stack checked every layer
+        rotary = first.self_attn.rotary_emb
+        assert isinstance(rotary, CpuRotaryEmbedding)  # as layer_weights checked
+        return rotary
+
+    def _fused_stack(self, kv_caches: list[torch.Tensor]) -> kernels.LayerStack | None:
+        """The stack's weights and caches for the fused call (built at the first call and
+        again if the caches change), or None where some layer is not one it runs."""
+        if self._stack is not None and self._stack.cache_ptrs == [c.data_ptr()
+                                                                   for c in kv_caches]:
+            return self._stack
+        weights = [_layer_weights(layer) for layer in
+                   self.layers[self.layer_range.start : self.layer_range.stop]]
+        if any(w is None for w in weights):
+            return None
+        rows = [c.view(2, -1, c.shape[-2] * c.shape[-1]) for c in kv_caches]
+        self._stack = kernels.LayerStack(weights, rows)  # type: ignore[arg-type]
+        return self._stack
+
+
+def _layer_weights(layer: torch.nn.Module) -> kernels.LayerWeights | None:
+    """A fused layer's weights for the fused call (looked up once per layer), else None."""
+    if not isinstance(layer, CpuLlamaDecoderLayer):
+        return None
+    if layer._weights is False:
+        layer._weights = layer_weights(layer)
+    return layer._weights if isinstance(layer._weights, kernels.LayerWeights) else None
 
 
 def decode_step(positions: torch.Tensor, tokens: int, kv_cache: torch.Tensor,
@@ -124,4 +183,5 @@ def use_fused_decode_layers(model: torch.nn.Module) -> int:
     its first call whether the fused call can run it, and otherwise stays portable."""
     if kernels.library() is None:
         return 0
+    switch_layers(model, {LlamaModel: CpuLlamaModel})
     return switch_layers(model, {LlamaDecoderLayer: CpuLlamaDecoderLayer})

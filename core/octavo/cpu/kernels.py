@@ -72,6 +72,7 @@ _SIGNATURES = {
     "octavo_prefix_attention": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64,
                                 _i64, _i64, _i64, ctypes.c_float],
     "octavo_decode_layer": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64],
+    "octavo_decode_layers": [_ptr, _i64, _ptr, _ptr, _ptr, _i64],
 }
 
 
@@ -404,6 +405,34 @@ class DecodeStep(ctypes.Structure):
     _fields_ = [("tokens", _i64), ("cos", _ptr), ("sin", _ptr), ("slot_mapping", _ptr),
                 ("slots", _ptr), ("seq_lens", _ptr), ("max_len", _i64),
                 ("prefix_slots", _ptr), ("prefix_len", _i64)]
+
+
+class LayerStack:
+    """What ``octavo_decode_layers`` takes for a model's stack of layers, built once: the
+    layers' ``octavo_layer`` structs in one array and their caches' addresses (each cache
+    [2, num_slots, kv_heads * head_dim], all of one size)."""
+
+    def __init__(self, layers: list[LayerWeights], caches: list[torch.Tensor]) -> None:
+        assert len(layers) == len(caches) > 0
+        assert all(c.is_contiguous() and c.shape == caches[0].shape for c in caches)
+        self.layers = (LayerWeights * len(layers))(*layers)
+        self.caches = (_ptr * len(caches))(*(c.data_ptr() for c in caches))
+        self.num_slots = caches[0].shape[1]
+        self.cache_ptrs = [c.data_ptr() for c in caches]  # which caches it was built for
+
+
+def decode_layers(stack: LayerStack, step: DecodeStep, hidden: torch.Tensor,
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every layer of ``stack`` over a step of decode rows, the first layer's input
+    ``hidden`` [T, hidden] (contiguous, left as it is): the last layer's output and residual
+    stream, as the layers called one by one return them."""
+    assert hidden.is_contiguous()
+    bufs = [torch.empty_like(hidden) for _ in range(4)]
+    count = len(stack.layers)
+    pointers = (_ptr * 5)(hidden.data_ptr(), *(b.data_ptr() for b in bufs))
+    library().octavo_decode_layers(stack.layers, count, ctypes.byref(step), pointers,
+                                   stack.caches, stack.num_slots)
+    return (bufs[0], bufs[1]) if count % 2 else (bufs[2], bufs[3])
 
 
 def decode_layer(layer: LayerWeights, step: DecodeStep, hidden: torch.Tensor,

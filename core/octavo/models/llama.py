@@ -163,6 +163,24 @@ class LlamaModel(nn.Module):
             hidden, residual = inputs_embeds, None
         else:
             hidden, residual = self.embed(input_ids), None
+        hidden, residual = self.run_layers(positions, hidden, residual, kv_caches,
+                                           attn_metadata)
+        if isinstance(self.norm, PPMissingLayer):
+            return IntermediateTensors(hidden, residual)
+        hidden, prenorm = self.norm(hidden, residual)
+        if self.keep_prenorm_hidden:
+            self.prenorm_hidden = prenorm
+        return hidden
+
+    def run_layers(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This stage's layers in turn: the last one's output and residual stream."""
         local_layers = self.layers[self.layer_range.start : self.layer_range.stop]
         keep, kept = self.aux_hidden_state_layers, list[torch.Tensor]()
         for index, layer, kv_cache in zip(self.layer_range, local_layers, kv_caches,
@@ -172,13 +190,8 @@ class LlamaModel(nn.Module):
             hidden, residual = layer(positions, hidden, residual, kv_cache, attn_metadata)
         if keep:
             self.aux_hidden_states = kept
-        if isinstance(self.norm, PPMissingLayer):
-            assert residual is not None  # every stage holds at least one layer
-            return IntermediateTensors(hidden, residual)
-        hidden, prenorm = self.norm(hidden, residual)
-        if self.keep_prenorm_hidden:
-            self.prenorm_hidden = prenorm
-        return hidden
+        assert residual is not None  # every stage holds at least one layer
+        return hidden, residual
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The first layer's input for ``input_ids`` (Gemma scales the embeddings)."""
