@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -18,6 +20,12 @@ def smollm2_hf() -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                  dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf64(smollm2_hf: torch.nn.Module) -> torch.nn.Module:
+    """The same model in fp64: logits exact to well below fp32's rounding."""
+    return copy.deepcopy(smollm2_hf).double()
 
 
 @pytest.fixture(scope="module")
