@@ -135,6 +135,25 @@ def exact_errors(ours: tuple, reference: list[tuple], exact: list[tuple]) -> tup
     return ours_error, reference_error
 
 
+def check_fp32_against_fp64(llm, hf, hf64, prompts: list[list[int]], max_tokens: int,  # type: ignore[no-untyped-def]
+                            label: str) -> None:
+    """A GGUF model's fp32 greedy run against HF's: no divergence beyond a tie, and our
+    logits at most ``EXACT_ERROR_RATIO`` times as far from HF's fp64 run (``hf64``) as HF
+    fp32's are (see ``exact_errors``)."""
+    ours = engine_greedy(llm, prompts, max_tokens)
+    reference = [hf_greedy(hf, p, max_tokens) for p in prompts]
+    report = compare(prompts, ours, reference)
+    exact = [hf_greedy(hf64, p, max_tokens) for p in prompts]
+    ours_error, reference_error = exact_errors(ours, reference, exact)
+    print(f"\n{label}: max per-step logit diff {report.max_logit_diff:.2e}; from fp64: ours "
+          f"{ours_error:.2e}, HF fp32's {reference_error:.2e}; tie divergences: "
+          f"{report.divergences or 'none'}")
+    assert not report.failures, f"{label}: divergences beyond a tie: {report.failures}"
+    assert ours_error <= EXACT_ERROR_RATIO * reference_error, (
+        f"{label}: our fp32 logits are {ours_error:.2e} from fp64's, HF fp32's only "
+        f"{reference_error:.2e}")
+
+
 def greedy_agreement(ours: list[list[int]], reference: list[list[int]]) -> float:
     """The share of tokens equal to the reference's at the same position.
 

@@ -9,7 +9,7 @@ import pytest
 
 from octavo import LLM
 
-from .parity import EXACT_ERROR_RATIO, compare, engine_greedy, exact_errors, hf_greedy
+from .parity import check_fp32_against_fp64, compare, engine_greedy, hf_greedy
 from .tiny_models import TINY_ARCHS, save_tiny_model
 
 PROMPT_LENGTHS = [3, 11, 23, 40, 57, 77, 96, 130]
@@ -51,15 +51,5 @@ def test_smollm2_gguf_matches_hf(smollm2_hf, smollm2_hf64) -> None:  # type: ign
               kv_cache_memory=128 * 2**20)
     seed = int(np.random.default_rng().integers(1 << 30))
     prompts = random_prompts(49152, seed)
-    ours = engine_greedy(llm, prompts, MAX_TOKENS)
-    reference = [hf_greedy(smollm2_hf, p, MAX_TOKENS) for p in prompts]
-    report = compare(prompts, ours, reference)
-    exact = [hf_greedy(smollm2_hf64, p, MAX_TOKENS) for p in prompts]
-    ours_error, reference_error = exact_errors(ours, reference, exact)
-    print(f"\nSmolLM2-135M GGUF (seed {seed}): max per-step logit diff "
-          f"{report.max_logit_diff:.2e}; from fp64: ours {ours_error:.2e}, HF fp32's "
-          f"{reference_error:.2e}; tie divergences: {report.divergences or 'none'}")
-    assert not report.failures, f"seed {seed}: divergences beyond a tie: {report.failures}"
-    assert ours_error <= EXACT_ERROR_RATIO * reference_error, (
-        f"seed {seed}: our fp32 logits are {ours_error:.2e} from fp64's, HF fp32's only "
-        f"{reference_error:.2e}")
+    check_fp32_against_fp64(llm, smollm2_hf, smollm2_hf64, prompts, MAX_TOKENS,
+                            f"SmolLM2-135M GGUF (seed {seed})")

@@ -26,7 +26,7 @@ from octavo.paths import cache_root
 
 from ..helpers import run_octavo
 from ..parallel.engines import max_logprob_gap, one_thread, run
-from .parity import EXACT_ERROR_RATIO, compare, engine_greedy, exact_errors, hf_greedy
+from .parity import check_fp32_against_fp64, compare, engine_greedy, hf_greedy
 from .test_models_parity import PagedDriver
 from .tiny_models import GEMMA3_LAYER_TYPES, GEMMA3_SLIDING_WINDOW, VOCAB_SIZE, save_tiny_model
 
@@ -187,18 +187,8 @@ def test_gemma3_270m_gguf_matches_hf(gemma3_gguf: Path, gemma3_hf, gemma3_hf64) 
         512, 512, 512, 512, 512, None)
     seed = fresh_seed()
     prompts = random_prompts(gemma3_hf.config.vocab_size, GGUF_PROMPT_LENGTHS, seed)
-    ours = engine_greedy(llm, prompts, GGUF_MAX_TOKENS)
-    reference = [hf_greedy(gemma3_hf, p, GGUF_MAX_TOKENS) for p in prompts]
-    report = compare(prompts, ours, reference)
-    exact = [hf_greedy(gemma3_hf64, p, GGUF_MAX_TOKENS) for p in prompts]
-    ours_error, reference_error = exact_errors(ours, reference, exact)
-    print(f"\nGemma 3 270M GGUF (seed {seed}): max per-step logit diff "
-          f"{report.max_logit_diff:.2e}; from fp64: ours {ours_error:.2e}, HF fp32's "
-          f"{reference_error:.2e}; tie divergences: {report.divergences or 'none'}")
-    assert not report.failures, f"seed {seed}: divergences beyond a tie: {report.failures}"
-    assert ours_error <= EXACT_ERROR_RATIO * reference_error, (
-        f"seed {seed}: our fp32 logits are {ours_error:.2e} from fp64's, HF fp32's only "
-        f"{reference_error:.2e}")
+    check_fp32_against_fp64(llm, gemma3_hf, gemma3_hf64, prompts, GGUF_MAX_TOKENS,
+                            f"Gemma 3 270M GGUF (seed {seed})")
 
 
 @pytest.mark.slow
