@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from octavo.cpu.shm_allreduce import ShmCommunicator
 from octavo.distributed.state import ProcessGroupCommunicator, TensorCommunicator
-from octavo.executor.multiproc import free_port
+from octavo.net import free_port
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 JOIN_TIMEOUT_S = 1800

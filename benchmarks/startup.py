@@ -16,7 +16,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from peak_rss import PeakRss, describe
+
+from octavo.net import free_port
 
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 600
@@ -48,11 +49,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-json", type=Path, default=None)
     return parser.parse_args()
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def request(port: int, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:

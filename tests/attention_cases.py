@@ -4,8 +4,6 @@ non-contiguous paged cache whose unused blocks hold noise, and the dense fp64 re
 
 from __future__ import annotations
 
-import random
-
 import torch
 
 from octavo.attention.torch_backend import TorchAttentionBackend
@@ -14,15 +12,12 @@ from octavo.testing.attention_cases import Shape, Step, build_step
 from octavo.testing.attention_cases import dense_reference as step_reference
 
 __all__ = ["DECODE_BATCH", "MIXED_BATCH", "NUM_KV_HEADS", "Case", "dense_reference",
-           "fresh_seed", "make_case", "run_backend"]
+           "make_case", "run_backend"]
 
 NUM_KV_HEADS = 2
 DECODE_BATCH = [(0, 1), (15, 1), (16, 1), (63, 1), (100, 1)]  # single-token decodes
 Case = Step
 
-
-def fresh_seed() -> int:
-    return random.SystemRandom().randrange(2**32)
 
 
 def make_case(requests: list[tuple[int, int]], num_heads: int, head_dim: int,

@@ -5,6 +5,10 @@ Without a GPU, Triton kernels run under Triton's interpreter. ``@triton.jit`` re
 registries imports octavo-triton's kernels, so the switch must happen here, before the
 first test module is collected - not in tests/triton/conftest.py.
 
+Every test starts the global random streams (``random``, numpy's legacy one, torch's) from a
+fixed seed, as its drawn inputs are (tests/seeds.py: ``OCTAVO_TEST_SEEDS=fresh`` for new
+ones).
+
 GGUF conversions go to a cache folder of the session's own (inherited by the servers and
 CLIs the tests start), so tests never fill the user's cache with their tiny models; set
 ``OCTAVO_CACHE_DIR`` to keep the default model's conversion across sessions.
@@ -15,10 +19,15 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import os
+import random
 import shutil
 import tempfile
 
+import numpy as np
+import pytest
 import torch
+
+from octavo.testing.seeds import draw_seed
 
 if "OCTAVO_CACHE_DIR" not in os.environ:
     os.environ["OCTAVO_CACHE_DIR"] = tempfile.mkdtemp(prefix="octavo-test-cache-")
@@ -29,3 +38,11 @@ if not torch.cuda.is_available() and importlib.util.find_spec("octavo_triton") i
     from octavo_triton.interpret import patch_interpreter
 
     patch_interpreter()
+
+
+@pytest.fixture(autouse=True)
+def seeded_global_rngs() -> None:
+    seed = draw_seed()
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

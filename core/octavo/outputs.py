@@ -2,8 +2,11 @@
 
 - scheduler -> workers: ``SchedulerOutput`` (``NewRequestData``, ``CachedRequestData``);
 - workers -> scheduler: ``ModelRunnerOutput`` (``LogprobsLists``, ``KVConnectorOutput``);
-- engine core -> front end: ``EngineCoreOutput`` (with ``EngineCoreEvent``s) and
-  ``SchedulerStats``.
+- engine core -> front end: ``EngineCoreOutputs`` - one message a step: each request's
+  ``EngineCoreOutput`` (with its ``EngineCoreEvent``s) and the ``SchedulerStats``;
+- front end <-> engine core: ``UtilityCall`` and its ``UtilityResult``.
+
+This is the one module of wire types; ``octavo.engine.serial`` frames and encodes them.
 
 Ints, lists and numpy arrays only - no torch tensors - so a worker may be written in any
 framework and live in another process, and everything here encodes with msgspec.
@@ -142,6 +145,11 @@ class EngineCoreEvent:
         return cls(event_type, time.monotonic())
 
 
+# The finish reason of a request whose step failed (vLLM's FinishReason.ERROR): the engine's
+# fault, not the client's, unlike a refused request's "abort".
+STEP_FAILED = "error"
+
+
 @dataclass
 class EngineCoreOutput:
     """One request's news from one step: new tokens, and whether and why it finished.
@@ -186,3 +194,32 @@ class SchedulerStats:
     def stopped(cls) -> SchedulerStats:
         """What a dead engine reports: nothing running or waiting, no KV cache held."""
         return cls(0, 0, 0.0, PrefixCacheStats())
+
+
+@dataclass
+class EngineCoreOutputs:
+    """One message from the core: the outputs of one step (possibly none, when only the
+    state changed, e.g. after an abort) and the scheduler's state after it."""
+
+    outputs: list[EngineCoreOutput] = field(default_factory=list)
+    scheduler_stats: SchedulerStats | None = None
+    engine_index: int = 0  # the sender's data-parallel rank
+    # Requests the core had taken in when it made the stats: the front end's balancer counts
+    # what it sent since as waiting there (the stats of a step do not show them yet).
+    num_requests_received: int = 0
+
+
+@dataclass
+class UtilityCall:
+    """Call ``EngineCore.<method>(*args)`` in the core process; answered by call id."""
+
+    call_id: int
+    method: str
+    args: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class UtilityResult:
+    call_id: int
+    result: Any = None
+    error: str | None = None  # the exception's text when the call raised

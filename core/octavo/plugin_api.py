@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
     from octavo.attention.base import TokenTrees as TokenTrees
     from octavo.attention.torch_backend import TorchAttentionBackend as TorchAttentionBackend
     from octavo.attention.torch_backend import TorchAttentionImpl as TorchAttentionImpl
+    from octavo.bench.chat_task import INSTRUCTIONS as CHAT_INSTRUCTIONS  # noqa: F401
     from octavo.block_hash import BlockHash as BlockHash
     from octavo.block_hash import update_block_hashes as update_block_hashes
     from octavo.config import ConfigError as ConfigError
@@ -52,12 +53,10 @@ if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
     from octavo.models.config import ArchConfig as ArchConfig
     from octavo.models.config import model_eos_token_ids as model_eos_token_ids
     from octavo.models.layers.activation import SiluAndMul as SiluAndMul
-    from octavo.models.layers.linear import QKVParallelLinear as QKVParallelLinear
     from octavo.models.layers.norm import RMSNorm as RMSNorm
     from octavo.models.layers.rotary import RotaryEmbedding as RotaryEmbedding
     from octavo.models.layers.switch import switch_layers as switch_layers
     from octavo.models.layers.weights import WeightShapeError as WeightShapeError
-    from octavo.models.llama import LlamaAttention as LlamaAttention
     from octavo.models.llama import LlamaDecoderLayer as LlamaDecoderLayer
     from octavo.models.llama import LlamaForCausalLM as LlamaForCausalLM
     from octavo.models.llama import LlamaMLP as LlamaMLP
@@ -78,25 +77,26 @@ if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
     from octavo.plugins import hookimpl as hookimpl
     from octavo.request import Request as Request
     from octavo.request import RequestStatus as RequestStatus
-    from octavo.sample.logprobs import gather_logprobs as gather_logprobs
     from octavo.sampling_params import SamplingParams as SamplingParams
     from octavo.sampling_params import SamplingType as SamplingType
     from octavo.sampling_params import StructuredOutputsParams as StructuredOutputsParams
     from octavo.sched.interface import SchedulerInterface as SchedulerInterface
     from octavo.sched.policy import SchedulingPolicy as SchedulingPolicy
     from octavo.sched.scheduler import Scheduler as Scheduler
-    from octavo.spec.tree import DraftTree as DraftTree
+    from octavo.spec_decode.tree import DraftTree as DraftTree
     from octavo.worker.input_batch import CachedRequestState as CachedRequestState
     from octavo.worker.input_batch import InputBatch as InputBatch
+    from octavo.worker.interface import WorkerClasses as WorkerClasses
+    from octavo.worker.interface import WorkerInterface as WorkerInterface
+    from octavo.worker.kv_budget import device_kv_budget as device_kv_budget
+    from octavo.worker.kv_budget import host_kv_budget as host_kv_budget
+    from octavo.worker.kv_budget import num_kv_blocks as num_kv_blocks
     from octavo.worker.model_runner import ModelRunner as ModelRunner
-    from octavo.worker.spec.draft_step import accepted_step as accepted_step
-    from octavo.worker.spec.draft_step import build_step as build_step
-    from octavo.worker.spec.proposer import ProposeInputs as ProposeInputs
-    from octavo.worker.spec.proposer import Proposer as Proposer
-    from octavo.worker.spec.proposer import ProposerContext as ProposerContext
+    from octavo.worker.spec_decode.proposer import ProposeInputs as ProposeInputs
+    from octavo.worker.spec_decode.proposer import Proposer as Proposer
+    from octavo.worker.spec_decode.proposer import ProposerContext as ProposerContext
     from octavo.worker.step_inputs import StepInputs as StepInputs
     from octavo.worker.worker import Worker as Worker
-    from octavo.worker.worker import WorkerClasses as WorkerClasses
 
 # Public name -> "module:attribute" it comes from.
 _EXPORTS: dict[str, str] = {
@@ -117,10 +117,13 @@ _EXPORTS: dict[str, str] = {
     "WorkerInterface": "octavo.worker.interface:WorkerInterface",
     "ModelRunner": "octavo.worker.model_runner:ModelRunner",
     "StepInputs": "octavo.worker.step_inputs:StepInputs",
+    # how many KV blocks a worker allocates (octavo.worker.kv_budget)
+    "host_kv_budget": "octavo.worker.kv_budget:host_kv_budget",
+    "device_kv_budget": "octavo.worker.kv_budget:device_kv_budget",
+    "num_kv_blocks": "octavo.worker.kv_budget:num_kv_blocks",
     # the persistent batch, for runners not built on ModelRunner (the JAX one)
     "InputBatch": "octavo.worker.input_batch:InputBatch",
     "CachedRequestState": "octavo.worker.input_batch:CachedRequestState",
-    "gather_logprobs": "octavo.sample.logprobs:gather_logprobs",
     "cache_root": "octavo.paths:cache_root",  # the user cache folder (compilation caches)
     # attention
     "AttentionBackend": "octavo.attention.base:AttentionBackend",
@@ -145,11 +148,9 @@ _EXPORTS: dict[str, str] = {
     "RMSNorm": "octavo.models.layers.norm:RMSNorm",
     "RotaryEmbedding": "octavo.models.layers.rotary:RotaryEmbedding",
     "SiluAndMul": "octavo.models.layers.activation:SiluAndMul",
-    "LlamaAttention": "octavo.models.llama:LlamaAttention",
     "LlamaDecoderLayer": "octavo.models.llama:LlamaDecoderLayer",
     "LlamaForCausalLM": "octavo.models.llama:LlamaForCausalLM",
     "LlamaMLP": "octavo.models.llama:LlamaMLP",
-    "QKVParallelLinear": "octavo.models.layers.linear:QKVParallelLinear",  # EAGLE-3's 2h q/k/v
     # scheduling and the KV cache
     "Request": "octavo.request:Request",
     "RequestStatus": "octavo.request:RequestStatus",
@@ -171,12 +172,10 @@ _EXPORTS: dict[str, str] = {
     "KVConnector": "octavo.kv_transfer.base:KVConnector",
     "KVConnectorRole": "octavo.kv_transfer.base:KVConnectorRole",
     # speculative decoding
-    "Proposer": "octavo.worker.spec.proposer:Proposer",
-    "ProposerContext": "octavo.worker.spec.proposer:ProposerContext",
-    "ProposeInputs": "octavo.worker.spec.proposer:ProposeInputs",
-    "build_step": "octavo.worker.spec.draft_step:build_step",
-    "accepted_step": "octavo.worker.spec.draft_step:accepted_step",
-    "DraftTree": "octavo.spec.tree:DraftTree",
+    "Proposer": "octavo.worker.spec_decode.proposer:Proposer",
+    "ProposerContext": "octavo.worker.spec_decode.proposer:ProposerContext",
+    "ProposeInputs": "octavo.worker.spec_decode.proposer:ProposeInputs",
+    "DraftTree": "octavo.spec_decode.tree:DraftTree",
     # the offline API, for plugins that drive an engine (training, benchmarks)
     "LLM": "octavo.engine.llm:LLM",
     "SamplingParams": "octavo.sampling_params:SamplingParams",
@@ -185,26 +184,45 @@ _EXPORTS: dict[str, str] = {
     "CHAT_INSTRUCTIONS": "octavo.bench.chat_task:INSTRUCTIONS",
 }
 
-# Old public name -> (the name to use instead, the release that removes the old one).
-_DEPRECATED: dict[str, tuple[str, str]] = {}
+# Old public name -> ("module:attribute" it still resolves to, what to use instead, the plugin
+# API release that removes it). 1.4 took internals out of the promise (docs/plugins.md).
+_DEPRECATED: dict[str, tuple[str, str, str]] = {
+    "LlamaAttention": ("octavo.models.llama:LlamaAttention",
+                       "LlamaDecoderLayer.build(config, attn_backend).self_attn", "1.5"),
+    "QKVParallelLinear": ("octavo.models.layers.linear:QKVParallelLinear",
+                          "LlamaDecoderLayer.build(config, attn_backend, input_size=N)", "1.5"),
+    "build_step": ("octavo.worker.step_inputs:StepInputs.for_tokens",
+                   "StepInputs.for_tokens", "1.5"),
+    "accepted_step": ("octavo.worker.spec_decode.proposer:ProposeInputs.accepted_step",
+                      "ProposeInputs.accepted_step", "1.5"),
+    "gather_logprobs": ("octavo.sample.logprobs:gather_logprobs",
+                        "nothing (an internal of the core's sampler)", "1.5"),
+}
 
 __all__ = ["PLUGIN_API_VERSION", *_EXPORTS]
 
 
 def __getattr__(name: str) -> Any:
     if name in _DEPRECATED:
-        new_name, removed_in = _DEPRECATED[name]
+        target, instead, removed_in = _DEPRECATED[name]
         warnings.warn(f"octavo.plugin_api.{name} is deprecated and goes in plugin API "
-                      f"{removed_in}; use octavo.plugin_api.{new_name}", DeprecationWarning,
-                      stacklevel=2)
-        name = new_name
+                      f"{removed_in}; use {instead}", DeprecationWarning, stacklevel=2)
+        return _resolve(target)  # not cached: every access warns
     target = _EXPORTS.get(name)
     if target is None:
         raise AttributeError(f"module 'octavo.plugin_api' has no attribute {name!r} (plugin "
                              f"API {PLUGIN_API_VERSION}; see docs/plugins.md)")
-    module_name, _, attr = target.partition(":")
-    value = getattr(importlib.import_module(module_name), attr)
+    value = _resolve(target)
     globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def _resolve(target: str) -> Any:
+    """The object ``"module:attribute[.attribute]"`` names."""
+    module_name, _, path = target.partition(":")
+    value: Any = importlib.import_module(module_name)
+    for attr in path.split("."):
+        value = getattr(value, attr)
     return value
 
 

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from octavo.bench.server import ServerProcess
+from octavo.testing.seeds import draw_seed
 
 from ..core.tiny_models import tiny_config, tiny_tokenizer
 
@@ -29,7 +29,7 @@ class BenchModel:
 
 @pytest.fixture(scope="session")
 def bench_model(tmp_path_factory: pytest.TempPathFactory) -> BenchModel:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     folder = tmp_path_factory.mktemp("bench-llama")
     config = tiny_config("llama")
     config.vocab_size = WORKLOAD_VOCAB

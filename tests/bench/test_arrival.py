@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from octavo.bench.arrival import RampUp, arrival_offsets, gamma_gaps
+from octavo.testing.seeds import draw_seed
 
 NUM = 200_000  # the relative standard error of the mean is then ~0.3% (CV 1.41: 0.3%)
 
@@ -16,7 +17,7 @@ NUM = 200_000  # the relative standard error of the mean is then ~0.3% (CV 1.41:
 @pytest.mark.parametrize("burstiness", [1.0, 0.5])
 @pytest.mark.parametrize("rate", [4.0, 25.0])
 def test_gamma_gaps_mean_rate_and_cv(rate: float, burstiness: float) -> None:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     gaps = gamma_gaps(rate, burstiness, NUM, np.random.default_rng(seed))
     measured_rate = 1.0 / gaps.mean()
     cv = gaps.std() / gaps.mean()
@@ -25,7 +26,7 @@ def test_gamma_gaps_mean_rate_and_cv(rate: float, burstiness: float) -> None:
 
 
 def test_offsets_start_at_zero_and_follow_the_rate() -> None:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     offsets = arrival_offsets(NUM, request_rate=10.0, burstiness=1.0, seed=seed)
     assert offsets[0] == 0.0
     assert np.all(np.diff(offsets) >= 0)
@@ -46,7 +47,7 @@ def test_ramp_up_rates() -> None:
 
 
 def test_ramp_up_gaps_shrink_as_the_rate_grows() -> None:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     ramp = RampUp("linear", 1.0, 100.0)
     gaps = np.diff(arrival_offsets(20_000, math.inf, 1.0, seed, ramp_up=ramp))
     first, last = gaps[:2000].mean(), gaps[-2000:].mean()

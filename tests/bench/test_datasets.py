@@ -7,7 +7,6 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from octavo.bench.datasets import (
@@ -20,16 +19,13 @@ from octavo.bench.datasets import (
     workload_requests,
 )
 from octavo.bench.workloads import build_workload
+from octavo.testing.seeds import draw_seed
 
 from ..core.tiny_models import tiny_tokenizer
 
 
-def fresh_seed() -> int:
-    return int(np.random.default_rng().integers(1 << 30))
-
-
 def test_random_lengths_prefix_and_vocab() -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     requests = random_requests(200, input_len=40, output_len=20, range_ratio=0.5,
                                prefix_len=7, seed=seed, vocab_size=300)
     prefix = requests[0].prompt[:7]
@@ -45,12 +41,12 @@ def test_random_lengths_prefix_and_vocab() -> None:
 
 
 def test_random_without_range_is_exact() -> None:
-    requests = random_requests(5, 16, 8, seed=fresh_seed())
+    requests = random_requests(5, 16, 8, seed=draw_seed())
     assert {(r.prompt_len, r.output_len) for r in requests} == {(16, 8)}
 
 
 def test_prefix_repetition_groups() -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     requests = prefix_repetition_requests(12, prefix_len=10, suffix_len=5, num_prefixes=3,
                                           output_len=4, seed=seed, vocab_size=5000)
     groups = Counter(tuple(r.prompt[:10]) for r in requests)
@@ -79,7 +75,7 @@ def test_sharegpt_prompts_and_reply_lengths(tmp_path: Path) -> None:
                                           {"from": "human", "value": "more"}]}]
     path = write_sharegpt(tmp_path / "sg.json", data)
     tokenizer = tiny_tokenizer()
-    requests = sharegpt_requests(path, 10, tokenizer, seed=fresh_seed())
+    requests = sharegpt_requests(path, 10, tokenizer, seed=draw_seed())
     got = sorted((r.prompt, r.prompt_len, r.output_len) for r in requests)
     assert got == [("hello there", 11, 15), ("tell me a story", 15, 16)]
     fixed = sharegpt_requests(path, 1, tokenizer, output_len=3)

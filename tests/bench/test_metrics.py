@@ -14,6 +14,7 @@ from octavo.bench.metrics import (
     parse_slos,
     peak_concurrency,
 )
+from octavo.testing.seeds import draw_seed
 
 
 def record(start: float, chunk_times: list[float], end: float, output_len: int,
@@ -88,7 +89,7 @@ def test_peak_concurrency_touching_intervals_do_not_overlap() -> None:
 
 
 def test_describe_matches_numpy_on_random_data() -> None:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     values = np.random.default_rng(seed).exponential(0.1, size=257)
     d = describe(values.tolist(), (10.0, 90.0), scale=1000.0)
     assert d.mean == pytest.approx(values.mean() * 1000), f"seed={seed}"

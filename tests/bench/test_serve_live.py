@@ -15,8 +15,9 @@ from octavo.bench.autotune import GridPoint, TuneSettings, best_point, tune_poin
 from octavo.bench.datasets import random_requests
 from octavo.bench.report import run_label
 from octavo.bench.serve import ServeTarget, run_serve
-from octavo.bench.server import ServerProcess, free_port
+from octavo.bench.server import ServerProcess
 from octavo.entrypoints.cli import main
+from octavo.net import free_port
 
 from ..helpers import run_octavo
 from .conftest import ENGINE_ARGS, PNG_MAGIC, BenchModel

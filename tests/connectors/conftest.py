@@ -19,6 +19,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from octavo.net import free_port
+from octavo.testing.seeds import draw_seed
+
 from ..core.tiny_models import TinyModel, fresh_tiny_llama
 
 BLOCK_SIZE = 16
@@ -47,7 +50,7 @@ class Prompts:
 
 @pytest.fixture
 def prompts(tmp_path: Path) -> Prompts:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     rng = np.random.default_rng(seed)
     produced = [rng.integers(0, 256, int(n)).tolist() for n in rng.integers(40, 120, 3)]
     extension = produced[0] + rng.integers(0, 256, 2 * BLOCK_SIZE + 3).tolist()
@@ -99,11 +102,6 @@ def run_engines(model: TinyModel, *runs: tuple[Path, dict[str, Any] | None],
                 proc.communicate()
     return reports
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

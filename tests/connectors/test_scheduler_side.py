@@ -15,6 +15,7 @@ from octavo.outputs import KVConnectorOutput, ModelRunnerOutput, SchedulerOutput
 from octavo.request import Request, RequestStatus
 from octavo.sampling_params import SamplingParams
 from octavo.sched.scheduler import Scheduler
+from octavo.testing.seeds import draw_seed
 from octavo_connectors.prefix_store import done_blob
 from octavo_connectors.shared_storage import DirectoryStore
 from tests.core.scheduler_fakes import make_scheduler
@@ -25,7 +26,7 @@ NUM_BLOCKS = 64
 
 @pytest.fixture
 def seed() -> int:
-    return int(np.random.default_rng().integers(1 << 30))
+    return draw_seed()
 
 
 def make_request(request_id: str, num_tokens: int, rng: np.random.Generator) -> Request:

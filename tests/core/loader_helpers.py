@@ -7,7 +7,6 @@ scales replaced by finite values, so no NaN/inf hides a mismatch.
 from __future__ import annotations
 
 import math
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,9 +31,6 @@ TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content'] }}<|eos|>{% endfor %}"
 )
 
-
-def fresh_seed() -> int:
-    return secrets.randbits(32)
 
 
 def random_raw(ggml_type: GgmlType, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

@@ -17,6 +17,7 @@ from octavo import LLM, SamplingParams
 from octavo.config import EngineConfig
 from octavo.engine.async_llm import AsyncLLM
 from octavo.outputs import SchedulerStats
+from octavo.testing.seeds import draw_seed
 
 from .loop_engine import LoopEngine
 from .tiny_models import save_tiny_model
@@ -35,7 +36,7 @@ class Harness(LoopEngine):
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory, single_thread: None) -> Iterator[Harness]:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     folder = tmp_path_factory.mktemp("tiny-llama-async")
     save_tiny_model("llama", folder, seed=seed)
     harness = Harness(folder, seed)
@@ -51,7 +52,7 @@ async def final(engine: AsyncLLM, prompt: Any, params: SamplingParams, request_i
 
 
 def test_concurrent_requests_match_the_offline_engine(harness: Harness) -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(draw_seed())
     prompts = [{"prompt_token_ids": rng.integers(0, 256, int(n)).tolist()}
                for n in rng.integers(3, 40, 8)]
     greedy = [SamplingParams(temperature=0.0, max_tokens=int(n), ignore_eos=True)
@@ -76,7 +77,7 @@ def test_concurrent_requests_match_the_offline_engine(harness: Harness) -> None:
 def test_streamed_text_grows_and_never_shows_the_stop_string(harness: Harness) -> None:
     tokenizer = harness.engine.tokenizer
     bias = {tokenizer.encode(ch, add_special_tokens=False)[0]: 100.0 for ch in "abc "}
-    seed = int(np.random.default_rng().integers(1 << 31))
+    seed = draw_seed()
     base = dict(temperature=1.0, seed=seed, max_tokens=40, ignore_eos=True, logit_bias=bias)
     text = harness.offline.generate("letters:", SamplingParams(**base),
                                     use_tqdm=False)[0].outputs[0].text
@@ -142,7 +143,7 @@ def test_a_request_the_core_refuses_fails_alone(harness: Harness,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """What slips past the front end (here: a front end that believes the context is longer
     than the core's) is refused by the core with a per-request error; the core lives on."""
-    from octavo.engine.processor import InvalidRequestError
+    from octavo.engine.errors import InvalidRequestError
 
     engine = harness.engine
     too_long = [7] * (engine.max_model_len + 5)
@@ -199,7 +200,7 @@ def test_a_huge_prompt_is_tokenized_off_the_loop_and_leaves_nothing(harness: Har
     """Megabytes of prompt take a while to tokenize: on a processing thread, while the event
     loop runs on. Too long to serve, the request fails without a trace, as does one whose
     caller gives up while it is processed."""
-    from octavo.engine.processor import InvalidRequestError
+    from octavo.engine.errors import InvalidRequestError
 
     engine = harness.engine
     prompt = "a story " * 200_000  # 1.6 MB, as many tokens: the tiny tokenizer's are bytes

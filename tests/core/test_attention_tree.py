@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from octavo.attention.base import AttentionBackend, TokenTrees
-from octavo.spec.tree import DraftTree
-from tests.attention_cases import NUM_KV_HEADS, fresh_seed, make_case, run_backend
+from octavo.spec_decode.tree import DraftTree
+from octavo.testing.seeds import draw_seed
+from tests.attention_cases import NUM_KV_HEADS, make_case, run_backend
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -94,14 +95,14 @@ def tree_reference(case, requests, trees: dict[int, DraftTree], scale: float,
 @pytest.mark.parametrize("num_nodes", [(4, 12), (16, 24)], ids=["small", "past-decode-limit"])
 def test_tree_requests_match_the_dense_reference(block_size: int, sliding_window: int | None,
                                                  num_nodes: tuple[int, int]) -> None:
-    check_tree(fresh_seed(), num_nodes, block_size, sliding_window,
+    check_tree(draw_seed(), num_nodes, block_size, sliding_window,
                torch.float32, 1e-5)
 
 
 @pytest.mark.parametrize("num_nodes", [(4, 12), (16, 24)], ids=["small", "past-decode-limit"])
 def test_bf16_tree_requests_match_the_dense_reference(num_nodes: tuple[int, int]) -> None:
     """bf16 on the CPU: the fused decode kernel serves the small trees' rows."""
-    check_tree(fresh_seed(), num_nodes, 16, None, torch.bfloat16, 3e-2)
+    check_tree(draw_seed(), num_nodes, 16, None, torch.bfloat16, 3e-2)
 
 
 def check_tree(seed: int, num_nodes: tuple[int, int], block_size: int,
@@ -122,7 +123,7 @@ def check_tree(seed: int, num_nodes: tuple[int, int], block_size: int,
 
 
 def test_move_kv_reads_every_source_before_writing() -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     gen = torch.Generator().manual_seed(seed)
     cache = torch.randn(2, 4, 16, 2, 8, generator=gen)
     before = cache.clone().view(2, -1, 16)

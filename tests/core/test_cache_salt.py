@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from octavo import LLM, SamplingParams
-from octavo.engine.processor import InvalidRequestError
+from octavo.engine.errors import InvalidRequestError
+from octavo.testing.seeds import draw_seed
 
 from .tiny_models import save_tiny_model
 
@@ -23,7 +24,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tiny-llama")
-    save_tiny_model("llama", folder, seed=int(np.random.default_rng().integers(1 << 30)))
+    save_tiny_model("llama", folder, seed=draw_seed())
     return folder
 
 
@@ -34,7 +35,7 @@ def make_llm(folder: Path, **kwargs) -> LLM:  # type: ignore[no-untyped-def]
 
 def test_only_prompts_with_the_same_salt_share_blocks(folder: Path) -> None:
     llm = make_llm(folder)
-    prompt = np.random.default_rng().integers(0, 256, 2 * BLOCK_SIZE + 5).tolist()
+    prompt = np.random.default_rng(draw_seed()).integers(0, 256, 2 * BLOCK_SIZE + 5).tolist()
     full = 2 * BLOCK_SIZE  # the prompt's full blocks: what a hit can cover
     salt_a, salt_b = f"tenant-{uuid.uuid4()}", f"tenant-{uuid.uuid4()}"
 
@@ -55,7 +56,7 @@ def test_only_prompts_with_the_same_salt_share_blocks(folder: Path) -> None:
 
 def test_a_salt_is_accepted_with_prefix_caching_off(folder: Path) -> None:
     llm = make_llm(folder, enable_prefix_caching=False)
-    prompt = np.random.default_rng().integers(0, 256, 2 * BLOCK_SIZE + 1).tolist()
+    prompt = np.random.default_rng(draw_seed()).integers(0, 256, 2 * BLOCK_SIZE + 1).tolist()
     for _ in range(2):
         [output] = llm.generate({"prompt_token_ids": prompt, "cache_salt": "s"}, GREEDY,
                                 use_tqdm=False)

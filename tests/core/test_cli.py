@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from octavo.cpu.platform import CpuPlatform
-from octavo.plugins.resolve import BackendError, resolve_platform
+from octavo.plugins.resolve import PlatformError, resolve_platform
 
 from ..helpers import run_octavo
 
@@ -28,7 +28,7 @@ def test_unknown_backend() -> None:
 def test_auto_resolves_to_cpu_here() -> None:
     assert resolve_platform("auto") is CpuPlatform
     assert resolve_platform("cpu") is CpuPlatform
-    with pytest.raises(BackendError, match="tpu"):
+    with pytest.raises(PlatformError, match="tpu"):
         resolve_platform("tpu")
 
 

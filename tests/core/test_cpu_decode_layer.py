@@ -13,6 +13,7 @@ import torch
 
 from octavo import LLM, SamplingParams
 from octavo.cpu import decode_layer, kernels
+from octavo.testing.seeds import draw_seed
 
 from .tiny_models import save_tiny_model
 
@@ -36,7 +37,7 @@ def generate(folder: Path, shared: list[int], batches: list[list[list[int]]],
 
 def test_fused_decode_steps_match_the_layers(tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    seed = random.SystemRandom().randrange(2**31)
+    seed = draw_seed()
     save_tiny_model("llama", tmp_path, seed=seed % 1000)
     rng = random.Random(seed)
     shared = [rng.randrange(256) for _ in range(300)]  # 10 requests after one long prompt
@@ -96,7 +97,7 @@ def test_the_stack_call_passes_each_layer_what_the_loop_does(num_layers: int) ->
     """``decode_layers`` over 1-3 random layers gives the bits of ``decode_layer`` called
     in a loop (each layer's output and residual stream the next one's input), and leaves
     the first input as it was; whichever of its buffers hold the end, odd or even."""
-    seed = random.SystemRandom().randrange(2**31)
+    seed = draw_seed()
     g = torch.Generator().manual_seed(seed)
     rows, hidden, heads, kv_heads, head_dim, inter, blocks = 5, 64, 4, 2, 32, 96, 16
 

@@ -3,7 +3,6 @@ wiring into a model built in bf16 on the CPU."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from octavo.cpu.platform import CpuPlatform
 from octavo.models.build import build_model
 from octavo.models.layers.linear import LinearBase
 from octavo.models.loader import load_model_files
+from octavo.testing.seeds import draw_seed
 
 from .tiny_models import save_tiny_model
 
@@ -48,7 +48,7 @@ def test_matches_f_linear(path: str, rows: int, shape: tuple[int, int], bias: bo
     if not setup["kernels"]:
         monkeypatch.setattr(cpu_kernels, "gemm_available", lambda: False)
         monkeypatch.setattr(cpu_kernels, "pair_gemm_available", lambda: False)
-    seed = random.SystemRandom().randrange(2**32)
+    seed = draw_seed()
     gen = torch.Generator().manual_seed(seed)
     weight = torch.randn(*shape, generator=gen).bfloat16()
     b = torch.randn(shape[0], generator=gen).bfloat16() if bias else None
@@ -95,7 +95,7 @@ def test_fused_silu_rounds_as_the_two_steps(rows: int, d: int, bias: bool,
     GEMM's [gate | up] followed by the SiLU kernel, on one thread and on two (each owning
     a range of gate panels, odd or even in number), and stays the activation of the fp32
     product."""
-    seed = random.SystemRandom().randrange(2**32)
+    seed = draw_seed()
     gen = torch.Generator().manual_seed(seed)
     weight = torch.randn(2 * d, 128, generator=gen).bfloat16()
     b = torch.randn(2 * d, generator=gen).bfloat16() if bias else None

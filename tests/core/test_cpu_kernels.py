@@ -5,7 +5,6 @@ compiler (or with OCTAVO_CPU_KERNELS=0) everything falls back to the portable co
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from octavo.models.layers.activation import SiluAndMul
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.rotary import RotaryEmbedding
 from octavo.models.loader import load_model_files
+from octavo.testing.seeds import draw_seed
 
 from .tiny_models import save_tiny_model
 
@@ -33,7 +33,7 @@ BF16 = torch.bfloat16
 
 
 def generator() -> tuple[int, torch.Generator]:
-    seed = random.SystemRandom().randrange(2**32)
+    seed = draw_seed()
     return seed, torch.Generator().manual_seed(seed)
 
 
@@ -311,7 +311,7 @@ def prefill_then_decode(model: CausalLM, ids: torch.Tensor) -> list[torch.Tensor
 def test_loading_the_kernels_keeps_subnormal_floats() -> None:
     """-ffast-math at link time would add crtfastmath.o, which turns on flush-to-zero for the
     whole process on load: a request's top_p=1e-310 then read as 0 and killed the engine
-    (RELIABILITY-PROBE D4). The library is linked without it."""
+   . The library is linked without it."""
     if cpu.library() is None:
         pytest.skip("the CPU kernels cannot be built here")
     tiny = float("1e-310")

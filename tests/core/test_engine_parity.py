@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from octavo import LLM
+from octavo.testing.seeds import draw_seed
 
 from .parity import check_fp32_against_fp64, compare, engine_greedy, hf_greedy
 from .tiny_models import TINY_ARCHS, save_tiny_model
@@ -33,7 +34,7 @@ def check(llm: LLM, hf_model, prompts: list[list[int]], label: str) -> None:  # 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_tiny_models_match_hf(arch: str, tmp_path: Path) -> None:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     hf_model = save_tiny_model(arch, tmp_path, seed)
     llm = LLM(model=str(tmp_path), dtype="float32", max_num_batched_tokens=48, max_num_seqs=8,
               kv_cache_memory=16 * 2**20)
@@ -49,7 +50,7 @@ def test_smollm2_gguf_matches_hf(smollm2_hf, smollm2_hf64) -> None:  # type: ign
     bounded by their distance from an fp64 run relative to HF fp32's own."""
     llm = LLM(dtype="float32", max_num_batched_tokens=128, max_num_seqs=8, max_model_len=512,
               kv_cache_memory=128 * 2**20)
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     prompts = random_prompts(49152, seed)
     check_fp32_against_fp64(llm, smollm2_hf, smollm2_hf64, prompts, MAX_TOKENS,
                             f"SmolLM2-135M GGUF (seed {seed})")

@@ -20,15 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 import pytest
 
 from octavo import SamplingParams
 from octavo.config import EngineConfig
-from octavo.engine.core_proc import EngineStartError
+from octavo.engine.errors import EngineStartError, InvalidRequestError
 from octavo.engine.ipc import MAX_SOCKET_PATH, SOCKET_DIR_PREFIX, CoreEndpoint, make_socket_dir
-from octavo.engine.processor import InvalidRequestError
+from octavo.testing.seeds import draw_seed
 
 from ..helpers import Records
 from .loop_engine import LoopEngine, start_async_llm
@@ -65,7 +64,7 @@ def tcp_listeners(process: psutil.Process) -> list[Any]:
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tiny-llama-sockets")
-    save_tiny_model("llama", folder, seed=int(np.random.default_rng().integers(1 << 30)))
+    save_tiny_model("llama", folder, seed=draw_seed())
     return folder
 
 

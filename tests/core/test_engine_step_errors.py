@@ -12,15 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from octavo import SamplingParams
 from octavo.config import EngineConfig
 from octavo.engine.async_llm import AsyncLLM
-from octavo.engine.core_client import EngineDeadError, EngineStepError
 from octavo.engine.core_proc import MAX_CONSECUTIVE_FAILED_STEPS
+from octavo.engine.errors import EngineDeadError, EngineStepError
 from octavo.outputs import SchedulerStats
+from octavo.testing.seeds import draw_seed
 
 from .failing_scheduler import FAIL_PLAN, FAIL_STEP, FailingScheduler
 from .loop_engine import LoopEngine
@@ -69,7 +69,7 @@ async def final_tokens(engine: AsyncLLM, request_id: str,
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, single_thread: None) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("tiny-llama-step-errors")
-    save_tiny_model("llama", folder, seed=int(np.random.default_rng().integers(1 << 30)))
+    save_tiny_model("llama", folder, seed=draw_seed())
     served = Served(folder)
     try:
         yield served

@@ -22,6 +22,7 @@ from octavo.models.config import eos_token_ids
 from octavo.models.generation_config import read_generation_config
 from octavo.models.loader import ModelLoadError, load_model_files
 from octavo.models.loader.gguf_config import _eos_token_ids
+from octavo.testing.seeds import draw_seed
 from tests.helpers import Records
 
 from .generation_reference import hf_greedy, model_copy, pick_stop_ids, stopped
@@ -35,7 +36,7 @@ class Model:
     """A fresh tiny model, its prompts and HF's greedy continuations of them."""
 
     def __init__(self, folder: Path) -> None:
-        self.seed = random.SystemRandom().randrange(2**30)
+        self.seed = draw_seed()
         rng = np.random.default_rng(self.seed)
         self.folder = folder
         hf_model = save_tiny_model("llama", folder, seed=self.seed)

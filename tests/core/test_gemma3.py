@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import random
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ from octavo.models.build import build_model
 from octavo.models.config import ArchConfig
 from octavo.models.loader import ModelLoadError, load_model_files
 from octavo.paths import cache_root
+from octavo.testing.seeds import draw_seed
 
 from ..helpers import run_octavo
 from ..parallel.engines import max_logprob_gap, one_thread, run
@@ -33,9 +33,6 @@ from .tiny_models import GEMMA3_LAYER_TYPES, GEMMA3_SLIDING_WINDOW, VOCAB_SIZE, 
 ATOL = 1e-4
 
 
-def fresh_seed() -> int:
-    return random.SystemRandom().randrange(2**30)
-
 
 def random_prompts(vocab: int, lengths: list[int], seed: int) -> list[list[int]]:
     rng = np.random.default_rng(seed)
@@ -45,7 +42,7 @@ def random_prompts(vocab: int, lengths: list[int], seed: int) -> list[list[int]]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):  # type: ignore[no-untyped-def]
     """(folder, HF reference model, weight seed) of a fresh tiny random Gemma 3."""
-    seed = fresh_seed()
+    seed = draw_seed()
     folder = tmp_path_factory.mktemp("gemma3")
     return folder, save_tiny_model("gemma3", folder, seed), seed
 
@@ -86,7 +83,7 @@ def test_flattened_chunked_prefill_matches_hf_at_every_position(tiny) -> None:  
     two chunks (the second attending the cached first): every position's logits are HF's."""
     folder, hf_model, weight_seed = tiny
     ours = build_model(load_model_files(folder), torch.float32, TorchAttentionBackend)
-    seed = fresh_seed()
+    seed = draw_seed()
     prompts = random_prompts(VOCAB_SIZE, [5, 13, 29, 40], seed)
     splits = [3, 9, 11, 31]  # second chunks: within, at and across window boundaries
     driver = PagedDriver(ours, seed)
@@ -106,7 +103,7 @@ def test_engine_greedy_matches_hf(tiny) -> None:  # type: ignore[no-untyped-def]
     folder, hf_model, weight_seed = tiny
     llm = LLM(model=str(folder), dtype="float32", max_num_batched_tokens=16, max_num_seqs=8,
               kv_cache_memory=16 * 2**20)
-    seed = fresh_seed()
+    seed = draw_seed()
     prompts = random_prompts(VOCAB_SIZE, [3, 7, 12, 23, 40], seed)
     max_tokens = 24
     ours = engine_greedy(llm, prompts, max_tokens)
@@ -121,7 +118,7 @@ def test_tensor_by_pipeline_matches_one_rank(tiny) -> None:  # type: ignore[no-u
     """TP=2 x PP=2 (four worker processes; the stages split local and global layers): the
     same greedy tokens as one rank, prompt logprobs within 1e-4."""
     folder, _, weight_seed = tiny
-    seed = fresh_seed()
+    seed = draw_seed()
     prompts = random_prompts(VOCAB_SIZE, [5, 12, 30], seed)
     with one_thread():
         reference = run(str(folder), prompts, 16)
@@ -141,7 +138,7 @@ def test_attention_softcapping_is_refused(tiny) -> None:  # type: ignore[no-unty
 
 def test_llama_refuses_gemma_activation(tmp_path: Path) -> None:
     """gelu_pytorch_tanh is a supported activation now, but only where the MLP computes it."""
-    save_tiny_model("llama", tmp_path, seed=fresh_seed())
+    save_tiny_model("llama", tmp_path, seed=draw_seed())
     files = load_model_files(tmp_path)
     files.hf_config = {**files.hf_config, "hidden_act": "gelu_pytorch_tanh"}
     with pytest.raises(ModelLoadError, match="LlamaForCausalLM does not support the activation"):
@@ -185,7 +182,7 @@ def test_gemma3_270m_gguf_matches_hf(gemma3_gguf: Path, gemma3_hf, gemma3_hf64) 
               max_num_seqs=8, max_model_len=1024, kv_cache_memory=256 * 2**20)
     assert llm.llm_engine.core.executor.worker.runner.model.config.sliding_windows[:6] == (
         512, 512, 512, 512, 512, None)
-    seed = fresh_seed()
+    seed = draw_seed()
     prompts = random_prompts(gemma3_hf.config.vocab_size, GGUF_PROMPT_LENGTHS, seed)
     check_fp32_against_fp64(llm, gemma3_hf, gemma3_hf64, prompts, GGUF_MAX_TOKENS,
                             f"Gemma 3 270M GGUF (seed {seed})")

@@ -8,6 +8,7 @@ import pytest
 
 from octavo.kv.block import KVBlock
 from octavo.kv.free_queue import FreeBlockQueue
+from octavo.testing.seeds import draw_seed
 
 
 def _check_links(queue: FreeBlockQueue, expected: list[KVBlock]) -> None:
@@ -19,7 +20,7 @@ def _check_links(queue: FreeBlockQueue, expected: list[KVBlock]) -> None:
 
 
 def test_random_operations_match_a_list() -> None:
-    seed = random.SystemRandom().randrange(2**32)
+    seed = draw_seed()
     print(f"seed={seed}")
     rng = random.Random(seed)
     blocks = [KVBlock(i) for i in range(40)]

@@ -20,18 +20,19 @@ from octavo import LLM
 from octavo.block_hash import update_block_hashes
 from octavo.config import ConfigError, EngineConfig
 from octavo.engine.components import build_scheduler
-from octavo.kv.coordinator import KVCacheCoordinator
-from octavo.kv.manager import KVCacheManager
-from octavo.kv.spec import (
+from octavo.kv.cache_spec import (
     FullAttentionSpec,
     KVCacheGroup,
     SlidingWindowSpec,
     kv_cache_groups,
     layers_per_group,
 )
+from octavo.kv.coordinator import KVCacheCoordinator
+from octavo.kv.manager import KVCacheManager
 from octavo.plugins import get_registries
 from octavo.request import Request
 from octavo.sched.scheduler import Scheduler
+from octavo.testing.seeds import draw_seed
 from tests.core.parity import compare, engine_greedy, hf_greedy
 from tests.core.scheduler_fakes import FakeRunner, make_request, run_to_completion
 from tests.core.tiny_models import VOCAB_SIZE, save_tiny_model
@@ -45,9 +46,6 @@ FULL = KVCacheGroup(FullAttentionSpec(), (1, 3))
 SLIDING = KVCacheGroup(SlidingWindowSpec(WINDOW), (0, 2))
 GROUPS = [FULL, SLIDING]
 
-
-def fresh_seed() -> int:
-    return int(np.random.default_rng().integers(1 << 30))
 
 
 def random_prompt(rng: np.random.Generator, length: int, vocab: int = 1000) -> list[int]:
@@ -91,7 +89,7 @@ def test_groups_split_to_equal_layer_counts() -> None:
 # -- the sliding-window manager and the coordinator --------------------------------------------
 
 def test_sliding_group_frees_blocks_outside_the_window() -> None:
-    rng = np.random.default_rng(fresh_seed())
+    rng = np.random.default_rng(draw_seed())
     coordinator = KVCacheCoordinator(64, BS, groups=GROUPS)
     null = coordinator.null_block.block_id
     request = make_request("a", random_prompt(rng, 100))
@@ -116,7 +114,7 @@ def test_sliding_group_frees_blocks_outside_the_window() -> None:
 def test_prefix_hit_is_the_longest_prefix_every_group_has_cached() -> None:
     """vLLM's rule: full attention needs every block of the prefix, the sliding group only
     the block(s) its window needs before the hit's end - the rest are the null block."""
-    rng = np.random.default_rng(fresh_seed())
+    rng = np.random.default_rng(draw_seed())
     coordinator = KVCacheCoordinator(64, BS, groups=GROUPS)
     null = coordinator.null_block
     prompt = random_prompt(rng, 100)
@@ -150,7 +148,7 @@ def test_prefix_hit_is_the_longest_prefix_every_group_has_cached() -> None:
 
 def test_allocation_is_all_or_nothing_across_groups() -> None:
     """The full group alone would fit, both groups do not: None, and nothing changed."""
-    rng = np.random.default_rng(fresh_seed())
+    rng = np.random.default_rng(draw_seed())
     coordinator = KVCacheCoordinator(12, BS, groups=GROUPS)  # 11 usable blocks
     request = make_request("a", random_prompt(rng, 96))
     before_free = [block.block_id for block in coordinator.pool.free_queue]
@@ -170,7 +168,7 @@ def test_released_blocks_count_as_free_for_the_check(usable: int) -> None:
     """A decode at position 64 needs block 4 in both groups and moves the window past
     block 2: with 1 free block the release makes room; with none it does not, and then
     nothing - not even the release - happens."""
-    rng = np.random.default_rng(fresh_seed())
+    rng = np.random.default_rng(draw_seed())
     coordinator = KVCacheCoordinator(usable + 1, BS, groups=GROUPS)
     request = make_request("a", random_prompt(rng, 64), max_tokens=100)
     compute(coordinator, request, 64, chunk=16)
@@ -187,7 +185,7 @@ def test_released_blocks_count_as_free_for_the_check(usable: int) -> None:
 
 def test_free_releases_every_group() -> None:
     """What preemption and finishing do: every block of every group goes back."""
-    rng = np.random.default_rng(fresh_seed())
+    rng = np.random.default_rng(draw_seed())
     coordinator = KVCacheCoordinator(40, BS, groups=GROUPS)
     a, b = make_request("a", random_prompt(rng, 70)), make_request("b", random_prompt(rng, 50))
     compute(coordinator, a, 70, chunk=24)
@@ -204,7 +202,7 @@ def test_scheduler_with_groups_preempts_and_recomputes_identically() -> None:
     """The real scheduler over a coordinator: a pool too small for all requests preempts,
     and every request's tokens equal those of an ample pool (the fake runner checks each
     request's full-attention context slots every step)."""
-    rng = np.random.default_rng(fresh_seed())
+    rng = np.random.default_rng(draw_seed())
     prompts = [random_prompt(rng, int(n)) for n in rng.integers(20, 90, 6)]
 
     def run(num_blocks: int) -> tuple[dict, int]:
@@ -249,7 +247,7 @@ def save_hybrid(folder: Path, seed: int, layer_types: list[str] = HYBRID_LAYERS)
 
 @pytest.fixture(scope="module")
 def hybrid_model(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    seed = fresh_seed()
+    seed = draw_seed()
     folder = tmp_path_factory.mktemp("hybrid")
     return folder, save_hybrid(folder, seed), seed
 

@@ -12,6 +12,7 @@ import pytest
 from octavo.kv.block import KVBlock
 from octavo.kv.manager import KVCacheManager
 from octavo.request import Request
+from octavo.testing.seeds import draw_seed
 from tests.core.scheduler_fakes import make_request
 
 BS = 4
@@ -143,7 +144,7 @@ def _step(world: _World, rng: random.Random, prefixes: list[list[int]], serial: 
 
 @pytest.mark.parametrize("enable_caching", [True, False])
 def test_random_operation_sequences_keep_invariants(enable_caching: bool) -> None:
-    seed = random.SystemRandom().randrange(2**32)
+    seed = draw_seed()
     print(f"seed={seed}")
     rng = random.Random(seed)
     for _ in range(4):

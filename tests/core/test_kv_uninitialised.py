@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from octavo.testing.seeds import draw_seed
 from tests.attention_cases import (
     DECODE_BATCH,
     MIXED_BATCH,
     NUM_KV_HEADS,
     dense_reference,
-    fresh_seed,
     make_case,
     run_backend,
 )
@@ -46,7 +46,7 @@ def poison_all_but_cached_prefixes(case, requests: list[tuple[int, int]], block_
                          ids=["mixed", "decodes", "both"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_garbage_in_unwritten_slots_never_reaches_the_output(requests, dtype) -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     block_size, num_heads, head_dim = 16, NUM_KV_HEADS * 3, 64
     case = make_case(requests, num_heads, head_dim, block_size, dtype, seed)
     poison_all_but_cached_prefixes(case, requests, block_size, seed)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from octavo import LLM, SamplingParams
+from octavo.testing.seeds import draw_seed
 
 from .tiny_models import EOS_ID, save_tiny_model
 
@@ -18,7 +19,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tiny-llama")
-    save_tiny_model("llama", folder, seed=int(np.random.default_rng().integers(1 << 30)))
+    save_tiny_model("llama", folder, seed=draw_seed())
     return folder
 
 
@@ -28,7 +29,7 @@ def make_llm(folder: Path, **kwargs) -> LLM:  # type: ignore[no-untyped-def]
 
 
 def shared_prefix_prompts(n: int, prefix_len: int, suffix_len: int) -> list[dict]:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(draw_seed())
     prefix = rng.integers(0, 256, prefix_len).tolist()
     return [{"prompt_token_ids": prefix + rng.integers(0, 256, suffix_len).tolist()}
             for _ in range(n)]
@@ -50,7 +51,7 @@ def test_prefix_caching_on_and_off_give_identical_outputs(tiny_llama: Path) -> N
 
 
 def test_preemption_keeps_outputs_identical(tiny_llama: Path) -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(draw_seed())
     prompts = [{"prompt_token_ids": rng.integers(0, 256, int(n)).tolist()}
                for n in rng.integers(20, 60, 10)]
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, prompt_logprobs=3)
@@ -160,7 +161,7 @@ def test_bad_input_is_named(tiny_llama: Path) -> None:
 def test_prompt_logprobs_match_hf_across_chunks(tmp_path: Path) -> None:
     import torch
 
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     hf = save_tiny_model("qwen2", tmp_path, seed)
     llm = make_llm(tmp_path, max_num_batched_tokens=16)  # a 50-token prompt takes 4 chunks
     prompt = np.random.default_rng(seed).integers(0, 256, 50).tolist()

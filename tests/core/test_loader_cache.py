@@ -15,7 +15,8 @@ import torch
 
 from octavo import paths
 from octavo.models.loader import gguf_cache, gguf_file, load_model_files
-from tests.core.loader_helpers import TinyGguf, fresh_seed
+from octavo.testing.seeds import draw_seed
+from tests.core.loader_helpers import TinyGguf
 from tests.core.test_loader_gguf import ALL_TYPES
 
 TEXT = "<|bos|>user\nhé 🙂 the<|eos|>"
@@ -30,7 +31,7 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def gguf(tmp_path: Path) -> tuple[Path, int]:
-    seed = fresh_seed()
+    seed = draw_seed()
     path = tmp_path / "tiny.gguf"
     TinyGguf(types=ALL_TYPES).write(path, np.random.default_rng(seed))
     return path, seed
@@ -110,7 +111,7 @@ def test_a_changed_file_gets_a_new_entry_and_the_old_one_goes(
     path, _ = gguf
     load_model_files(path)
     old_entry = gguf_cache.entry_path(path)
-    seed = fresh_seed()
+    seed = draw_seed()
     TinyGguf(tied=True).write(path, np.random.default_rng(seed))
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
     assert gguf_cache.entry_path(path) != old_entry

@@ -9,7 +9,8 @@ from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as GgmlType
 
 from octavo.models.loader.dequant import FLOAT_TYPES, SUPPORTED_TYPES, dequantize
-from tests.core.loader_helpers import fresh_seed, random_raw
+from octavo.testing.seeds import draw_seed
+from tests.core.loader_helpers import random_raw
 
 TYPES = sorted(SUPPORTED_TYPES, key=lambda t: t.value)
 
@@ -23,7 +24,7 @@ def test_supported_types_are_the_briefed_ones() -> None:
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
 def test_dequantize_matches_gguf_reference_bit_exactly(ggml_type: GgmlType) -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     rng = np.random.default_rng(seed)
     block_elems = GGML_QUANT_SIZES[ggml_type][0]
     # Several rows of several blocks, plus an odd row count, so row/block order matters.
@@ -46,7 +47,7 @@ def test_dequantize_decodes_large_tensors_in_chunks_identically() -> None:
     """More blocks than one decoding chunk: the chunk seams must not shift any value."""
     from octavo.models.loader import dequant
 
-    seed = fresh_seed()
+    seed = draw_seed()
     raw = random_raw(GgmlType.Q4_K, (dequant.CHUNK_BLOCKS + 5, 256), np.random.default_rng(seed))
     ours = dequantize(raw, GgmlType.Q4_K, (dequant.CHUNK_BLOCKS + 5, 256))
     reference = torch.from_numpy(quants.dequantize(raw, GgmlType.Q4_K))

@@ -13,7 +13,8 @@ from gguf import RopeScalingType
 from transformers import AutoModelForCausalLM
 
 from octavo.models.loader import ModelLoadError, load_model_files
-from tests.core.loader_helpers import TINY_CHAT_TEMPLATE, TinyGguf, fresh_seed
+from octavo.testing.seeds import draw_seed
+from tests.core.loader_helpers import TINY_CHAT_TEMPLATE, TinyGguf
 
 # Every supported type on some matrix, Q and K among them, so the unpermute sees each layout.
 ALL_TYPES = {
@@ -45,7 +46,7 @@ MODELS = {
 
 
 def write(tmp_path: Path, spec: TinyGguf, name: str = "tiny.gguf") -> tuple[Path, int]:
-    seed = fresh_seed()
+    seed = draw_seed()
     path = tmp_path / name
     spec.write(path, np.random.default_rng(seed))
     return path, seed

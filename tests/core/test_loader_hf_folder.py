@@ -13,14 +13,14 @@ import torch
 from tokenizers import Tokenizer
 
 from octavo.models.loader import ModelLoadError, load_model_files
-from tests.core.loader_helpers import fresh_seed
+from octavo.testing.seeds import draw_seed
 from tests.core.tiny_models import CHAT_TEMPLATE, make_tiny_model, tiny_tokenizer
 
 TEXTS = ["Hello, world!", "naïve café 日本語 😀", "def f(x):\n    return x * 2\n", "  spaced  "]
 
 
 def save(folder: Path, dtype: torch.dtype, max_shard_size: str | None = None):
-    seed = fresh_seed()
+    seed = draw_seed()
     model = make_tiny_model("llama", seed).to(dtype)
     if max_shard_size is None:
         model.save_pretrained(folder)

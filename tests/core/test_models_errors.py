@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from octavo.attention.torch_backend import TorchAttentionBackend
 from octavo.models.build import build_model
 from octavo.models.loader import ModelLoadError, load_model_files
+from octavo.testing.seeds import draw_seed
 
 from .tiny_models import save_tiny_model
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def tiny_folder(tmp_path: Path, arch: str = "llama") -> Path:
-    save_tiny_model(arch, tmp_path, seed=random.SystemRandom().randrange(2**32))
+    save_tiny_model(arch, tmp_path, seed=draw_seed())
     return tmp_path
 
 

@@ -4,8 +4,6 @@ rank's slice, checked with tp_size=2 without any process group)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -22,13 +20,14 @@ from octavo.models.layers.linear import (
 from octavo.models.layers.moe import FusedMoE
 from octavo.models.layers.rotary import rope_inv_freq
 from octavo.models.layers.weights import WeightShapeError
+from octavo.testing.seeds import draw_seed
 
 TP = 2
 
 
 @pytest.fixture
 def gen() -> torch.Generator:
-    return torch.Generator().manual_seed(random.SystemRandom().randrange(2**32))
+    return torch.Generator().manual_seed(draw_seed())
 
 
 @pytest.mark.parametrize("rope_scaling", [

@@ -21,6 +21,7 @@ from octavo.cpu.platform import CpuPlatform
 from octavo.models.base import CausalLM
 from octavo.models.build import build_model
 from octavo.models.loader import load_model_files
+from octavo.testing.seeds import draw_seed
 
 from .tiny_models import PAD_ID, TINY_ARCHS, VOCAB_SIZE, save_tiny_model
 
@@ -30,9 +31,6 @@ ATOL = 1e-4
 TIE_GAP = 1e-4
 NUM_NEW_TOKENS = 16
 
-
-def fresh_seed() -> int:
-    return random.SystemRandom().randrange(2**32)
 
 
 class PagedDriver:
@@ -98,7 +96,7 @@ def models(request, tmp_path_factory):
     """(arch, HF reference model, our fp32 model, weight seed, folder) for each tiny
     architecture."""
     arch = request.param
-    seed = fresh_seed()
+    seed = draw_seed()
     folder = tmp_path_factory.mktemp(arch)
     hf_model = save_tiny_model(arch, folder, seed)
     ours = build_model(load_model_files(folder), torch.float32, TorchAttentionBackend)
@@ -121,7 +119,7 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def test_one_flattened_batch_matches_hf(models):
     arch, hf_model, ours, weight_seed, _ = models
-    seed = fresh_seed()
+    seed = draw_seed()
     prompts = random_prompts([1, 6, 13, 29, 40], seed)
     logits = PagedDriver(ours, seed).step(dict(enumerate(prompts)))
     for seq, prompt in enumerate(prompts):
@@ -136,7 +134,7 @@ def test_chunked_prefill_matches_unsplit(models):
     """The prompts in two chunks, the second attending the cached first: same logits as in
     one go. Some second chunks are a single token, which takes the decode path."""
     arch, hf_model, ours, weight_seed, _ = models
-    seed = fresh_seed()
+    seed = draw_seed()
     rng = random.Random(seed)
     prompts = random_prompts([6, 13, 29, 40, 21], seed)
     splits = [len(prompts[0]) - 1, len(prompts[1]) - 1] + [rng.randrange(1, len(p) - 1)
@@ -157,7 +155,7 @@ def test_greedy_decode_matches_hf_generate(models):
     later ones are decode-only batches. Tokens must equal HF's; a divergence passes only at a
     numerical tie of HF's top-2 logits."""
     arch, hf_model, ours, weight_seed, _ = models
-    seed = fresh_seed()
+    seed = draw_seed()
     prompts = random_prompts([3, 9, 17, 30], seed)
     driver = PagedDriver(ours, seed)
     generated: dict[int, list[int]] = {seq: [] for seq in range(len(prompts))}
@@ -197,7 +195,7 @@ def test_bf16_close_to_hf_bf16(models):
     CpuPlatform.prepare_model(ours, torch.bfloat16)  # as the engine does on the CPU
     assert {param.dtype for param in ours.parameters()} == {torch.bfloat16}
     hf_bf16 = copy.deepcopy(hf_model).to(torch.bfloat16)
-    seed = fresh_seed()
+    seed = draw_seed()
     prompts = random_prompts([7, 30], seed)
     logits = PagedDriver(ours, seed).step(dict(enumerate(prompts)))
     for seq, prompt in enumerate(prompts):

@@ -9,7 +9,6 @@ rank (expert parallelism) and every expert's intermediate dim sliced (tensor par
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from octavo.models.layers.moe import (
     select_experts,
 )
 from octavo.models.loader import ModelLoadError, load_model_files
+from octavo.testing.seeds import draw_seed
 
 from .tiny_models import save_tiny_model
 
@@ -57,7 +57,7 @@ class PassThroughCommunicator:
 
 @pytest.fixture
 def gen() -> torch.Generator:
-    return torch.Generator().manual_seed(random.SystemRandom().randrange(2**32))
+    return torch.Generator().manual_seed(draw_seed())
 
 
 def hf_expert_weights(gen: torch.Generator, num_experts: int = NUM_EXPERTS,
@@ -215,7 +215,7 @@ def build_at_rank_1_of_2(folder: Path):
 def test_tiny_mixtral_loads_only_its_experts_at_rank_1_of_2(tmp_path):
     """Rank 1 holds experts 2 and 3 of 4: the whole checkpoint and one without experts 0
     and 1 load the same experts; one without expert 3 is missing weights."""
-    save_tiny_model("mixtral", tmp_path, seed=random.SystemRandom().randrange(2**32))
+    save_tiny_model("mixtral", tmp_path, seed=draw_seed())
     whole = build_at_rank_1_of_2(tmp_path)
     checkpoint = drop_experts(tmp_path, range(0, 2))
     without_rank_0 = build_at_rank_1_of_2(tmp_path)

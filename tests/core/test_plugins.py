@@ -3,6 +3,7 @@ installed with pip into a throw-away folder, and the ``octavo`` CLI in subproces
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
@@ -10,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from octavo.plugins import PluginHost, Registries, Registry, RegistryError, hookimpl
@@ -18,6 +18,7 @@ from octavo.plugins.api_version import PLUGIN_API_VERSION
 from octavo.plugins.manager import core_version_problem
 from octavo.request import Request
 from octavo.sampling_params import SamplingParams
+from octavo.testing.seeds import draw_seed
 
 from ..helpers import run_octavo
 from .tiny_models import save_tiny_model
@@ -165,7 +166,7 @@ def test_in_repo_plugins_declare_the_current_api() -> None:
 def test_scheduler_and_kv_manager_named_by_the_config_are_used(
     fixture_site: Path, tmp_path: Path
 ) -> None:
-    save_tiny_model("llama", tmp_path, seed=int(np.random.default_rng().integers(1 << 30)))
+    save_tiny_model("llama", tmp_path, seed=draw_seed())
     result = run_octavo("generate", "--raw", "hello", "--model", str(tmp_path),
                         "--max-tokens", "4", "--scheduler-cls", "counting",
                         "--kv-manager", "counting", site=fixture_site)
@@ -226,9 +227,12 @@ def test_a_deprecated_plugin_api_name_warns_and_still_works(
 ) -> None:
     import octavo.plugin_api as api
 
-    monkeypatch.setitem(api._DEPRECATED, "OldPlatform", ("Platform", "2.0"))
-    with pytest.warns(DeprecationWarning, match="use octavo.plugin_api.Platform"):
-        assert api.OldPlatform is api.Platform
+    monkeypatch.setitem(api._DEPRECATED, "OldPlatform",
+                        ("octavo.platforms:Platform", "octavo.plugin_api.Platform", "2.0"))
+    for _ in range(2):  # every access warns
+        with pytest.warns(DeprecationWarning, match="goes in plugin API 2.0; use "
+                                                    "octavo.plugin_api.Platform"):
+            assert api.OldPlatform is api.Platform
     with pytest.raises(AttributeError, match=f"plugin API {api.PLUGIN_API_VERSION}"):
         api.NoSuchName  # noqa: B018
 
@@ -238,3 +242,21 @@ def test_every_plugin_api_name_resolves() -> None:
 
     for name in api.__all__:
         assert getattr(api, name) is not None, name
+    for name, (_, instead, _) in api._DEPRECATED.items():
+        with pytest.warns(DeprecationWarning, match=re.escape(instead)):
+            assert getattr(api, name) is not None, name
+        assert name not in api.__all__
+
+
+def test_plugin_api_type_view_agrees_with_the_run_time_exports() -> None:
+    """The ``TYPE_CHECKING`` imports (what mypy sees) name exactly the exported names, each
+    from the module and attribute ``_EXPORTS`` resolves it to at run time."""
+    import octavo.plugin_api as api
+
+    tree = ast.parse(Path(api.__file__).read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If)
+                 and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+    typed = {alias.asname or alias.name: f"{node.module}:{alias.name}"
+             for node in block.body if isinstance(node, ast.ImportFrom)
+             for alias in node.names}
+    assert typed == api._EXPORTS

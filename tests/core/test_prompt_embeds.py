@@ -17,8 +17,9 @@ import torch
 from octavo import LLM, SamplingParams
 from octavo.block_hash import update_block_hashes
 from octavo.config import ConfigError, EngineConfig
-from octavo.engine.processor import InvalidRequestError
+from octavo.engine.errors import InvalidRequestError
 from octavo.request import Request
+from octavo.testing.seeds import draw_seed
 
 from .tiny_models import save_tiny_model
 
@@ -31,7 +32,7 @@ BLOCK = 16
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Tensor]:
     """A tiny random Llama folder and HF's embedding matrix of the same weights."""
     folder = tmp_path_factory.mktemp("tiny-llama")
-    hf = save_tiny_model("llama", folder, seed=int(np.random.default_rng().integers(1 << 30)))
+    hf = save_tiny_model("llama", folder, seed=draw_seed())
     return folder, hf.model.embed_tokens.weight.detach().clone()
 
 
@@ -49,7 +50,7 @@ def make_llm(folder: Path, **kwargs) -> LLM:  # type: ignore[no-untyped-def]
 
 
 def random_prompts(lengths: list[int]) -> list[list[int]]:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(draw_seed())
     return [rng.integers(0, 256, n).tolist() for n in lengths]
 
 
@@ -86,7 +87,8 @@ def test_half_precision_embeddings_are_their_float32_values(
 
 def test_preemption_recomputes_from_the_embeddings(tiny: tuple[Path, torch.Tensor]) -> None:
     folder, weight = tiny
-    prompts = random_prompts([int(n) for n in np.random.default_rng().integers(20, 40, 4)])
+    lengths = np.random.default_rng(draw_seed()).integers(20, 40, 4)
+    prompts = random_prompts([int(n) for n in lengths])
     params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     ample = make_llm(folder).generate([{"prompt_token_ids": p} for p in prompts], params,
                                       use_tqdm=False)
@@ -117,7 +119,7 @@ def test_prefix_cache_shares_identical_embeddings_only(tiny: tuple[Path, torch.T
 
 
 def test_block_hashes_of_embeddings() -> None:
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(draw_seed())
     embeds = rng.standard_normal((40, 8)).astype(np.float32)
 
     def hashes(prompt_embeds: np.ndarray | None, outputs: list[int]) -> list[bytes]:

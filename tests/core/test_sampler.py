@@ -1,7 +1,7 @@
 """The batched sampler against straightforward references: exact distributions (chi-square),
 per-row Python implementations of the logits processors and penalties, and log_softmax.
 
-Inputs are fresh random each run; every assertion message carries the seed to replay it.
+Inputs are random from a seed of each test; every assertion message carries it.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from octavo.sample.processors import apply_logits_processors
 from octavo.sample.sampler import ARGMAX_BLOCK, Sampler, draw_tokens, greedy_argmax
 from octavo.sample.topk_topp import NUM_CANDIDATES, _sort_and_truncate, apply_top_k_top_p
 from octavo.sampling_params import SamplingParams, SamplingType
+from octavo.testing.seeds import draw_seed
 
 NUM_DRAWS = 20_000
 P_VALUE_MIN = 1e-4  # a true distribution fails by chance 0.01% of the time per test
@@ -90,7 +91,7 @@ def metadata_from_params(
 @pytest.fixture
 def seed() -> int:
     """Fresh entropy each run; seeds torch and is quoted in failure messages."""
-    value = random.SystemRandom().randrange(2**32)
+    value = draw_seed()
     torch.manual_seed(value)
     return value
 

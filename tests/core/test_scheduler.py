@@ -14,6 +14,7 @@ from octavo.plugins import RegistryError, get_registries
 from octavo.request import RequestStatus
 from octavo.sched.policy import PriorityPolicy
 from octavo.sched.scheduler import Scheduler
+from octavo.testing.seeds import draw_seed
 from tests.core.scheduler_fakes import FakeRunner, make_request, make_scheduler, run_to_completion
 
 BS = 4
@@ -27,7 +28,7 @@ def _scheduler(**overrides) -> Scheduler:
 
 
 def _fresh_rng() -> tuple[int, random.Random]:
-    seed = random.SystemRandom().randrange(2**32)
+    seed = draw_seed()
     print(f"seed={seed}")
     return seed, random.Random(seed)
 

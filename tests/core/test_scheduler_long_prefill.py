@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from octavo.config import ConfigError, EngineConfig
 from octavo.entrypoints.engine_args import build_config, engine_options
 from octavo.outputs import SchedulerOutput
+from octavo.testing.seeds import draw_seed
 from tests.core.scheduler_fakes import FakeRunner, make_request, make_scheduler, run_to_completion
 
 BS = 4
@@ -36,7 +37,7 @@ def _requests(seed: int):
 
 
 def test_no_request_takes_more_than_the_threshold_in_a_step() -> None:
-    seed = random.SystemRandom().randrange(2**32)
+    seed = draw_seed()
     threshold = random.Random(seed).randrange(1, 40)
     print(f"seed={seed} threshold={threshold}")
     biggest: list[int] = []
@@ -54,7 +55,7 @@ def test_no_request_takes_more_than_the_threshold_in_a_step() -> None:
 def test_a_long_prompt_leaves_the_budget_to_a_new_one() -> None:
     """Off, the 300-token prompt takes the whole budget of 64 for five steps; with a
     threshold of 16 the short prompt behind it is admitted in the first step."""
-    rng = random.Random(random.SystemRandom().randrange(2**32))
+    rng = random.Random(draw_seed())
     long_prompt = [rng.randrange(1000) for _ in range(300)]
     short_prompt = [rng.randrange(1000) for _ in range(10)]
     for threshold, first_step in ((0, {"long": 64}), (16, {"long": 16, "short": 10})):

@@ -6,30 +6,26 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from octavo.engine.serial import (
-    Decoder,
-    Encoder,
-    EngineCoreOutputs,
-    OutputKind,
-    RequestKind,
-    UtilityCall,
-    UtilityResult,
-)
+from octavo.engine.serial import Decoder, Encoder, OutputKind, RequestKind
 from octavo.outputs import (
     EngineCoreEvent,
     EngineCoreEventType,
     EngineCoreOutput,
+    EngineCoreOutputs,
     LogprobsLists,
     SchedulerStats,
+    UtilityCall,
+    UtilityResult,
 )
 from octavo.request import Request
 from octavo.sampling_params import SamplingParams
 from octavo.stats import PrefixCacheStats
+from octavo.testing.seeds import draw_seed
 
 
 @pytest.fixture
 def rng() -> tuple[np.random.Generator, int]:
-    seed = int(np.random.default_rng().integers(1 << 31))
+    seed = draw_seed()
     return np.random.default_rng(seed), seed
 
 

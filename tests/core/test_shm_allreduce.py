@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from octavo.cpu.shm_allreduce import ShmCommunicator
 from octavo.distributed.state import ProcessGroupCommunicator
-from octavo.executor.multiproc import free_port
+from octavo.net import free_port
+from octavo.testing.seeds import draw_seed
 
 MAX_BYTES = 256 << 10
 JOIN_TIMEOUT_S = 180
@@ -164,7 +165,7 @@ def expected(seed: int, index: int, call: Call, world: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_collectives_match_the_dense_reference(world: int, tmp_path: Path) -> None:
-    seed = random.randrange(1 << 30)
+    seed = draw_seed()
     results = run_ranks(world, "plan", seed, tmp_path)
     calls = plan(seed)
     for index, call in enumerate(calls):
@@ -184,7 +185,7 @@ def test_collectives_match_the_dense_reference(world: int, tmp_path: Path) -> No
 
 def test_a_late_peer_is_waited_for_and_an_absent_one_raises(tmp_path: Path) -> None:
     world = 3
-    seed = random.randrange(1 << 30)
+    seed = draw_seed()
     results = run_ranks(world, "late_then_absent", seed, tmp_path)
     want = expected(seed, 0, Call((16, 576), torch.float32), world)
     assert all(torch.equal(result["first"], want) for result in results)

@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from octavo.executor.shm_queue import MessageQueue, QueueClosed, QueueHandle
+from octavo.testing.seeds import draw_seed
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -56,7 +57,7 @@ def _digest(payload: bytes) -> str:
 def _random_payloads(count: int) -> list[bytes]:
     """Random bytes of random sizes, a quarter past the chunk (overflow), with the edges.
     The first overflows: it is sent before any reader can have subscribed (a slow joiner)."""
-    rng = random.Random()
+    rng = random.Random(draw_seed())
     sizes = [0, 1, CHUNK, CHUNK + 1]
     sizes += [rng.randrange(CHUNK + 1, 5 * CHUNK) if rng.random() < 0.25
               else rng.randrange(CHUNK + 1) for _ in range(count - 1 - len(sizes))]

@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
@@ -34,6 +33,8 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
 )
+
+from octavo.testing.seeds import draw_seed
 
 TINY_ARCHS = ("llama", "qwen2", "qwen3", "mistral", "mixtral")
 
@@ -151,6 +152,6 @@ class TinyModel:
 def fresh_tiny_llama(folder: Path) -> TinyModel:
     """A tiny Llama with freshly drawn random weights, saved to ``folder`` (served or loaded
     by engines in other processes, hence a folder rather than a model object)."""
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     save_tiny_model("llama", folder, seed=seed)
     return TinyModel(folder, seed)

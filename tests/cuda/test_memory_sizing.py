@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from octavo.plugin_api import num_kv_blocks
 from octavo_triton.memory_profile import (
     GIB,
     MemoryProfile,
     kv_cache_budget,
-    num_kv_blocks,
     profile_step,
 )
 
@@ -36,8 +36,10 @@ def test_no_room_says_what_to_change() -> None:
 
 def test_whole_blocks_only() -> None:
     assert num_kv_blocks(10 * 1024 + 5, 1024) == 10
-    with pytest.raises(ValueError, match="holds no block"):
+    with pytest.raises(ValueError, match="holds no block of 1024 bytes; raise --kv-cache-memory"):
         num_kv_blocks(1000, 1024)
+    with pytest.raises(ValueError, match="raise --gpu-memory-utilization"):
+        num_kv_blocks(1000, 1024, flag="--gpu-memory-utilization")
 
 
 @pytest.mark.parametrize(("batched", "seqs", "model_len", "lens"), [

@@ -22,6 +22,8 @@ from typing import Any
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from octavo.net import free_port
+
 HOST = "127.0.0.1"
 API_KEY = "test-key"
 # One compute thread per process: on a shared machine, torch's threads contending for busy
@@ -29,11 +31,6 @@ API_KEY = "test-key"
 ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1"}
 READY_TIMEOUT_S = 180  # launch to healthy, on a loaded 2-core machine
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def port_is_free(port: int) -> bool:

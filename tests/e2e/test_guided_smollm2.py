@@ -11,11 +11,11 @@ import re
 from collections.abc import Callable
 
 import jsonschema
-import numpy as np
 import pytest
 
 from octavo import LLM, SamplingParams
 from octavo.sampling_params import StructuredOutputsParams as S
+from octavo.testing.seeds import draw_seed
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +94,7 @@ def _prompt(name: str, index: int) -> str:
 
 
 def test_every_output_satisfies_its_constraint(llm: LLM) -> None:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     prompts, params, names = [], [], []
     for name, (constraint, _) in CASES.items():
         for i in range(PER_CONSTRAINT):

@@ -1,6 +1,6 @@
 """Whatever fails inside the server reaches the client as an OpenAI-shaped error: a 500 that
 names the exception's class and no traceback, address or path (the traceback goes to the
-log), or a 400 when the request's own content is to blame (RELIABILITY-PROBE D9)."""
+log), or a 400 when the request's own content is to blame."""
 
 from __future__ import annotations
 

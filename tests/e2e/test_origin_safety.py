@@ -1,5 +1,5 @@
-"""What a web page in a browser can do to a server on its user's machine (RELIABILITY-PROBE
-D13, D15), against real servers: a cross-site "simple" POST (text/plain or no Content-Type)
+"""What a web page in a browser can do to a server on its user's machine, against real
+servers: a cross-site "simple" POST (text/plain or no Content-Type)
 is refused with 415, a rebound host name with 400, CORS answers only the origins given, and
 with an API key the API documentation needs the key too."""
 

@@ -21,6 +21,7 @@ import pytest
 from openai import OpenAI
 
 from octavo import LLM, SamplingParams
+from octavo.testing.seeds import draw_seed
 
 from .conftest import TINY_SERVER_ARGS, TinyModel
 from .server import HOST, ONE_THREAD_ENV, Server, free_port
@@ -98,7 +99,7 @@ def deployment(tiny_model: TinyModel, tmp_path: Path) -> Iterator[tuple[Server, 
 def test_proxy_streams_decode_answers_and_survives_losing_prefill(
         tiny_model: TinyModel, deployment: tuple[Server, Server, ProxyProcess]) -> None:
     prefill, decode, proxy = deployment
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     rng = np.random.default_rng(seed)
     why = f"model seed {tiny_model.seed}, prompt seed {seed}"
     # Byte-level tokenizer: 40-90 characters are that many prompt tokens (several blocks).

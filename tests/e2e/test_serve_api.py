@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 from openai import OpenAI
 from transformers import AutoTokenizer
 
 from octavo import LLM, SamplingParams, __version__
+from octavo.testing.seeds import draw_seed
 
 from .conftest import TinyModel
 from .server import API_KEY, Server
@@ -76,7 +76,7 @@ def test_chat_goes_through_the_chat_template(client: OpenAI, model: str, tokeniz
 
 
 def test_n_and_seed(client: OpenAI, model: str, tiny_model: TinyModel) -> None:
-    seed = int(np.random.default_rng().integers(1 << 31))
+    seed = draw_seed()
     args = dict(model=model, prompt="Pick", max_tokens=16, temperature=1.0, n=2, logprobs=0,
                 extra_body={"ignore_eos": True})
     first = client.completions.create(seed=seed, **args)
@@ -135,7 +135,7 @@ def test_stop_string_ends_the_text_and_is_never_streamed(
         client: OpenAI, model: str, tokenizer: Any, tiny_model: TinyModel) -> None:
     # logit_bias confines the random model to "abc " so that stop strings are easy to find.
     bias = {str(tokenizer.encode(ch, add_special_tokens=False)[0]): 100 for ch in "abc "}
-    seed = int(np.random.default_rng().integers(1 << 31))
+    seed = draw_seed()
     args = dict(model=model, prompt="letters:", max_tokens=40, temperature=1.0, seed=seed,
                 logit_bias=bias, extra_body={"ignore_eos": True})
     context = f"seed {seed}, model seed {tiny_model.seed}"

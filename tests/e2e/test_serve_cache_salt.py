@@ -11,6 +11,8 @@ import openai
 import pytest
 from openai import OpenAI
 
+from octavo.testing.seeds import draw_seed
+
 from .conftest import TinyModel
 from .server import Server
 
@@ -20,7 +22,7 @@ GREEDY = {"temperature": 0.0, "max_tokens": 2}
 def test_completions_share_blocks_only_under_one_salt(client: OpenAI, tiny_model: TinyModel,
                                                       tiny_server: Server) -> None:
     model = str(tiny_model.folder)
-    prompt = np.random.default_rng().integers(0, 256, 40).tolist()  # 2 full blocks of 16
+    prompt = np.random.default_rng(draw_seed()).integers(0, 256, 40).tolist()  # 2 full blocks of 16
     salt_a, salt_b = f"a-{uuid.uuid4()}", f"b-{uuid.uuid4()}"
 
     def new_hits(**salt: str) -> float:

@@ -64,8 +64,8 @@ CASES: list[tuple[str, str, Any, int, str | None, str]] = [
      "does not exist"),
     ("chat-beyond-context", CHAT, {"messages": USER, "max_completion_tokens": 5000}, 400,
      None, "exceeds the context length"),
-    # Values that passed the front end and killed the engine core at bbec36b (RELIABILITY-PROBE
-    # D2, D3, D5, D9): each is now refused in the front end, and the engine lives on.
+    # Values that once passed the front end and killed the engine core: each is now refused
+    # in the front end, and the engine lives on.
     ("top-k-past-int64", COMPLETIONS, {"prompt": "hi", "top_k": 2**63}, 400, None,
      "top_k must be between -1 and 9223372036854775807"),
     ("top-k-past-uint64", COMPLETIONS, {"prompt": "hi", "top_k": 2**64}, 400, None, "top_k"),
@@ -114,7 +114,7 @@ def test_bad_request_then_a_good_one(tiny_server: Server, tiny_model: TinyModel,
     assert ok == 200 and answer["usage"]["completion_tokens"] >= 1, answer
 
 
-# Odd but valid values that reach the kernels (probe D4: a subnormal top_p was flushed to 0
+# Odd but valid values that reach the kernels (a subnormal top_p was flushed to 0
 # by fast-math kernels and killed the engine): each is served, and the engine lives on.
 ODD_BUT_VALID = [{"top_p": 1e-310, "temperature": 1.0}, {"top_p": 5e-324},
                  {"repetition_penalty": 1e300}, {"repetition_penalty": 1e-300},
@@ -150,7 +150,7 @@ def test_unknown_route_is_404_in_openai_shape(tiny_server: Server) -> None:
 
 def test_refused_requests_leave_nothing_waiting(tiny_model: TinyModel,
                                                 tmp_path: Path) -> None:
-    """RELIABILITY-PROBE D5: requests that failed after registration leaked their state, and
+    """Requests that failed after registration leaked their state, and
     with --max-waiting-requests N, N of them made the server answer 503 to everyone."""
     server = start_tiny_server(tiny_model, tmp_path, "--max-waiting-requests", "2")
     try:

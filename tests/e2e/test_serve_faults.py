@@ -1,4 +1,4 @@
-"""Faults the server must make visible and final (probe D10, D11): the engine core killed
+"""Faults the server must make visible and final: the engine core killed
 (streams end with an error; the server exits non-zero, or restarts the engine with
 --restart-engine) and SIGTERM during a stream (an error event and [DONE] once the
 shutdown timeout is up; a short request finishes normally meanwhile)."""

@@ -1,6 +1,6 @@
 """What one client can hold is bounded: body size (413) and time (408), header size (431),
 time to send a request head, and the number of open connections - and while clients push
-against each limit, /health keeps answering at once (probe D7, D8, D14)."""
+against each limit, /health keeps answering at once."""
 
 from __future__ import annotations
 

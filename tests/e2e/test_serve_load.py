@@ -9,6 +9,8 @@ import time
 import numpy as np
 from openai import AsyncOpenAI
 
+from octavo.testing.seeds import draw_seed
+
 from .conftest import TinyModel
 from .server import API_KEY, Server
 
@@ -67,7 +69,7 @@ def wait_for_idle_engine(server: Server, timeout: float) -> dict[str, float]:
 def test_concurrent_streams_and_disconnects(tiny_server: Server,
                                             tiny_model: TinyModel) -> None:
     model = str(tiny_model.folder)
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(draw_seed())
     max_tokens = [int(n) for n in rng.integers(8, 48, NUM_STREAMS)]
     prompts = [f"client {i}: " + "word " * int(rng.integers(1, 30)) for i in range(NUM_STREAMS)]
     before = tiny_server.metrics()

@@ -1,4 +1,4 @@
-"""The API's event loop stays responsive (RELIABILITY-PROBE D7): tokenizing megabytes of
+"""The API's event loop stays responsive: tokenizing megabytes of
 prompt, chat templates and schema checks run on processing threads while ``/health`` keeps
 answering; a schema too deep or a constraint too long is refused at once, naming the limit;
 and a client that leaves while its request is processed leaves no engine work behind."""

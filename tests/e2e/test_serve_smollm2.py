@@ -57,7 +57,7 @@ def test_greedy_output_equals_offline_llm(smol_server: Server) -> None:
 
 
 def test_a_prompt_the_tokenizer_empties_is_refused(smol_server: Server) -> None:
-    """RELIABILITY-PROBE D1: SmolLM2's tokenizer drops "\u0004"; that prompt of no tokens
+    """SmolLM2's tokenizer drops "\u0004"; that prompt of no tokens
     killed the engine core at bbec36b. Now a 400, and the engine serves on."""
     smol_server.wait_ready(timeout=600)
     status, _, payload = smol_server.request("POST", "/v1/completions",

@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from octavo.testing.seeds import draw_seed
 from tests.core.tiny_models import save_tiny_model
 
 SHARED_PREFIX = list(range(40, 60))
@@ -77,7 +77,7 @@ def cli_generate(folder: Path, backend: str) -> subprocess.CompletedProcess[str]
 def tiny_model(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, str]:
     """llama: llama3 rope scaling; qwen3: GQA, per-head q/k norms, head_dim 32 != hidden /
     heads, tied embeddings. Fresh random weights; the seed goes into assert messages."""
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     save_tiny_model(request.param, tmp_path, seed)
     return tmp_path, f"{request.param} seed {seed}"
 

@@ -1,17 +1,17 @@
 """The NKI emulator (octavo_neuron.nki_emulator): kernels that break a hardware rule fail
 with an error naming the rule, the tensor and the kernel line; legal kernels compute what
-NKI's semantics say. Inputs are random from fresh seeds (named in failure messages)."""
+NKI's semantics say. Inputs are random from seeds named in failure messages."""
 
 from __future__ import annotations
 
 import importlib.util
-import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from octavo.testing.seeds import draw_seed
 from octavo_neuron import nki as shim
 from octavo_neuron.nki_emulator import NkiRuleError, isa, jit, language
 
@@ -28,7 +28,7 @@ def line_of(marker: str) -> str:
 
 
 def fresh(*shape: int) -> tuple[np.ndarray, int]:
-    seed = random.SystemRandom().randrange(2**32)
+    seed = draw_seed()
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=gen).numpy(), seed
 

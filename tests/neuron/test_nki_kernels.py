@@ -10,8 +10,6 @@ attention).
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -20,6 +18,7 @@ from octavo.models.config import RopeConfig
 from octavo.models.layers.activation import SiluAndMul
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.rotary import RotaryEmbedding
+from octavo.testing.seeds import draw_seed
 from octavo_neuron.kernels import (
     paged_attention,
     rms_norm,
@@ -45,7 +44,7 @@ LONG_BATCH = [(250, 1), (129, 1), (140, 20), (0, 150)]
 
 
 def fresh_generator() -> tuple[torch.Generator, int]:
-    seed = random.SystemRandom().randrange(2**32)
+    seed = draw_seed()
     return torch.Generator().manual_seed(seed), seed
 
 

@@ -41,8 +41,9 @@ import ray
 from octavo.config import ConfigError
 from octavo.cpu.threads import THREADS_BIND_ENV
 from octavo.executor.base import WorkerDiedError
-from octavo.executor.multiproc import free_port
+from octavo.net import free_port
 from octavo.sampling_params import SamplingParams
+from octavo.testing.seeds import draw_seed
 
 from ..core.tiny_models import save_tiny_model
 from .engines import generate, make_llm, max_logprob_gap
@@ -240,7 +241,7 @@ def main() -> None:
     if sys.argv[1:2] == [HOLD]:
         hold(sys.argv[2])
         return
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(draw_seed())
     seed = int(rng.integers(1 << 30))
     results: dict[str, Any] = {"seed": seed}
     with tempfile.TemporaryDirectory(prefix="ray-llama-") as folder, private_ray_tmpdir():

@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from octavo.testing.seeds import draw_seed
+
 from ..core.tiny_models import save_tiny_model
 from .engines import max_logprob_gap, one_thread, run
 from .test_tensor_parallel import LOGPROB_TOLERANCE, random_prompts
@@ -14,7 +16,7 @@ from .test_tensor_parallel import LOGPROB_TOLERANCE, random_prompts
 
 @pytest.mark.parametrize("expert_parallel", [True, False])
 def test_mixtral_tp2_matches_one_rank(tmp_path, expert_parallel: bool) -> None:  # type: ignore[no-untyped-def]
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     save_tiny_model("mixtral", tmp_path, seed, num_local_experts=8)
     prompts = random_prompts(np.random.default_rng(seed), 6)
     with one_thread():

@@ -21,6 +21,7 @@ import pytest
 
 from octavo import LLM, SamplingParams
 from octavo.sampling_params import StructuredOutputsParams as S
+from octavo.testing.seeds import draw_seed
 
 from ..core.tiny_models import save_tiny_model
 from ..structured.test_llm_tiny import SCHEMA
@@ -32,7 +33,7 @@ ENGINE = dict(dtype="float32", max_model_len=160, max_num_batched_tokens=64, see
 
 @pytest.fixture(scope="module")
 def seed() -> int:
-    return int(np.random.default_rng().integers(1 << 30))
+    return draw_seed()
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import pytest
 
 from octavo.bench.workloads import build_workload
 from octavo.models.loader import default_model_path
+from octavo.testing.seeds import draw_seed
 
 from ..core.tiny_models import save_tiny_model
 from .engines import max_logprob_gap, one_thread, run
@@ -35,7 +36,7 @@ def test_default_model_pipeline_matches_one_rank(default_reference, pp: int) -> 
 
 
 def test_tensor_by_pipeline_on_tiny_llama(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     save_tiny_model("llama", tmp_path, seed, num_hidden_layers=4)
     prompts = random_prompts(np.random.default_rng(seed), 6)
     with one_thread():

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from octavo import plugins
+from octavo.testing.seeds import draw_seed
 
 from ..core.tiny_models import save_tiny_model
 from .engines import one_thread, run
@@ -56,7 +57,7 @@ def save_as(architecture: str, folder: Path, seed: int) -> Path:
 
 
 def test_plugin_model_serves_at_tp2(plugin_site: Path, tmp_path: Path) -> None:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     plain = tmp_path / "plain"
     save_tiny_model("llama", plain, seed)
     negated = save_as("NegatedLlamaForCausalLM", tmp_path / "negated", seed)

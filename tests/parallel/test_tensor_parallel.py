@@ -16,6 +16,7 @@ import pytest
 
 from octavo.bench.workloads import build_workload
 from octavo.models.loader import default_model_path
+from octavo.testing.seeds import draw_seed
 
 from ..core.tiny_models import save_tiny_model
 from .engines import max_logprob_gap, one_thread, run
@@ -30,7 +31,7 @@ def random_prompts(rng: np.random.Generator, count: int, vocab: int = 256) -> li
 @pytest.fixture(scope="module")
 def llama_8q_4kv(tmp_path_factory: pytest.TempPathFactory) -> str:
     folder = tmp_path_factory.mktemp("llama-8q-4kv")
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     save_tiny_model("llama", folder, seed, num_attention_heads=8, num_key_value_heads=4,
                     head_dim=8)
     return str(folder)
@@ -38,7 +39,7 @@ def llama_8q_4kv(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_llama_tensor_parallel_matches_one_rank(llama_8q_4kv: str, tp: int) -> None:
-    prompts = random_prompts(np.random.default_rng(), 6)
+    prompts = random_prompts(np.random.default_rng(draw_seed()), 6)
     with one_thread():
         reference = run(llama_8q_4kv, prompts, 24)
     parallel = run(llama_8q_4kv, prompts, 24, tensor_parallel_size=tp)
@@ -47,7 +48,7 @@ def test_llama_tensor_parallel_matches_one_rank(llama_8q_4kv: str, tp: int) -> N
 
 
 def test_replicated_kv_heads_qwen3_tp4(tmp_path: Path) -> None:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     save_tiny_model("qwen3", tmp_path, seed, num_attention_heads=8, num_key_value_heads=2)
     prompts = random_prompts(np.random.default_rng(seed), 6)
     with one_thread():

@@ -31,7 +31,8 @@ def test_serve_exits_2_saying_no_rocm_here() -> None:
     assert "not a HIP build (torch.version.hip is None)" in result.stderr
 
 
-def test_runs_models_with_the_triton_backend_and_gpu_worker() -> None:
+def test_the_platform_names_the_triton_backend_and_the_gpu_worker() -> None:
+    """The platform's names resolve (the worker itself needs an AMD GPU)."""
     from octavo_triton.backend import TritonAttentionBackend
     from octavo_triton.gpu_worker import GpuWorker
 

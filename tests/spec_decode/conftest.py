@@ -1,19 +1,19 @@
-"""Fixtures the speculative-decoding tests share: a fresh seed per module and a tiny random
+"""Fixtures the speculative-decoding tests share: a seed per module and a tiny random
 Llama target built from it (print the seed in assert messages to reproduce a failure)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from octavo.testing.seeds import draw_seed
 from tests.core.tiny_models import save_tiny_model
 
 
 @pytest.fixture(scope="module")
 def seed() -> int:
-    return int(np.random.default_rng().integers(1 << 30))
+    return draw_seed()
 
 
 @pytest.fixture(scope="module")

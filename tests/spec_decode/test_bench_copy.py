@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from octavo.bench.chat_task import INSTRUCTIONS, chat_prompts
 from octavo.bench.copy_task import INSTRUCTION, PASSAGES, copy_prompts
 from octavo.bench.datasets import DatasetError, chat_requests
 from octavo.models.loader import load_model_files
+from octavo.testing.seeds import draw_seed
 from tests.core.tiny_models import save_tiny_model
 from tests.helpers import run_octavo
 
@@ -46,7 +46,7 @@ def test_chat_prompts_hold_each_instruction_in_the_chat_template(tmp_path: Path)
 
 
 def test_bench_latency_reports_acceptance(tmp_path: Path) -> None:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     save_tiny_model("llama", tmp_path / "model", seed=seed)
     out = tmp_path / "latency.json"
     result = run_octavo(

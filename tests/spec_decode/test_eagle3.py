@@ -2,7 +2,7 @@
 against a dense reference built from the published tensors, the published layout and its
 errors, and in the engine - with chunked prefill - greedy outputs token-identical to no
 speculation while every draft is the one a dense re-run of the chain makes; then
-``octavo spec train --method eagle3`` end to end. Tiny random models, fresh seeds."""
+``octavo spec train --method eagle3`` end to end. Tiny random models."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import pytest
 
 from octavo.kv.manager import KVCacheManager
 from octavo.request import Request
+from octavo.testing.seeds import draw_seed
 from tests.core.test_kv_manager import BS, NUM_BLOCKS, _step, _World
 
 K = 4
@@ -45,7 +46,7 @@ def _speculate(world: _World, rng: random.Random, request: Request) -> None:
 
 @pytest.mark.parametrize("enable_caching", [True, False])
 def test_drafts_rollbacks_and_releases_keep_invariants(enable_caching: bool) -> None:
-    seed = random.SystemRandom().randrange(2**32)
+    seed = draw_seed()
     rng = random.Random(seed)
     for _ in range(3):
         world = _World(KVCacheManager(NUM_BLOCKS, BS, enable_caching=enable_caching))

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from octavo import LLM, SamplingParams
-from octavo.worker.spec.proposer import ProposeInputs, Proposer
+from octavo.testing.seeds import draw_seed
+from octavo.worker.spec_decode.proposer import ProposeInputs, Proposer
 from octavo_spec_decode.ngram import find_ngram_drafts
 from tests.core.tiny_models import save_tiny_model
 
@@ -47,7 +48,7 @@ class CheckingProposer(Proposer):
 
 
 def test_proposer_inputs_are_consistent(tmp_path: Path) -> None:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     save_tiny_model("qwen3", tmp_path, seed=seed)
     rng = np.random.default_rng(seed)
     prompts = []

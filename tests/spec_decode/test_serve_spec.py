@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from octavo import LLM, SamplingParams
+from octavo.testing.seeds import draw_seed
 from tests.core.tiny_models import save_tiny_model
 from tests.e2e.server import Server
 
@@ -16,7 +17,7 @@ NGRAM = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2
 
 
 def test_served_completions_speculate_and_report(tmp_path: Path) -> None:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     save_tiny_model("llama", tmp_path / "model", seed=seed)
     rng = np.random.default_rng(seed)
     passage = rng.integers(0, 256, 40).tolist()

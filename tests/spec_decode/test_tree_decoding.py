@@ -19,9 +19,9 @@ from octavo import LLM, SamplingParams
 from octavo.attention.base import AttentionBackend
 from octavo.config import ConfigError
 from octavo.config.speculative import SpeculativeConfig
-from octavo.spec.tree import DraftTree
-from octavo.worker.spec.proposer import ProposeInputs, Proposer
-from octavo.worker.spec.verifier import SpecVerifier
+from octavo.spec_decode.tree import DraftTree
+from octavo.worker.spec_decode.proposer import ProposeInputs, Proposer
+from octavo.worker.spec_decode.verifier import SpecVerifier
 from octavo_spec_decode.medusa import save_medusa
 from octavo_spec_decode.train.data import load_target
 from tests.core.tiny_models import VOCAB_SIZE

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from octavo.testing.seeds import draw_seed
 from octavo.worker.grammar_bitmask import apply_grammar_bitmask, grammar_rows
 
 from .bits import allowed_ids
@@ -21,7 +22,7 @@ def _random_case(vocab: int, rows: int, seed: int) -> tuple[torch.Tensor, np.nda
 
 @pytest.mark.parametrize("vocab", [32, 100, 49152])
 def test_only_allowed_tokens_keep_their_logits(vocab: int) -> None:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     logits, bitmask = _random_case(vocab, 5, seed)
     rows = [3, 0, 2]
     masked = logits.clone()

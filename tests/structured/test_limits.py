@@ -1,4 +1,4 @@
-"""The limits on a constraint's size and a schema's depth (RELIABILITY-PROBE D7): checked
+"""The limits on a constraint's size and a schema's depth: checked
 before xgrammar, whose time grows about as the cube of a schema's depth, so a schema nested
 hundreds of levels is refused in microseconds rather than compiled for seconds."""
 
@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from octavo.engine.processor import InvalidRequestError, check_structured
+from octavo.engine.errors import InvalidRequestError
+from octavo.engine.processor import check_structured
 from octavo.sampling_params import StructuredOutputsParams
 from octavo.structured.grammar import MAX_SCHEMA_DEPTH, MAX_SPEC_BYTES, json_depth, validate
 

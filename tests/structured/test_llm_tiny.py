@@ -9,12 +9,12 @@ import re
 from pathlib import Path
 
 import jsonschema
-import numpy as np
 import pytest
 
 from octavo import LLM, SamplingParams
-from octavo.engine.processor import InvalidRequestError
+from octavo.engine.errors import InvalidRequestError
 from octavo.sampling_params import StructuredOutputsParams as S
+from octavo.testing.seeds import draw_seed
 from tests.core.tiny_models import save_tiny_model
 
 SCHEMA = {"type": "object",
@@ -26,7 +26,7 @@ SCHEMA = {"type": "object",
 
 @pytest.fixture(scope="module")
 def seeded_llm(tmp_path_factory: pytest.TempPathFactory) -> tuple[LLM, int]:
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     folder: Path = tmp_path_factory.mktemp("tiny-guided")
     save_tiny_model("llama", folder, seed)
     return LLM(model=str(folder), dtype="float32", kv_cache_memory=8 * 2**20), seed

@@ -1,7 +1,7 @@
 """The scheduler with a ``StructuredOutputManager`` on the tiny byte-level tokenizer: a
 request whose grammar compiles waits without holding up others; each step's bitmask allows
 exactly what the grammar allows next; the matcher follows the tokens; a complete grammar
-finishes the request, a rejected token aborts it; rollback undoes accepted tokens."""
+finishes the request, a rejected token aborts it."""
 
 from __future__ import annotations
 
@@ -103,14 +103,3 @@ def test_rejected_token_aborts(tokenizer, digit_ids) -> None:  # type: ignore[no
     assert request.status is RequestStatus.FINISHED_ABORTED
     assert "g" not in scheduler.requests
 
-
-def test_rollback_undoes_accepted_tokens(tokenizer, digit_ids) -> None:  # type: ignore[no-untyped-def]
-    scheduler, manager = _scheduler(tokenizer)
-    scheduler.add_request(make_request("g", [5, 6], structured_outputs=DIGITS))
-    manager.cache.get(DIGITS.kind, DIGITS.spec).result(timeout=60)
-    _step(scheduler, {"g": digit_ids[0]})
-    assert manager.accept_tokens("g", [digit_ids[1], digit_ids[2], EOS_ID])
-    assert manager.is_terminated("g")
-    manager.rollback("g", 2)
-    assert not manager.is_terminated("g")
-    assert not manager.accept_tokens("g", [EOS_ID])  # one digit is missing again

@@ -93,7 +93,8 @@ def main(model: str, backend: str, engine: dict[str, Any], tp: int = 1,
     }
     if sampling:
         report |= sampler_paths(llm)
-    if backend == "tpu":
+    if sampling and backend == "tpu":
+        report["refusals"] = refusals(llm)
         runner = executor.worker.runner
         report["compiles_while_serving"] = runner.guard.compiles_while_serving
         report["startup_compile_seconds"] = runner.startup_compile_seconds
@@ -116,6 +117,62 @@ def sampler_paths(llm: Any) -> dict[str, Any]:
         "processed_logprobs": logprob_steps(processed[0].outputs[0].logprobs),
         "seeded_tokens": [[list(o.outputs[0].token_ids) for o in run] for run in seeded],
     }
+
+
+# What the tpu platform refuses (``TpuPlatform.validate_request``), each beside ordinary
+# requests; prompt_embeds only at the core (the front end refuses them for want of
+# --enable-prompt-embeds before the platform is asked).
+REFUSED = {
+    "prompt_logprobs": {"prompt_logprobs": 1},
+    "structured_outputs": {"structured_outputs": {"regex": "[ab]+"}},
+    "logprobs > 20": {"logprobs": 21},
+}
+
+
+def refusals(llm: Any) -> dict[str, Any]:
+    """The first prompts served greedily while every refused kind is sent beside them, to
+    the front end (``LLMEngine.add_request``) and straight to the engine core (as from a
+    front end without the plugin): what each refusal said, and the ordinary tokens."""
+    import numpy as np
+
+    from octavo import SamplingParams
+    from octavo.engine.errors import InvalidRequestError
+    from octavo.request import Request
+    from octavo.sampling_params import StructuredOutputsParams
+
+    engine = llm.llm_engine
+    plain = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    said: dict[str, list[str]] = {}
+    ids = []
+    for i, prompt in enumerate(PROMPTS[:3]):
+        ids.append(engine.add_request({"prompt_token_ids": prompt}, SamplingParams(**plain),
+                                      f"ordinary{i}"))
+        for kind, settings in REFUSED.items():
+            if "structured_outputs" in settings:
+                settings = {"structured_outputs": StructuredOutputsParams(
+                    **settings["structured_outputs"])}
+            params = SamplingParams(**plain, **settings)
+            try:
+                engine.add_request({"prompt_token_ids": prompt}, params, f"{kind}{i}")
+            except InvalidRequestError as exc:
+                said.setdefault(kind, []).append(f"front end: {exc}")
+            try:
+                engine.core.add_request(Request(f"raw-{kind}{i}", prompt, params))
+            except ValueError as exc:
+                said.setdefault(kind, []).append(f"core: {exc}")
+        embeds = Request(f"raw-embeds{i}", prompt, SamplingParams(**plain),
+                         prompt_embeds=np.ones((len(prompt), 8), np.float32))
+        try:
+            engine.core.add_request(embeds)
+        except ValueError as exc:
+            said.setdefault("prompt_embeds", []).append(f"core: {exc}")
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                tokens[output.request_id] = list(output.outputs[0].token_ids)
+    return {"said": said, "finished": sorted(tokens),
+            "tokens": [tokens.get(request_id) for request_id in ids]}
 
 
 if __name__ == "__main__":

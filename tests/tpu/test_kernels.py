@@ -10,11 +10,12 @@ bf16, so they get 3e-2 absolute + relative, against a reference fed the same bf1
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
+
+from octavo.testing.seeds import draw_seed
 
 from .kernel_cases import RACE_CHECKED, make_inputs, naive_attention, races_found
 
@@ -61,9 +62,6 @@ CASES = {
 }
 
 
-def _seed() -> int:
-    return random.randrange(2**32)
-
 
 def _run(case: Case, seed: int):
     rng = np.random.default_rng(seed)
@@ -82,7 +80,7 @@ def _run(case: Case, seed: int):
 
 @pytest.mark.parametrize("name", CASES)
 def test_kernel_matches_reference(name: str) -> None:
-    case, seed = CASES[name], _seed()
+    case, seed = CASES[name], draw_seed()
     inputs, out, ref = _run(case, seed)
     n = inputs.num_real_tokens
     assert out.shape == inputs.q.shape and out.dtype == inputs.q.dtype
@@ -96,7 +94,7 @@ def test_kernel_matches_reference(name: str) -> None:
 def test_pages_outside_the_window_and_context_are_not_read() -> None:
     """Pages wholly before every query's window and pool pages no sequence owns hold NaN: one
     read of them (even masked, as 0 * NaN) would turn outputs into NaN."""
-    seed = _seed()
+    seed = draw_seed()
     rng = np.random.default_rng(seed)
     case = CASES["mixed_mha_hd64_window"]  # the same compiled kernel
     window = case.sliding_window
@@ -124,7 +122,7 @@ def test_pages_outside_the_window_and_context_are_not_read() -> None:
 
 
 def test_reference_matches_per_token_loop() -> None:
-    seed = _seed()
+    seed = draw_seed()
     rng = np.random.default_rng(seed)
     inputs = make_inputs(rng, [1, 6, 3], [20, 6, 35], num_kv_heads=2, group=2, head_dim=64,
                          dtype="float32")

@@ -4,10 +4,10 @@ padding rows, and updates the cache in place under donation."""
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
+
+from octavo.testing.seeds import draw_seed
 
 from .kernel_cases import RACE_CHECKED, races_found
 
@@ -48,7 +48,7 @@ def _expected(cache: np.ndarray, k: np.ndarray, v: np.ndarray, slots: np.ndarray
 @pytest.mark.parametrize(("num_tokens", "dtype"), [(17, "float32"), (ROWS, "bfloat16"),
                                                   (0, "float32")])
 def test_writes_exactly_the_given_slots(num_tokens: int, dtype: str) -> None:
-    seed = random.randrange(2**32)
+    seed = draw_seed()
     cache, k, v, slots = _inputs(seed, num_tokens, dtype)
     out = write_kv(jnp.asarray(cache), jnp.asarray(k), jnp.asarray(v), jnp.asarray(slots),
                    jnp.asarray([num_tokens], jnp.int32), interpret=RACE_CHECKED)
@@ -59,7 +59,7 @@ def test_writes_exactly_the_given_slots(num_tokens: int, dtype: str) -> None:
 
 
 def test_updates_the_donated_cache_in_place() -> None:
-    seed = random.randrange(2**32)
+    seed = draw_seed()
     cache, k, v, slots = _inputs(seed, 9, "float32")
     step = jax.jit(lambda c, *a: write_kv(c, *a, interpret=RACE_CHECKED), donate_argnums=0)
     donated = jnp.asarray(cache)

@@ -2,7 +2,7 @@
 references of the core's sampler tests (float64 numpy per row, chi-square) and against the
 core's torch Sampler itself.
 
-Inputs are fresh random each run (the seed is in every failure message), except in the
+Inputs are random from a seed of each test (in every failure message), except in the
 statistical tests, which use fixed seeds so that they cannot flake.
 """
 
@@ -14,6 +14,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import torch
+
+from octavo.testing.seeds import draw_seed
 
 pytest.importorskip("jax")
 
@@ -43,7 +45,7 @@ STATS_SEED = 20231  # fixed: the statistical tests are deterministic
 
 @pytest.fixture
 def seed() -> int:
-    return random.SystemRandom().randrange(2**32)
+    return draw_seed()
 
 
 def _logits(rng: np.random.Generator, rows: int, vocab_size: int, scale: float = 3.0

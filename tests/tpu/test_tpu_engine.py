@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from octavo.testing.seeds import draw_seed
 from tests.core.tiny_models import save_tiny_model
-from tests.tpu.engine_run import ENGINE, PROCESSED, kv_block_bytes
+from tests.tpu.engine_run import ENGINE, PROCESSED, REFUSED, kv_block_bytes
 from tests.tpu.engine_run import main as run_report
 
 ROOT = Path(__file__).parents[2]
@@ -105,7 +106,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
     """A tiny model of each architecture with fresh weights: (folder, label)."""
     models = {}
     for arch in TINY_ARCHS:
-        seed = int(np.random.default_rng().integers(1 << 30))
+        seed = draw_seed()
         folder = tmp_path_factory.mktemp(arch)
         save_tiny_model(arch, folder, seed)
         models[arch] = folder, f"{arch} seed {seed}"
@@ -124,6 +125,23 @@ def test_llm_matches_cpu(tiny_models: dict[str, tuple[Path, str]], arch: str) ->
     assert "Pallas ragged paged attention on 1 cpu device(s), interpret mode" in stderr
     assert "tpu: compiled 3 step buckets (tokens [8] x requests [1, 2, 4]) in" in stderr
     assert got["startup_compile_seconds"] > 0
+    if sampling:
+        assert_refused_alone(got["refusals"], got["tokens"], label)
+
+
+def assert_refused_alone(refusals: dict, tokens: list[list[int]], label: str) -> None:
+    """Each kind the platform refuses was refused by the front end and by the core on
+    arrival, for each of the three prompts, and never reached a step: the ordinary
+    requests beside them all finished with the tokens they get alone."""
+    for kind in (*REFUSED, "prompt_embeds"):
+        said = refusals["said"][kind]
+        sides = ("core",) if kind == "prompt_embeds" else ("front end", "core")
+        assert len(said) == 3 * len(sides), (kind, said, label)
+        for text in said:
+            assert text.split(": ", 1)[0] in sides, (text, label)
+            assert f"the tpu backend does not compute {kind}" in text, (text, label)
+    assert refusals["finished"] == ["ordinary0", "ordinary1", "ordinary2"], label
+    assert refusals["tokens"] == tokens[:3], label
 
 
 def test_tensor_parallel_two_device_mesh(tiny_models: dict[str, tuple[Path, str]]) -> None:

@@ -10,11 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from openai import OpenAI
 
 from octavo import LLM, SamplingParams
+from octavo.testing.seeds import draw_seed
 from tests.core.tiny_models import save_tiny_model
 from tests.e2e.server import API_KEY, Server
 from tests.tpu.test_tpu_engine import interpret_env
@@ -28,7 +28,7 @@ MAX_TOKENS = 12
 @pytest.fixture(scope="module")
 def mistral(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A tiny Mistral (sliding window 8, shorter than the prompts) with fresh weights."""
-    seed = int(np.random.default_rng().integers(1 << 30))
+    seed = draw_seed()
     folder = tmp_path_factory.mktemp("mistral")
     save_tiny_model("mistral", folder, seed)
     return folder, f"mistral seed {seed}"

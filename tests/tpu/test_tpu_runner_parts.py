@@ -1,6 +1,6 @@
 """The TPU runner's small parts, in process (JAX on the CPU): the step buckets, the compile
 guard that the engine tests rely on to prove nothing compiles while serving, and the
-refusal of the request settings the runner does not compute."""
+platform's refusal (in the front end) of the request settings the runner does not compute."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from octavo.plugin_api import NewRequestData, SamplingParams
+from octavo.plugin_api import Request, SamplingParams
+from octavo.testing.seeds import draw_seed
 from octavo_tpu.buckets import Buckets
 from octavo_tpu.compile_watch import CompileGuard
-from octavo_tpu.runner import check_supported
+from octavo_tpu.platform import TpuPlatform
 
 
 def test_buckets_cover_every_step_size() -> None:
@@ -30,7 +31,7 @@ def test_buckets_cover_every_step_size() -> None:
 
 def test_guard_counts_a_compile_after_warm_up() -> None:
     guard = CompileGuard()
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(draw_seed())
     shape = (int(rng.integers(3, 1000)),)  # a shape nothing has compiled for
     double = jax.jit(lambda x: x * 2)
     double(jnp.ones(1)).block_until_ready()  # warm-up: before arming, not counted
@@ -48,10 +49,8 @@ def test_guard_counts_a_compile_after_warm_up() -> None:
     (SamplingParams(temperature=0.8, logprobs=21), "logprobs > 20"),
 ])
 def test_unsupported_sampling_is_named(params: SamplingParams, named: str) -> None:
-    new = NewRequestData("r1", [1, 2, 3], params, [0], 0)
-    with pytest.raises(ValueError, match=f"request r1: the tpu backend does not compute "
-                                         f"{named}"):
-        check_supported(new)
+    with pytest.raises(ValueError, match=f"the tpu backend does not compute {named}"):
+        TpuPlatform.validate_request(Request("r1", [1, 2, 3], params))
     for supported in (SamplingParams(temperature=0.8, top_p=0.9, seed=3, logprobs=20),
                       SamplingParams(presence_penalty=0.5, min_tokens=3, logit_bias={1: 2.0})):
-        check_supported(NewRequestData("r2", [1, 2], supported, [0], 0))
+        TpuPlatform.validate_request(Request("r2", [1, 2], supported))

@@ -14,6 +14,7 @@ import torch
 from octavo.models.build import build_model
 from octavo.models.loader import load_model_files
 from octavo.sampling_params import SamplingParams
+from octavo.testing.seeds import draw_seed
 from octavo.worker.input_batch import CachedRequestState, InputBatch
 from octavo.worker.step_inputs import StepInputs, prepare_step
 from octavo_triton.backend import TritonAttentionBackend
@@ -24,13 +25,13 @@ from octavo_triton.layers import use_triton_layers
 from tests.attention_cases import dense_reference, make_case
 from tests.core.tiny_models import save_tiny_model
 
-from .helpers import DEVICE, fresh_seed
+from .helpers import DEVICE
 
 BLOCK_SIZE, NUM_BLOCKS, MAX_MODEL_LEN = 16, 40, 128
 
 
 def test_padding_tokens_never_touch_the_cache() -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     gen = torch.Generator().manual_seed(seed)
     key = torch.randn(9, 2, 64, generator=gen).to(DEVICE)
     key[::2] = float("nan")  # the padding tokens: any write of theirs would show
@@ -45,7 +46,7 @@ def test_padding_tokens_never_touch_the_cache() -> None:
 
 def test_requests_without_context_get_zeros() -> None:
     """Padding rows of a graph batch: one query token, ``seq_len`` 0, a stale block table."""
-    seed = fresh_seed()
+    seed = draw_seed()
     requests = [(40, 1), (0, 1), (17, 1), (0, 1)]
     case = make_case(requests, 8, 64, BLOCK_SIZE, torch.float32, seed)
     meta = case.metadata
@@ -119,7 +120,7 @@ def test_padded_decode_steps_equal_unpadded(tmp_path: Path) -> None:
     to a captured size - computes what the step computes eagerly, writes the step's slots
     and nothing else, and rows left over from a larger earlier batch are made padding
     again. (Matmuls over 8 rows instead of 3 round differently: close, not equal.)"""
-    seed = fresh_seed()
+    seed = draw_seed()
     scenario = DecodeScenario(tmp_path, [5, 20, 33], seed)
     static = StaticDecodeInputs.allocate(8, MAX_MODEL_LEN // BLOCK_SIZE, DEVICE)
     for size in (8, 4):  # 3 requests padded to 8; then 2 requests padded to 4
@@ -146,7 +147,7 @@ def test_padded_decode_steps_equal_unpadded(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
 def test_graph_replay_equals_eager(tmp_path: Path) -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     scenario = DecodeScenario(tmp_path, [5, 20, 33, 64], seed)
     graphs = DecodeGraphs(scenario.model, scenario.kv_caches, [1, 2, 4, 8],
                           MAX_MODEL_LEN // BLOCK_SIZE, MAX_MODEL_LEN, DEVICE)

@@ -1,4 +1,4 @@
-"""What the kernel tests share: the device they run on, tolerances, fresh seeds, and the
+"""What the kernel tests share: the device they run on, tolerances, and the
 ahead-of-time compile run that the CUDA and ROCm tests use (this module imports no
 kernel: kernels imported before tests/triton/conftest.py switches the interpreter on
 would stay compiled for a GPU)."""
@@ -6,7 +6,6 @@ would stay compiled for a GPU)."""
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +19,6 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Absolute tolerances of attention outputs (~unit scale) against an fp64 reference.
 ATTENTION_ATOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.5e-2}
 
-
-def fresh_seed() -> int:
-    return random.SystemRandom().randrange(2**32)
 
 
 def compile_ahead_of_time(platform: str, targets: list[str], cache_dir: Path,

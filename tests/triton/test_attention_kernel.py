@@ -15,6 +15,7 @@ import dataclasses
 import pytest
 import torch
 
+from octavo.testing.seeds import draw_seed
 from octavo_triton import tuning
 from octavo_triton.kernels.attention import paged_attention, split_kv_segments
 from octavo_triton.kernels.kv_cache import reshape_and_cache
@@ -26,7 +27,7 @@ from tests.attention_cases import (
     make_case,
 )
 
-from .helpers import ATTENTION_ATOL, DEVICE, fresh_seed
+from .helpers import ATTENTION_ATOL, DEVICE
 
 # Long decode contexts, short ones, and one with a single token.
 LONG_DECODES = [(700, 1), (95, 1), (0, 1), (300, 1)]
@@ -60,7 +61,7 @@ def run_step(case: Case, scale: float, sliding_window: int | None = None,
 
 def check(requests: list[tuple[int, int]], num_heads: int, head_dim: int, block_size: int,
           dtype: torch.dtype, sliding_window: int | None = None) -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     case = make_case(requests, num_heads, head_dim, block_size, dtype, seed)
     scale = head_dim**-0.5
     got = run_step(case, scale, sliding_window)
@@ -123,7 +124,7 @@ def test_no_split_for_prompts_or_short_contexts() -> None:
 def test_fp8_cache(dtype: torch.dtype, fp8: torch.dtype, kv_scale: float) -> None:
     """The cache holds K/V / scale in fp8; attention must equal attention over the K/V
     that the fp8 values stand for."""
-    seed = fresh_seed()
+    seed = draw_seed()
     requests = MIXED_BATCH[:4]
     case = make_case(requests, 4 * NUM_KV_HEADS, 128, 16, dtype, seed)
     got = run_step(case, 128**-0.5, kv_scale=kv_scale, kv_dtype=fp8)
@@ -141,7 +142,7 @@ def test_fp8_cache(dtype: torch.dtype, fp8: torch.dtype, kv_scale: float) -> Non
 def test_block_filled_this_step_is_read_by_another_request() -> None:
     """The contract's write-before-read rule: request 1's cached prefix is two blocks that
     request 0 fills in this very step (the prefix cache shares them)."""
-    seed = fresh_seed()
+    seed = draw_seed()
     requests = [(0, 40), (32, 5)]
     case = make_case(requests, 8, 64, 16, torch.float16, seed)
     case.metadata.block_tables[1, :2] = case.metadata.block_tables[0, :2]

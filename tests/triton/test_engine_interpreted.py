@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from octavo import LLM, SamplingParams
+from octavo.testing.seeds import draw_seed
 from octavo_triton.layers import TritonRMSNorm, TritonRotaryEmbedding, use_triton_layers
 from tests.core.tiny_models import save_tiny_model
 
-from .helpers import DEVICE, fresh_seed
+from .helpers import DEVICE
 
 SHARED_PREFIX = list(range(40, 60))
 PROMPTS = [list(range(10, 15)), list(range(100, 123)), SHARED_PREFIX + [7, 8, 9],
@@ -49,7 +50,7 @@ def generate(folder: Path, attention_backend: str) -> list[list[int]]:
 # 8 tokens, shorter than most contexts here.
 @pytest.mark.parametrize("arch", ["qwen3", "mistral"])
 def test_same_greedy_tokens_as_torch_backend(tmp_path: Path, arch: str) -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     save_tiny_model(arch, tmp_path, seed)
     want = generate(tmp_path, "torch")
     got = generate(tmp_path, "triton")

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from octavo.testing.seeds import draw_seed
 from octavo_triton.kernels.kv_cache import reshape_and_cache
 
-from .helpers import DEVICE, DTYPES, fresh_seed
+from .helpers import DEVICE, DTYPES
 
 NUM_BLOCKS, KV_HEADS = 6, 4
 
@@ -37,7 +38,7 @@ def expected_cache(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor,
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("block_size", "head_dim"), [(16, 64), (32, 128), (16, 256)])
 def test_tokens_land_in_their_slots(dtype: torch.dtype, block_size: int, head_dim: int) -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     key, value, slots = make_inputs(37, block_size, head_dim, dtype, seed)
     shape = (NUM_BLOCKS, block_size, KV_HEADS, head_dim)
     key_cache = torch.randn(shape).to(dtype).to(DEVICE)
@@ -53,7 +54,7 @@ def test_tokens_land_in_their_slots(dtype: torch.dtype, block_size: int, head_di
 @pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fp8_cache_with_scale(fp8: torch.dtype, dtype: torch.dtype) -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     key, value, slots = make_inputs(21, 16, 128, dtype, seed)
     key, value = key * 30, value / 10  # keys beyond e4m3's range until scaled
     k_scale, v_scale = 0.25, 0.01

@@ -15,11 +15,12 @@ from octavo.models.config import RopeConfig
 from octavo.models.layers.activation import SiluAndMul
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.rotary import RotaryEmbedding
+from octavo.testing.seeds import draw_seed
 from octavo_triton.kernels.activation import silu_and_mul
 from octavo_triton.kernels.rms_norm import rms_norm
 from octavo_triton.kernels.rotary import rotary_embedding
 
-from .helpers import DEVICE, DTYPES, fresh_seed
+from .helpers import DEVICE, DTYPES
 
 # Two units in the last place of each dtype, relative (the formula of a SiLU or the order
 # of a sum may differ by one before the last rounding).
@@ -37,7 +38,7 @@ def assert_matches(got: torch.Tensor, want: torch.Tensor, seed: int, atol: float
 @pytest.mark.parametrize("shape", [(7, 96), (3, 4096), (5, 4, 32)],
                          ids=["hidden96", "hidden4096", "per-head"])
 def test_rms_norm(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(shape, generator=gen) * 3).to(dtype).to(DEVICE)
     residual = torch.randn(shape, generator=gen).to(dtype).to(DEVICE)
@@ -60,7 +61,7 @@ def test_rms_norm(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
 ])
 def test_rotary_embedding(dtype: torch.dtype, head_dim: int, num_heads: int,
                           num_kv_heads: int) -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     gen = torch.Generator().manual_seed(seed)
     num_tokens = 9
     # q and k are views into one fused projection, as the attention layer passes them.
@@ -86,7 +87,7 @@ def test_rotary_embedding(dtype: torch.dtype, head_dim: int, num_heads: int,
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [40, 2500])  # one partial block; several column blocks
 def test_silu_and_mul(dtype: torch.dtype, d: int) -> None:
-    seed = fresh_seed()
+    seed = draw_seed()
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(2, 3, 2 * d, generator=gen) * 4).to(dtype).to(DEVICE)
     assert_matches(silu_and_mul(x), SiluAndMul()(x), seed)

@@ -52,7 +52,7 @@ class AttentionMetadata:
     # What a backend derives from this metadata once per step (index tensors, masks) and
     # reuses in every layer, keyed by the backend; starts empty each step.
     backend_state: dict[str, Any] = field(default_factory=dict)
-    # A model with several KV groups (octavo.kv.spec): every group's metadata, this one
+    # A model with several KV groups (octavo.kv.cache_spec): every group's metadata, this one
     # (group 0's) first - same layout, the group's own block tables and slot mapping. The
     # model runner wraps each layer's impl in a ``KVGroupAttention`` that hands it its
     # group's, so backends read ``block_tables``/``slot_mapping`` as always. Empty with one
@@ -63,7 +63,7 @@ class AttentionMetadata:
 @dataclass
 class TokenTrees:
     """Requests whose query tokens are ``[last token, draft tree nodes]``
-    (``octavo.spec.tree``). Their positions follow the tree's depths, so a node's position
+    (``octavo.spec_decode.tree``). Their positions follow the tree's depths, so a node's position
     is not its place in the query; the nodes are written to consecutive slots all the same
     (the verifier moves the accepted ones into place). Query ``i`` of such a request sees
     the whole cached context and, among the request's new tokens, only the columns

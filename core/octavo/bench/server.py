@@ -4,7 +4,6 @@ benchmark fails, and a server that dies at start-up is reported with the end of 
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,18 +13,13 @@ import urllib.request
 from types import TracebackType
 
 from octavo.bench.serve import EndpointError
+from octavo.net import free_port
 
 HOST = "127.0.0.1"
 POLL_S = 0.5
 STOP_TIMEOUT_S = 30.0
 LOG_TAIL_CHARS = 3000
 
-
-def free_port() -> int:
-    """A port the OS says is free now (bind to port 0, read it back, release it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 class ServerProcess:

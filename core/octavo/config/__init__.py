@@ -7,7 +7,7 @@ connector, proposer) are resolved when the engine is built (``octavo.plugins.res
 """
 
 from octavo.config.cache import CacheConfig
-from octavo.config.device import BACKEND_CHOICES, DeviceConfig
+from octavo.config.device import PLATFORM_CHOICES, DeviceConfig
 from octavo.config.engine import EngineConfig
 from octavo.config.errors import ConfigError
 from octavo.config.kv_transfer import KVTransferConfig
@@ -20,7 +20,7 @@ from octavo.config.speculative import SpeculativeConfig
 from octavo.config.structured_outputs import StructuredOutputsConfig
 
 __all__ = [
-    "BACKEND_CHOICES",
+    "PLATFORM_CHOICES",
     "DTYPES",
     "CacheConfig",
     "ConfigError",

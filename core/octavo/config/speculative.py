@@ -19,7 +19,7 @@ class TreeError(ValueError):
 
 
 def tree_paths(paths: Any, max_depth: int) -> tuple[tuple[int, ...], ...]:
-    """A token tree's rank paths (``[[0], [1], [0, 0]]``, see ``octavo.spec.tree``) in
+    """A token tree's rank paths (``[[0], [1], [0, 0]]``, see ``octavo.spec_decode.tree``) in
     breadth-first order, checked: ranks are non-negative integers, no path is longer than
     ``max_depth`` or repeated, and every path's parent path is in the tree."""
     if not isinstance(paths, (list, tuple)) or not paths:
@@ -52,7 +52,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2  # ngram: shortest suffix to match
     prompt_lookup_max: int = 5  # ngram: longest suffix to match
     # Tree proposers (Medusa): the candidate paths verified each step, e.g.
-    # [[0], [1], [0, 0]] (see octavo.spec.tree); None: a chain of num_speculative_tokens.
+    # [[0], [1], [0, 0]] (see octavo.spec_decode.tree); None: a chain of num_speculative_tokens.
     speculative_token_tree: list[list[int]] | None = None
 
     def __post_init__(self) -> None:

@@ -33,14 +33,16 @@ from dataclasses import dataclass, field, replace
 from typing import ParamSpec, Protocol, TypeVar
 
 from octavo.config import EngineConfig
-from octavo.engine.core_client import EngineClient, EngineDeadError, request_error
+from octavo.engine.core_client import EngineClient, request_error
 from octavo.engine.core_proc import EngineReady
+from octavo.engine.errors import EngineDeadError, InvalidRequestError
 from octavo.engine.launch import start_engine_client
 from octavo.engine.output_processor import OutputProcessor, ParentState
 from octavo.engine.outputs import CompletionOutput, RequestOutput
-from octavo.engine.processor import InvalidRequestError, ProcessedPrompt, PromptType
-from octavo.engine.serial import EngineCoreOutputs
-from octavo.outputs import SchedulerStats
+from octavo.engine.processor import ProcessedPrompt, PromptType
+from octavo.outputs import EngineCoreOutputs, SchedulerStats
+from octavo.platforms import Platform
+from octavo.plugins import get_registries
 from octavo.request import Request
 from octavo.sampling_params import SamplingParams
 
@@ -124,7 +126,7 @@ class AsyncLLM:
 
         self.processor = build_processor(ready.tokenizer, ready.hf_config, ready.max_model_len,
                                          config.model.enable_prompt_embeds,
-                                         ready.generation_config)
+                                         ready.generation_config, engine_platform(ready))
         # The sampling defaults of requests that leave a field unset (vLLM's
         # get_diff_sampling_param): the model's generation config, unless "vllm".
         self.default_sampling_params = (log_sampling_defaults(ready.generation_config)
@@ -358,3 +360,15 @@ def _streamable_snapshot(output: RequestOutput, parent: ParentState | None) -> R
             logprobs=None if completion.logprobs is None else list(completion.logprobs)))
     return replace(output, outputs=completions)
 
+
+def engine_platform(ready: EngineReady) -> type[Platform] | None:
+    """The platform class the engine core resolved, looked up in this process's registry so
+    that the front end refuses what it cannot run (``Platform.validate_request``); None,
+    with a warning, when this process lacks the platform's plugin (a headless node's)."""
+    platforms = get_registries().platforms
+    if ready.platform in platforms:
+        return platforms.get(ready.platform)
+    logger.warning("the engine runs on platform %r, whose plugin this process does not "
+                   "have: requests it cannot run are refused by the engine core on arrival, "
+                   "not here", ready.platform)
+    return None

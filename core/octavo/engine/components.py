@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from octavo.config import EngineConfig
 from octavo.distributed.state import RankInfo
+from octavo.kv.cache_spec import KVCacheGroup, is_hybrid
 from octavo.kv.coordinator import KVCacheCoordinator
 from octavo.kv.interface import KVCacheManagerInterface
-from octavo.kv.spec import KVCacheGroup, is_hybrid
 from octavo.kv_transfer.base import KVConnector, KVConnectorRole
 from octavo.plugins import Registries
 from octavo.plugins.resolve import kv_connector_cls, kv_manager_cls, scheduler_cls
@@ -25,7 +25,7 @@ def build_scheduler(config: EngineConfig, registries: Registries,
                     ) -> SchedulerInterface:
     """The scheduler ``config`` names, with its KV manager, policy and connector built; the
     KV cache must be sized (``config.cache.num_gpu_blocks``). ``kv_groups``: the model's
-    (``octavo.kv.spec``); with several, or a sliding window, the manager is the
+    (``octavo.kv.cache_spec``); with several, or a sliding window, the manager is the
     ``KVCacheCoordinator``."""
     num_blocks = config.cache.num_gpu_blocks
     assert num_blocks is not None, "the KV cache is not sized yet"

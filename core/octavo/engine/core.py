@@ -18,10 +18,11 @@ from collections.abc import Callable
 
 from octavo.config import ConfigError, EngineConfig
 from octavo.engine.components import build_scheduler
+from octavo.engine.errors import StepError
 from octavo.engine.heap import freeze_startup_heap
 from octavo.executor.base import WorkerDiedError
 from octavo.executor.select import make_executor
-from octavo.kv.spec import (
+from octavo.kv.cache_spec import (
     FullAttentionSpec,
     KVCacheGroup,
     describe_groups,
@@ -48,6 +49,7 @@ class EngineCore:
         """``on_executor_failure``: called (from a monitor thread) when a worker process
         dies, with the reason; the engine cannot step again."""
         self.config = config
+        self.platform = platform
         config.model.max_model_len = max_model_len
         registries = get_registries()
         self.executor = make_executor(config, platform, files, on_executor_failure)
@@ -75,6 +77,10 @@ class EngineCore:
         freeze_startup_heap()
 
     def add_request(self, request: Request) -> None:
+        """Take a request in; ``ValueError`` when the platform refuses it (the front end
+        normally refused it already: this holds for a front end without the platform's
+        plugin), so that no step ever holds a request its worker cannot run."""
+        self.platform.validate_request(request)
         self.scheduler.add_request(request)
         self._request_ids.add(request.request_id)
 
@@ -118,15 +124,6 @@ class EngineCore:
         return StepError(request_ids, cause)
 
 
-class StepError(RuntimeError):
-    """A step failed; its requests (``request_ids``) were aborted, and the engine can serve
-    the others."""
-
-    def __init__(self, request_ids: list[str], cause: Exception) -> None:
-        super().__init__(f"a step of {len(request_ids)} request(s) failed: "
-                         f"{type(cause).__name__}: {cause}")
-        self.request_ids = request_ids
-        self.cause = cause
 
 
 def check_kv_groups_supported(config: EngineConfig, kv_groups: list[KVCacheGroup]) -> None:

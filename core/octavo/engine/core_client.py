@@ -28,25 +28,17 @@ import zmq
 import zmq.asyncio
 
 from octavo.config import EngineConfig
-from octavo.engine.core_proc import (
-    STEP_FAILED,
-    EngineReady,
-    read_handshake,
-    start_engine_core_process,
-)
+from octavo.engine.core_proc import EngineReady, read_handshake, start_engine_core_process
+from octavo.engine.errors import EngineDeadError, EngineStepError, InvalidRequestError
 from octavo.engine.ipc import EngineSockets
-from octavo.engine.processor import InvalidRequestError
-from octavo.engine.serial import (
-    Decoder,
-    Encoder,
+from octavo.engine.serial import Decoder, Encoder, OutputKind, RequestKind, log_dropped_frame
+from octavo.outputs import (
+    STEP_FAILED,
+    EngineCoreOutput,
     EngineCoreOutputs,
-    OutputKind,
-    RequestKind,
     UtilityCall,
     UtilityResult,
-    log_dropped_frame,
 )
-from octavo.outputs import EngineCoreOutput
 from octavo.request import Request
 
 logger = logging.getLogger(__name__)
@@ -54,14 +46,8 @@ logger = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
-class EngineDeadError(RuntimeError):
-    """The engine core process is gone; no request can be served any more."""
 
 
-class EngineStepError(RuntimeError):
-    """A step of the request failed inside the engine core: the engine's fault, not the
-    client's (a 500, where a refused request is a 400). The core aborted the request and
-    serves the others."""
 
 
 def request_error(output: EngineCoreOutput) -> Exception:

@@ -46,21 +46,26 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from octavo.config import ConfigError, EngineConfig
+from octavo.engine.errors import EngineStartError, StepError
 from octavo.engine.ipc import CoreEndpoint
 from octavo.engine.serial import (
     Decoder,
     Encoder,
-    EngineCoreOutputs,
     OutputKind,
     RequestKind,
-    UtilityCall,
-    UtilityResult,
     log_dropped_frame,
     undecodable_request_id,
 )
-from octavo.outputs import EngineCoreOutput, SchedulerStats
+from octavo.outputs import (
+    STEP_FAILED,
+    EngineCoreOutput,
+    EngineCoreOutputs,
+    SchedulerStats,
+    UtilityCall,
+    UtilityResult,
+)
 from octavo.plugins import get_registries
-from octavo.plugins.resolve import BackendError, check_names, resolve_platform
+from octavo.plugins.resolve import PlatformError, check_names, resolve_platform
 from octavo.request import Request
 
 if TYPE_CHECKING:
@@ -72,9 +77,6 @@ _SHUTDOWN = object()  # tells the output thread to stop
 # Steps failing this many times in a row, with no step succeeding in between, mean the
 # engine itself is broken (its device, its memory), not one request: exit, don't spin.
 MAX_CONSECUTIVE_FAILED_STEPS = 5
-# The finish reason of a request whose step failed (vLLM's FinishReason.ERROR): the engine's
-# fault, not the client's, unlike a refused request's "abort".
-STEP_FAILED = "error"
 
 
 @dataclass
@@ -101,8 +103,6 @@ class UndecodableRequest:
     reason: str
 
 
-class EngineStartError(RuntimeError):
-    """The core process could not start; the message is the reason (e.g. a load error)."""
 
 
 class EngineCoreProc:
@@ -148,8 +148,6 @@ class EngineCoreProc:
     def _step(self) -> list[EngineCoreOutput]:
         """One step. A failed one costs only its requests, each answered with an error;
         ``MAX_CONSECUTIVE_FAILED_STEPS`` in a row end the process (the error propagates)."""
-        from octavo.engine.core import StepError  # the model stack, as in __init__
-
         try:
             outputs = self.core.step()
         except StepError as exc:
@@ -346,7 +344,7 @@ def run_engine_core(config: EngineConfig, endpoint: CoreEndpoint,
 
     try:
         proc = EngineCoreProc(config, endpoint)
-    except (ModelLoadError, ConfigError, BackendError) as exc:
+    except (ModelLoadError, ConfigError, PlatformError) as exc:
         ready_pipe.send(str(exc))
         os._exit(1)
     except BaseException as exc:

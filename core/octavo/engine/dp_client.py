@@ -20,15 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 from octavo.engine.balancer import LoadBalancer
-from octavo.engine.core_client import (
-    EngineCoreClient,
-    EngineDeadError,
-    EngineStatus,
-    next_output,
-)
-from octavo.engine.core_proc import STEP_FAILED
-from octavo.engine.serial import EngineCoreOutputs
-from octavo.outputs import EngineCoreOutput, SchedulerStats
+from octavo.engine.core_client import EngineCoreClient, EngineStatus, next_output
+from octavo.engine.errors import EngineDeadError
+from octavo.outputs import STEP_FAILED, EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from octavo.request import Request
 
 logger = logging.getLogger(__name__)

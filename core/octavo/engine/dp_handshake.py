@@ -31,6 +31,7 @@ from typing import Any
 import msgspec
 
 from octavo.config import EngineConfig
+from octavo.engine.errors import HandshakeError
 from octavo.version import __version__
 
 PROTOCOL = 1
@@ -87,8 +88,6 @@ class Envelope:
     seal: str = ""  # HMAC-SHA256 of kind, body and the salt, hex
 
 
-class HandshakeError(RuntimeError):
-    """A handshake message that cannot be read or whose seal does not match."""
 
 
 def new_nonce() -> str:

@@ -27,12 +27,7 @@ from types import FrameType
 import zmq
 
 from octavo.config import EngineConfig
-from octavo.engine.core_proc import (
-    EngineReady,
-    EngineStartError,
-    read_handshake,
-    start_engine_core_process,
-)
+from octavo.engine.core_proc import EngineReady, read_handshake, start_engine_core_process
 from octavo.engine.dp_handshake import (
     Failed,
     Hello,
@@ -44,6 +39,7 @@ from octavo.engine.dp_handshake import (
     seal,
     unseal,
 )
+from octavo.engine.errors import EngineStartError
 from octavo.engine.ipc import CoreEndpoint, CurveKeys, set_heartbeat
 
 logger = logging.getLogger(__name__)

@@ -145,7 +145,7 @@ class EngineSockets:
             self._auth = ThreadAuthenticator(context)
             self._auth.start()
             self._auth.configure_curve_callback(ZAP_DOMAIN, _OnlyKey(keys.client_public))
-            addresses = [f"tcp://{tcp_host}:0" if tcp_host is not None
+            addresses = [f"tcp://{tcp_host}:0" if self.directory is None
                          else f"ipc://{self.directory / name}" for name in _SOCKET_NAMES]
             self.input = self._bind(context, zmq.PUSH, addresses[0], keys.server_secret)
             self.output = self._bind(context, zmq.PULL, addresses[1], keys.server_secret)

@@ -21,9 +21,10 @@ from pathlib import Path
 
 from octavo.config import EngineConfig
 from octavo.engine.core_client import EngineCoreClient
-from octavo.engine.core_proc import EngineReady, EngineStartError
+from octavo.engine.core_proc import EngineReady
 from octavo.engine.dp_client import DPEngineClient
 from octavo.engine.dp_handshake import SECRET_ENV, Ready, engine_identity
+from octavo.engine.errors import EngineStartError
 from octavo.engine.remote_client import EngineJoinServer, RemoteEngineClient
 
 logger = logging.getLogger(__name__)

@@ -20,6 +20,7 @@ from octavo.models.generation_config import (
     read_generation_config,
 )
 from octavo.models.loader import ModelFiles, load_model_files
+from octavo.platforms import Platform
 from octavo.plugins import get_registries
 from octavo.plugins.resolve import check_names, resolve_platform
 from octavo.sampling_params import SamplingParams
@@ -41,16 +42,17 @@ def resolve_max_model_len(config: EngineConfig, files: ModelFiles) -> int:
 
 def build_processor(tokenizer: Any, hf_config: dict[str, Any], max_model_len: int,
                     enable_prompt_embeds: bool = False,
-                    generation_config: GenerationConfig | None = None) -> Processor:
+                    generation_config: GenerationConfig | None = None,
+                    platform: type[Platform] | None = None) -> Processor:
     """The ``Processor`` of a model, from its tokenizer and HF config (vocabulary, EOS,
-    the hidden size prompt embeddings must have) and its generation config (more EOS ids,
-    the default ``max_tokens``)."""
+    the hidden size prompt embeddings must have), its generation config (more EOS ids,
+    the default ``max_tokens``) and the engine's platform (what it refuses)."""
     eos = eos_token_ids(hf_config, generation_config)
     defaults = generation_config.sampling_defaults() if generation_config else {}
     return Processor(tokenizer, max_model_len, int(hf_config["vocab_size"]),
                      eos[0] if eos else None, hf_config.get("hidden_size"),
                      enable_prompt_embeds, extra_eos_token_ids=eos[1:],
-                     default_max_tokens=defaults.get("max_tokens"))
+                     default_max_tokens=defaults.get("max_tokens"), platform=platform)
 
 
 class LLMEngine:
@@ -76,7 +78,7 @@ class LLMEngine:
         self.core = EngineCore(config, platform, files, self.max_model_len)
         self.processor = build_processor(self.tokenizer, files.hf_config, self.max_model_len,
                                          config.model.enable_prompt_embeds,
-                                         self.generation_config)
+                                         self.generation_config, platform)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from octavo.engine.errors import InvalidRequestError
+from octavo.platforms import Platform
 from octavo.request import Request
 from octavo.sampling_params import (
     SamplingParams,
@@ -27,8 +29,6 @@ if TYPE_CHECKING:
 PromptType = str | list[int] | dict[str, Any]
 
 
-class InvalidRequestError(ValueError):
-    """The request cannot be served as asked; the message says which field and why."""
 
 
 @dataclass
@@ -46,13 +46,17 @@ class Processor:
     def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int,
                  eos_token_id: int | None, hidden_size: int | None = None,
                  enable_prompt_embeds: bool = False, extra_eos_token_ids: Sequence[int] = (),
-                 default_max_tokens: int | None = None) -> None:
+                 default_max_tokens: int | None = None,
+                 platform: type[Platform] | None = None) -> None:
         """``hidden_size``: the width prompt embeddings must have (with
         ``enable_prompt_embeds``; without it they are refused). ``extra_eos_token_ids``:
         the model's EOS ids besides ``eos_token_id``; as in vLLM they join a request's
         ``stop_token_ids`` unless it ignores EOS (so they report themselves as its stop
         reason; ``eos_token_id`` reports none). ``default_max_tokens``: the model's
-        ``max_new_tokens``, the most a request with ``max_tokens=None`` generates."""
+        ``max_new_tokens``, the most a request with ``max_tokens=None`` generates.
+        ``platform``: the engine's, whose ``validate_request`` refuses here what its
+        worker cannot run (None: the front end does not know it; nothing is refused)."""
+        self.platform = platform
         self.extra_eos_token_ids = [t for t in extra_eos_token_ids if t != eos_token_id]
         self.default_max_tokens = default_max_tokens
         self.hidden_size = hidden_size
@@ -173,10 +177,20 @@ class Processor:
 
     def _request(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams,
                  priority: int, arrival: float) -> Request:
-        return Request(request_id=request_id, prompt_token_ids=list(prompt.prompt_token_ids),
-                       sampling_params=params, arrival_time=arrival, priority=priority,
-                       eos_token_id=self.eos_token_id, prompt_embeds=prompt.prompt_embeds,
-                       cache_salt=prompt.cache_salt)
+        request = Request(request_id=request_id, prompt_token_ids=list(prompt.prompt_token_ids),
+                          sampling_params=params, arrival_time=arrival, priority=priority,
+                          eos_token_id=self.eos_token_id, prompt_embeds=prompt.prompt_embeds,
+                          cache_salt=prompt.cache_salt)
+        return self._check_platform(request)
+
+    def _check_platform(self, request: Request) -> Request:
+        """``request``, unless the engine's platform refuses it (``InvalidRequestError``)."""
+        if self.platform is not None:
+            try:
+                self.platform.validate_request(request)
+            except ValueError as exc:
+                raise InvalidRequestError(str(exc)) from None
+        return request
 
 
 def _cache_salt(prompt: dict[str, Any]) -> str | None:

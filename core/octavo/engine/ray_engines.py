@@ -25,7 +25,7 @@ from typing import Any
 import ray
 
 from octavo.config import EngineConfig
-from octavo.engine.core_proc import EngineStartError
+from octavo.engine.errors import EngineStartError
 from octavo.engine.headless import run_headless
 from octavo.executor.ray_placement import (
     NodePlacement,

@@ -19,10 +19,8 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from octavo.engine.core_client import EngineCoreClient
-from octavo.engine.core_proc import EngineStartError
 from octavo.engine.dp_handshake import (
     Failed,
-    HandshakeError,
     Hello,
     Ready,
     Refused,
@@ -32,6 +30,7 @@ from octavo.engine.dp_handshake import (
     seal,
     unseal,
 )
+from octavo.engine.errors import EngineStartError, HandshakeError
 from octavo.engine.ipc import CurveKeys, EngineSockets, set_heartbeat
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,8 @@
 """The wire between ``AsyncLLM`` and ``EngineCoreProc``: message kinds and their encoding.
 
-Messages are the engine's own plain dataclasses (``Request`` with its ``SamplingParams``,
-``EngineCoreOutput``, ``SchedulerStats``) encoded with msgspec's msgpack (``octavo.codec``).
+Messages are the engine's own plain dataclasses - ``Request`` (with its ``SamplingParams``)
+one way, ``EngineCoreOutputs`` and the utility calls the other, all defined in
+``octavo.outputs`` - encoded with msgspec's msgpack (``octavo.codec``).
 
 A message is two ZMQ frames: one byte naming its kind, then the payload. A message that
 does not decode is dropped by its receiver, with a rate-limited warning
@@ -13,14 +14,13 @@ from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from octavo import codec
 from octavo.logger import RateLimitFilter
-from octavo.outputs import EngineCoreOutput, SchedulerStats
+from octavo.outputs import EngineCoreOutputs, UtilityCall, UtilityResult
 from octavo.request import Request
 
 _NUM_FRAMES = 2  # kind, payload
@@ -45,35 +45,6 @@ class OutputKind(bytes, enum.Enum):
 
     OUTPUTS = b"\x00"  # payload: EngineCoreOutputs
     UTILITY_RESULT = b"\x01"  # payload: UtilityResult
-
-
-@dataclass
-class EngineCoreOutputs:
-    """One message from the core: the outputs of one step (possibly none, when only the
-    state changed, e.g. after an abort) and the scheduler's state after it."""
-
-    outputs: list[EngineCoreOutput] = field(default_factory=list)
-    scheduler_stats: SchedulerStats | None = None
-    engine_index: int = 0  # the sender's data-parallel rank
-    # Requests the core had taken in when it made the stats: the front end's balancer counts
-    # what it sent since as waiting there (the stats of a step do not show them yet).
-    num_requests_received: int = 0
-
-
-@dataclass
-class UtilityCall:
-    """Call ``EngineCore.<method>(*args)`` in the core process; answered by call id."""
-
-    call_id: int
-    method: str
-    args: list[Any] = field(default_factory=list)
-
-
-@dataclass
-class UtilityResult:
-    call_id: int
-    result: Any = None
-    error: str | None = None  # the exception's text when the call raised
 
 
 _REQUEST_TYPES: dict[RequestKind, Any] = {

@@ -25,8 +25,8 @@ from octavo.bench.datasets import (
     workload_requests,
 )
 from octavo.bench.workloads import load_specs
-from octavo.entrypoints.backend import resolve_backend_or_exit
 from octavo.entrypoints.engine_args import engine_options, pop_engine_kwargs
+from octavo.entrypoints.platform_choice import resolve_platform_or_exit
 
 WORKLOAD_OPTION = click.option(
     "--workload", type=click.Choice(sorted(load_specs())), default=None,
@@ -78,7 +78,7 @@ def usage_errors() -> Iterator[None]:
     that cannot be reached or a request the engine refuses exit 1 saying so."""
     from octavo.bench.serve import EndpointError
     from octavo.config import ConfigError
-    from octavo.engine.processor import InvalidRequestError
+    from octavo.engine.errors import InvalidRequestError
     from octavo.models.loader import ModelLoadError
 
     try:
@@ -96,7 +96,7 @@ def make_llm(kwargs: dict[str, Any]) -> Any:
     from octavo.engine.llm import LLM
 
     engine_kwargs = pop_engine_kwargs(kwargs)
-    resolve_backend_or_exit(engine_kwargs["backend"])
+    resolve_platform_or_exit(engine_kwargs["backend"])
     return LLM(**engine_kwargs)
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import click
 
 from octavo.config import ConfigError, EngineConfig
-from octavo.entrypoints.backend import resolve_backend_or_exit
 from octavo.entrypoints.engine_args import build_config, engine_options
+from octavo.entrypoints.platform_choice import resolve_platform_or_exit
 from octavo.sampling_params import SamplingParams
 
 SAMPLING_OPTIONS = [
@@ -47,7 +47,7 @@ def make_engine(config: EngineConfig) -> Any:
     from octavo.executor.base import WorkerDiedError
     from octavo.models.loader import ModelLoadError
 
-    resolve_backend_or_exit(config.device.backend)
+    resolve_platform_or_exit(config.device.backend)
     try:
         return LLMEngine(config)
     except (ModelLoadError, ConfigError, WorkerDiedError) as exc:

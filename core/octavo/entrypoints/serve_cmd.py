@@ -12,9 +12,10 @@ import click
 
 from octavo.config import EngineConfig
 from octavo.engine.dp_handshake import SECRET_ENV
-from octavo.entrypoints.backend import resolve_backend_or_exit
+from octavo.engine.errors import EngineDeadError, EngineStartError
 from octavo.entrypoints.engine_args import build_config, engine_options
 from octavo.entrypoints.openai.settings import DEFAULT_MODEL_NAME, ServerSettings
+from octavo.entrypoints.platform_choice import resolve_platform_or_exit
 
 
 class MemorySize(click.ParamType):
@@ -113,14 +114,12 @@ class NameList(click.ParamType):
 def serve(served_model_name: str | None, headless: bool, data_parallel_secret: str | None,
           **kwargs: Any) -> None:
     """Serve a model over an OpenAI-compatible HTTP API."""
-    from octavo.engine.core_client import EngineDeadError
-    from octavo.engine.core_proc import EngineStartError
     from octavo.entrypoints.openai.api_server import run_server
 
     config = build_config(kwargs)
     if config.device.backend != "auto":  # "auto" always resolves (the CPU at least); checking it
         # here would import the whole model stack before the engine core is even spawned
-        resolve_backend_or_exit(config.device.backend)
+        resolve_platform_or_exit(config.device.backend)
     secret = _data_parallel_secret(config, headless, data_parallel_secret)
     if headless:
         _serve_headless(config, secret)
@@ -156,7 +155,6 @@ def _data_parallel_secret(config: EngineConfig, headless: bool,
 
 def _serve_headless(config: EngineConfig, secret: bytes | None) -> None:
     """Run the engines; exit with their code (1 if one failed or the front end vanished)."""
-    from octavo.engine.core_proc import EngineStartError
     from octavo.engine.headless import run_headless
     from octavo.models.loader import default_model_path
 

@@ -30,25 +30,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from octavo.config import EngineConfig
-from octavo.executor.base import RankedExecutor, WorkerCallError, WorkerDiedError
-from octavo.executor.messages import (
-    CallKind,
-    WorkerInit,
-    WorkerReady,
-    WorkerReply,
-)
+from octavo.executor.base import WorkerDiedError
+from octavo.executor.messages import CallKind, WorkerInit, WorkerReady
+from octavo.executor.ranks import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, RankedExecutor
 from octavo.executor.shm_queue import MessageQueue, QueueClosed
 from octavo.models.loader import ModelFiles
+from octavo.net import free_port
 from octavo.paths import make_socket_dir
 from octavo.platforms import Platform
 
 logger = logging.getLogger(__name__)
-
-STARTUP_TIMEOUT_S = 600.0  # loading a large model in every worker takes a while
-STOP_TIMEOUT_S = 5.0  # after SHUTDOWN, before a worker is killed
 
 
 class MultiprocExecutor(RankedExecutor):
@@ -122,27 +115,16 @@ class MultiprocExecutor(RankedExecutor):
         raise WorkerDiedError(message)
 
     # -- calls --------------------------------------------------------------------------
-    def _call(self, kind: CallKind, payload: Any) -> list[WorkerReply]:
-        """Send a call to every worker and wait for every answer; the first error raises
-        ``WorkerCallError`` (after all answers are in, so the queues stay in step)."""
-        self.check_health()
+    def _send(self, message: bytes) -> list[bytes]:
+        """Through the broadcast queue to every worker; each answers on its reply queue."""
         try:
-            self.calls.enqueue(self._call_codec.encode(kind, payload), self._is_dead)
-            replies = [self._reply_codec.decode(queue.dequeue(self._is_dead))
-                       for queue in self.replies]
+            self.calls.enqueue(message, self._is_dead)
+            return [queue.dequeue(self._is_dead) for queue in self.replies]
         except QueueClosed:
             raise WorkerDiedError(self.failure or "the workers were shut down") from None
-        errors = [reply.error for reply in replies if reply.error is not None]
-        if errors:
-            raise WorkerCallError(errors[0])
-        return replies
 
     def _is_dead(self) -> bool:
         return self.failure is not None or self._stopping
-
-    def check_health(self) -> None:
-        if self.failure is not None:
-            raise WorkerDiedError(self.failure)
 
     # -- failure and shutdown -----------------------------------------------------------
     def _watch_workers(self) -> None:
@@ -189,9 +171,3 @@ class MultiprocExecutor(RankedExecutor):
             pipe.close()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now, for torch.distributed's rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return int(probe.getsockname()[1])

@@ -37,9 +37,8 @@ import ray
 from ray.exceptions import RayError, RayTaskError
 
 from octavo.config import EngineConfig
-from octavo.executor.base import RankedExecutor, WorkerCallError, WorkerDiedError
-from octavo.executor.messages import CallKind, WorkerReply
-from octavo.executor.multiproc import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S
+from octavo.executor.base import WorkerCallError, WorkerDiedError
+from octavo.executor.ranks import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, RankedExecutor
 from octavo.executor.ray_placement import (
     NodePlacement,
     connect,
@@ -115,18 +114,13 @@ class RayExecutor(RankedExecutor):
         self._sentinels = [actor.wait_forever.remote() for actor in self.actors]
 
     # -- calls --------------------------------------------------------------------------
-    def _call(self, kind: CallKind, payload: Any) -> list[WorkerReply]:
-        """Send a call to every worker and wait for every answer; the first error (in rank
-        order) raises ``WorkerCallError``, after all answers are in, as ``mp``'s does."""
-        self.check_health()
-        message = ray.put(self._call_codec.encode(kind, payload))
-        answers = dict(self._answers([actor.call.remote(message) for actor in self.actors],
-                                     kind.name))
-        replies = [self._reply_codec.decode(answers[rank]) for rank in range(self.world_size)]
-        errors = [reply.error for reply in replies if reply.error is not None]
-        if errors:
-            raise WorkerCallError(errors[0])
-        return replies
+    def _send(self, message: bytes) -> list[bytes]:
+        """Put once into Ray's object store, read by every actor; a dead actor fails the
+        call at once, whatever the other ranks still wait for."""
+        ref = ray.put(message)
+        answers = dict(self._answers([actor.call.remote(ref) for actor in self.actors],
+                                     "the call"))
+        return [answers[rank] for rank in range(self.world_size)]
 
     def _answers(self, refs: list[Any], what: str,
                  timeout_s: float | None = None) -> Iterator[tuple[int, Any]]:
@@ -149,12 +143,6 @@ class RayExecutor(RankedExecutor):
                 raise WorkerDiedError(self.failure or f"worker rank {rank} died: "
                                       f"{first_line(exc)}") from None
             yield rank, result
-
-    def check_health(self) -> None:
-        if self.failure is not None:
-            raise WorkerDiedError(self.failure)
-        if self._stopping:
-            raise WorkerDiedError("the workers were shut down")
 
     # -- failure and shutdown -----------------------------------------------------------
     def _watch_workers(self) -> None:

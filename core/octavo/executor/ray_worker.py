@@ -1,10 +1,10 @@
 """``RayWorker``: one rank of the ``ray`` executor, as a Ray actor.
 
-It starts as a worker process of ``mp`` does (``worker_proc``): its platform, its cores, the
+It starts as a worker process of ``mp`` does (``ranks.start_rank``): its platform, its cores, the
 engine's torch.distributed group, the model, loaded from files on its own node. It is told
 where to rendezvous by the executor, which first asks rank 0 for its node's address and a
 port free there. Calls arrive encoded as ``mp``'s do (``octavo.executor.messages``: msgspec,
-not pickle) and are answered by the same code (``worker_proc.run_call``), so an error on a
+not pickle) and are answered by the same code (``ranks.run_call``), so an error on a
 rank comes back as that call's answer, and the actor serves on.
 
 The actor's calls run one at a time, in order; ``wait_forever`` runs beside them (a
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import ray
 
 from octavo.config import EngineConfig
-from octavo.distributed.state import RankInfo, init_distributed
+from octavo.distributed.state import RankInfo
 from octavo.executor.messages import CallCodec, ReplyCodec
-from octavo.executor.multiproc import free_port
-from octavo.executor.worker_proc import DIST_TIMEOUT_S, run_call
+from octavo.executor.ranks import run_call, start_rank
+from octavo.net import free_port
 from octavo.worker.interface import WorkerInterface
 
 logger = logging.getLogger(__name__)
@@ -75,22 +75,9 @@ class RayWorker:
         return None
 
     def _start(self, init: RayWorkerInit) -> None:
-        from octavo.executor.worker_factory import make_worker
-        from octavo.models.loader import load_model_files
-        from octavo.plugins import get_registries
-        from octavo.plugins.resolve import resolve_platform
-
-        parallel = init.config.parallel
-        self._info = RankInfo.of(self.rank, parallel.tensor_parallel_size,
-                                 parallel.pipeline_parallel_size)
-        platform = resolve_platform(init.platform, get_registries().platforms)
-        platform.init_worker_process(init.local_rank, init.local_world_size)
-        init_distributed(self._info, platform.dist_backend, init.init_method, DIST_TIMEOUT_S,
-                         tensor_communicator=platform.tensor_communicator if init.same_node
-                         else None,
-                         enable_expert_parallel=parallel.enable_expert_parallel)
-        self._worker = make_worker(init.config, platform,
-                                   load_model_files(init.config.model.model))
+        self._worker, self._info = start_rank(
+            init.config, self.rank, init.platform, init.init_method,
+            (init.local_rank, init.local_world_size), same_node=init.same_node)
 
     def call(self, message: bytes) -> bytes:
         """One encoded call (a step or an RPC) -> its encoded ``WorkerReply``."""

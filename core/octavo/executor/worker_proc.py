@@ -26,28 +26,14 @@ import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from octavo.distributed.state import RankInfo, init_distributed
-from octavo.executor.messages import (
-    CallCodec,
-    CallKind,
-    ReplyCodec,
-    RpcCall,
-    WorkerInit,
-    WorkerReady,
-    WorkerReply,
-)
+from octavo.distributed.state import RankInfo
+from octavo.executor.messages import CallCodec, CallKind, ReplyCodec, WorkerInit, WorkerReady
+from octavo.executor.ranks import run_call, start_rank
 from octavo.executor.shm_queue import MessageQueue
-from octavo.outputs import ModelRunnerOutput
 from octavo.worker.interface import WorkerInterface
 
 logger = logging.getLogger(__name__)
-
-# How long a collective may wait for a peer before torch.distributed gives up: a rank stuck
-# that long is broken, and the engine is better told so than left hanging.
-DIST_TIMEOUT_S = 600.0
-
 
 def _exit_with_parent(pipe: multiprocessing.connection.Connection,
                       socket_dir: Path) -> list[Callable[[], None]]:
@@ -72,21 +58,9 @@ def _exit_with_parent(pipe: multiprocessing.connection.Connection,
 
 
 def _start(init: WorkerInit) -> tuple[WorkerInterface, RankInfo, MessageQueue, MessageQueue]:
-    from octavo.executor.worker_factory import make_worker
-    from octavo.models.loader import load_model_files
-    from octavo.plugins import get_registries
-    from octavo.plugins.resolve import resolve_platform
-
     config = init.config
-    parallel = config.parallel
-    info = RankInfo.of(init.rank, parallel.tensor_parallel_size,
-                       parallel.pipeline_parallel_size)
-    platform = resolve_platform(config.device.backend, get_registries().platforms)
-    platform.init_worker_process(*parallel.node_worker_index(info.rank))
-    init_distributed(info, platform.dist_backend, init.init_method, DIST_TIMEOUT_S,
-                     tensor_communicator=platform.tensor_communicator,
-                     enable_expert_parallel=parallel.enable_expert_parallel)
-    worker = make_worker(config, platform, load_model_files(config.model.model))
+    worker, info = start_rank(config, init.rank, config.device.backend, init.init_method,
+                              config.parallel.node_worker_index(init.rank))
     calls = MessageQueue.attach(init.broadcast, reader_index=info.rank)
     replies = MessageQueue.create(1, init.socket_dir)
     return worker, info, calls, replies
@@ -100,24 +74,6 @@ def _serve(worker: WorkerInterface, info: RankInfo, calls: MessageQueue,
         if kind is CallKind.SHUTDOWN:
             return
         replies.enqueue(reply_codec.encode(run_call(worker, info, kind, payload)))
-
-
-def run_call(worker: WorkerInterface, info: RankInfo, kind: CallKind,
-             payload: Any) -> WorkerReply:
-    """Run one call on the worker and make its answer: the step's output (an empty one on
-    every rank but the output rank), the RPC's result, or the text of the error it raised.
-    The ``ray`` executor's actors answer their calls with it too."""
-    try:
-        if kind is CallKind.EXECUTE:
-            output = worker.execute_model(payload)
-            return WorkerReply(output=output if info.is_output_rank else
-                               ModelRunnerOutput(req_ids=[], sampled_token_ids=[]))
-        assert isinstance(payload, RpcCall)
-        return WorkerReply(result=getattr(worker, payload.method)(*payload.args))
-    except Exception as exc:
-        logger.exception("worker rank %d: %s failed", info.rank, kind.name)
-        return WorkerReply(error=f"rank {info.rank}: {type(exc).__name__}: {exc}\n"
-                                 f"{traceback.format_exc()}")
 
 
 def main(fd: int) -> None:

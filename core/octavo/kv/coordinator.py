@@ -2,7 +2,7 @@
 hybrid coordinator), e.g. sliding-window layers mixed with full-attention ones.
 
 It answers the scheduler like ``KVCacheManager`` (``KVCacheManagerInterface``) for every
-group at once, over one pool of blocks (see ``octavo.kv.spec`` for the layout):
+group at once, over one pool of blocks (see ``octavo.kv.cache_spec`` for the layout):
 
 - a prefix hit is the longest prefix every group has cached (a sliding-window group only
   needs the blocks its window still covers), so each group gets as many hit blocks;
@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from octavo.block_hash import update_block_hashes
 from octavo.kv.block import KVBlock
 from octavo.kv.block_pool import BlockPool
+from octavo.kv.cache_spec import KVCacheGroup, SlidingWindowSpec
 from octavo.kv.group_manager import GroupManager, SlidingWindowGroupManager
 from octavo.kv.interface import KVCacheManagerInterface
-from octavo.kv.spec import KVCacheGroup, SlidingWindowSpec
 from octavo.request import Request
 from octavo.stats import PrefixCacheStats
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from octavo.block_hash import BlockHash
 from octavo.kv.block import KVBlock
 from octavo.kv.block_pool import BlockPool
-from octavo.kv.spec import SlidingWindowSpec
+from octavo.kv.cache_spec import SlidingWindowSpec
 from octavo.request import Request
 
 

@@ -19,8 +19,8 @@ and keys the prefix cache by the plain block hashes.
 
 from __future__ import annotations
 
+from octavo.kv.cache_spec import FullAttentionSpec, KVCacheGroup
 from octavo.kv.coordinator import KVCacheCoordinator
-from octavo.kv.spec import FullAttentionSpec, KVCacheGroup
 
 # The layers of the one group do not matter to the manager: block ids span all of them.
 ALL_LAYERS = KVCacheGroup(FullAttentionSpec(), ())

@@ -41,11 +41,14 @@ class LlamaAttention(nn.Module):
         qkv_bias: bool,
         qk_norm: bool,
         rotary_emb: RotaryEmbedding | None = None,
+        input_size: int | None = None,
     ) -> None:
-        """``rotary_emb``: the model's shared rotary embedding (a layer of its own if None)."""
+        """``rotary_emb``: the model's shared rotary embedding (a layer of its own if None);
+        ``input_size``: the width q/k/v are projected from (the hidden size if None)."""
         super().__init__()
         head_dim = config.head_dim
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, config.num_attention_heads,
+        self.qkv_proj = QKVParallelLinear(input_size or config.hidden_size, head_dim,
+                                          config.num_attention_heads,
                                           config.num_key_value_heads, bias=qkv_bias)
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
@@ -80,6 +83,10 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
+    @classmethod
+    def of(cls, config: ArchConfig) -> LlamaMLP:
+        return cls(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(
@@ -101,6 +108,22 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    @classmethod
+    def build(cls, config: ArchConfig, attn_backend: type[AttentionBackend], *,
+              sliding_window: int | None = None, qkv_bias: bool | None = None,
+              qk_norm: bool = False, rotary_emb: RotaryEmbedding | None = None,
+              input_size: int | None = None, mlp: nn.Module | None = None,
+              ) -> LlamaDecoderLayer:
+        """A Llama-family decoder layer of ``config``'s shapes: the attention (``qkv_bias``
+        defaults to ``config.attention_bias``; ``input_size`` is the width q/k/v are
+        projected from, as ``LlamaAttention`` takes it) and ``mlp``, a gated SiLU MLP by
+        default. Plugins build draft heads from it (EAGLE's layers)."""
+        attention = LlamaAttention(
+            config, attn_backend, sliding_window,
+            qkv_bias=config.attention_bias if qkv_bias is None else qkv_bias,
+            qk_norm=qk_norm, rotary_emb=rotary_emb, input_size=input_size)
+        return cls(config, attention, LlamaMLP.of(config) if mlp is None else mlp)
 
     def forward(
         self,
@@ -232,15 +255,14 @@ class LlamaForCausalLM(CausalLM):
 
     def make_layer(self, index: int) -> LlamaDecoderLayer:
         config = self.config
-        attention = LlamaAttention(config, self.attn_backend, config.sliding_windows[index],
-                                   qkv_bias=self.qkv_bias or config.attention_bias,
-                                   qk_norm=self.qk_norm, rotary_emb=self.rotary_emb)
-        return LlamaDecoderLayer(config, attention, self.make_mlp())
+        return LlamaDecoderLayer.build(
+            config, self.attn_backend, sliding_window=config.sliding_windows[index],
+            qkv_bias=self.qkv_bias or config.attention_bias, qk_norm=self.qk_norm,
+            rotary_emb=self.rotary_emb, mlp=self.make_mlp())
 
     def make_mlp(self) -> nn.Module:
         """The feed-forward block of a layer (a mixture of experts in MoE subclasses)."""
-        config = self.config
-        return LlamaMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        return LlamaMLP.of(self.config)
 
     def forward(
         self,

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # torch only for annotations: listing platforms must not impo
     from torch.distributed import ProcessGroup
 
     from octavo.distributed.state import TensorCommunicator
+    from octavo.request import Request
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,10 @@ class Platform(ABC):
       proposers for the heads they build;
     - a worker process of a multi-worker engine calls :meth:`init_worker_process` first
       (bind its cores, pick its device), then :meth:`tensor_communicator` once its process
-      group exists.
+      group exists;
+    - :meth:`validate_request` refuses, in the front end, a request the platform's worker
+      cannot run, so that no step ever holds one (a refusal inside a step would fail every
+      request of that step).
     """
 
     name: ClassVar[str]
@@ -97,6 +101,14 @@ class Platform(ABC):
         many layers were changed. The portable default changes nothing."""
         del model, dtype
         return 0
+
+    @classmethod
+    def validate_request(cls, request: Request) -> None:
+        """Raise ``ValueError`` naming the setting when this platform's worker cannot run
+        ``request`` (vLLM's ``Platform.validate_request``). Called by the front end's
+        ``Processor`` for every request before it is sent to the engine; the refusal is the
+        client's 400. The portable default runs everything the engine offers."""
+        del request
 
     @classmethod
     def init_worker_process(cls, rank: int, world_size: int) -> None:

@@ -17,7 +17,7 @@ import importlib.util
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-PLUGIN_API_VERSION = "1.3"
+PLUGIN_API_VERSION = "1.4"
 DECLARATION = "OCTAVO_PLUGIN_API"
 
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from octavo.plugins.registry import Registry
     from octavo.sched.interface import SchedulerInterface
     from octavo.sched.policy import SchedulingPolicy
-    from octavo.worker.spec.proposer import Proposer
+    from octavo.worker.spec_decode.proposer import Proposer
 
 PROJECT = "octavo"
 hookspec = pluggy.HookspecMarker(PROJECT)

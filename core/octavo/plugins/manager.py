@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from octavo.platforms.base import Platform
     from octavo.sched.interface import SchedulerInterface
     from octavo.sched.policy import SchedulingPolicy
-    from octavo.worker.spec.proposer import Proposer
+    from octavo.worker.spec_decode.proposer import Proposer
 
 ENTRY_POINT_GROUP = "octavo"
 TRACE_ENV = "OCTAVO_TRACE_PLUGINS"

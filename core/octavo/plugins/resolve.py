@@ -2,7 +2,7 @@
 and every other name (attention backend, scheduler, KV manager, policy, connector,
 proposer) to its registered class, when the engine is built.
 
-Each failure says what to do: a ``BackendError`` names what to install or what was not
+Each failure says what to do: a ``PlatformError`` names what to install or what was not
 found; a ``ConfigError`` names the setting and lists the registered names. ``check_names``
 runs every check before any model is loaded, so a typo costs no load time.
 """
@@ -23,12 +23,12 @@ if TYPE_CHECKING:
     from octavo.kv.interface import KVCacheManagerInterface
     from octavo.kv_transfer.base import KVConnector
     from octavo.sched.interface import SchedulerInterface
-    from octavo.worker.spec.proposer import Proposer
+    from octavo.worker.spec_decode.proposer import Proposer
 
 T = TypeVar("T")
 
-# Backends whose plugin distributions the project ships; used to say what to install.
-KNOWN_BACKEND_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
+# Platforms whose plugin distributions the project ships; used to say what to install.
+KNOWN_PLATFORM_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
     "cuda": ("octavo-triton", "octavo-cuda"),
     "rocm": ("octavo-triton", "octavo-rocm"),
     "tpu": ("octavo-tpu",),
@@ -36,12 +36,13 @@ KNOWN_BACKEND_DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-class BackendError(RuntimeError):
-    """The requested backend cannot be used; the message says why and what to do."""
+class PlatformError(RuntimeError):
+    """The requested platform (``--backend``) cannot be used; the message says why and what
+    to do."""
 
 
 def _install_hint(name: str) -> str:
-    dists = KNOWN_BACKEND_DISTRIBUTIONS[name]
+    dists = KNOWN_PLATFORM_DISTRIBUTIONS[name]
     paths = " ".join(f"./plugins/{d.removeprefix('octavo-').replace('-', '_')}" for d in dists)
     return (
         f"the {name!r} backend is provided by the {dists[-1]} distribution, which is not "
@@ -61,17 +62,17 @@ def resolve_platform(name: str, registry: Registry[type[Platform]] | None = None
     if name == "auto":
         return _best_available(registry)
     if name not in registry:
-        if name in KNOWN_BACKEND_DISTRIBUTIONS:
-            raise BackendError(_install_hint(name))
-        raise BackendError(f"unknown backend {name!r}; installed backends: auto, "
+        if name in KNOWN_PLATFORM_DISTRIBUTIONS:
+            raise PlatformError(_install_hint(name))
+        raise PlatformError(f"unknown backend {name!r}; installed backends: auto, "
                            + ", ".join(registry.names()))
     platform = registry.get(name)
     availability = platform.check_available()
     if not availability.available:
-        raise BackendError(f"the {name!r} backend is installed but cannot run here: "
+        raise PlatformError(f"the {name!r} backend is installed but cannot run here: "
                            f"{availability.reason}")
     if platform.missing_kernels:
-        raise BackendError(f"the {name!r} backend found its hardware but cannot run models yet: "
+        raise PlatformError(f"the {name!r} backend found its hardware but cannot run models yet: "
                            f"{platform.missing_kernels}")
     return platform
 
@@ -80,7 +81,7 @@ def _best_available(registry: Registry[type[Platform]]) -> type[Platform]:
     ready = [p for p in registry.entries()
              if not p.obj.missing_kernels and p.obj.check_available().available]
     if not ready:
-        raise BackendError("no backend is available here (not even cpu)")
+        raise PlatformError("no backend is available here (not even cpu)")
     return max(ready, key=lambda e: e.obj.priority).obj
 
 

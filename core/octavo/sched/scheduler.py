@@ -8,7 +8,7 @@ running requests (``max_num_seqs``). A prompt gets chunks of what the budget lea
 that is set); a decode gets 1.
 
 Order: running requests first, in policy order; with speculative decoding a decode gets
-1 + its drafts (see ``octavo.sched.spec``); when the KV pool cannot hold a running
+1 + its drafts (see ``octavo.sched.spec_decode``); when the KV pool cannot hold a running
 request's new tokens, the policy's least valued running request that has not been
 scheduled this step is preempted (its blocks are freed and it goes back to waiting, to
 be recomputed later - cheaply, since its full blocks stay in the prefix cache until
@@ -48,7 +48,7 @@ from octavo.request import Request, RequestStatus
 from octavo.sched.interface import SchedulerInterface
 from octavo.sched.kv_transfer import KVTransferScheduling
 from octavo.sched.policy import FcfsPolicy, SchedulingPolicy
-from octavo.sched.spec import SpecScheduling
+from octavo.sched.spec_decode import SpecScheduling
 from octavo.sched.stop import check_stop
 from octavo.stats import KVTransferStats
 

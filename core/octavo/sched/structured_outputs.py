@@ -94,12 +94,6 @@ class StructuredOutputManager:
         matcher = self._matchers.get(request_id)
         return matcher is not None and matcher.is_terminated()
 
-    def rollback(self, request_id: str, num_tokens: int) -> None:
-        """Undo the last ``num_tokens`` accepted tokens (rejected speculative drafts)."""
-        matcher = self._matchers.get(request_id)
-        if matcher is not None and num_tokens:
-            matcher.rollback(num_tokens)
-
     def remove_request(self, request_id: str) -> None:
         self._compiling.pop(request_id, None)
         self._matchers.pop(request_id, None)

@@ -1,14 +1,14 @@
-"""What every contract class shares: a fresh seed per test, and failure messages that name the
+"""What every contract class shares: a seed per test, and failure messages that name the
 contract that broke.
 
-Each test draws its inputs from a seed of its own, from ``random.SystemRandom`` unless
-``--octavo-seed N`` (the kit's pytest plugin) replays one; every failure message prints the
-seed and that option, so a failure seen once can be rerun as it was.
+Each test draws its inputs from a seed of its own (``octavo.testing.seeds``: fixed per test
+by default, fresh with ``OCTAVO_TEST_SEEDS=fresh``) unless ``--octavo-seed N`` (the kit's
+pytest plugin) replays one; every failure message prints the seed and that option, so a
+failure seen once can be rerun as it was.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar, NoReturn
@@ -16,13 +16,15 @@ from typing import ClassVar, NoReturn
 import pytest
 import torch
 
+from octavo.testing.seeds import draw_seed
+
 SEED_OPTION = "--octavo-seed"
 
 
-def draw_seed(config: pytest.Config) -> int:
-    """The seed of one test: the replayed one, else a fresh one."""
+def seed_of_test(config: pytest.Config) -> int:
+    """The seed of one test: the replayed one, else the test's own (``seeds.draw_seed``)."""
     replayed = config.getoption("octavo_seed", default=None)
-    return int(replayed) if replayed is not None else random.SystemRandom().randrange(2**32)
+    return int(replayed) if replayed is not None else draw_seed()
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class SeededContract:
 
     @pytest.fixture
     def octavo_seed(self, request: pytest.FixtureRequest) -> int:
-        return draw_seed(request.config)
+        return seed_of_test(request.config)
 
     @pytest.fixture
     def verdict(self, octavo_seed: int) -> Verdict:

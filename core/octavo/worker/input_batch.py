@@ -9,11 +9,13 @@ hundreds of running requests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from octavo.outputs import NewRequestData, SchedulerOutput
 from octavo.sample.metadata import SamplingArrays, make_generator
 from octavo.sampling_params import SamplingParams, SamplingType
 
@@ -63,6 +65,49 @@ class InputBatch:
     @property
     def num_reqs(self) -> int:
         return len(self.req_ids)
+
+    def apply(self, so: SchedulerOutput,
+              make_state: Callable[[NewRequestData], CachedRequestState],
+              reads_sampled_tokens: bool = False) -> None:
+        """Bring the rows up to date with one step's ``SchedulerOutput``, before the step
+        runs: finished requests leave; new ones arrive (``make_state`` turns each into the
+        runner's state: its generator, its prompt embeddings on the device); a request
+        resumed after preemption starts afresh from its ``NewRequestData``; running ones
+        get their new blocks and computed-token counts. ``reads_sampled_tokens``: a
+        pipeline stage before the last, which did not sample the tokens it is now given."""
+        for req_id in so.finished_req_ids:
+            if req_id in self.req_index:
+                self.remove(req_id)
+        for new in so.scheduled_new_reqs:
+            if new.req_id in self.req_index:  # resumed after preemption: start afresh
+                self.remove(new.req_id)
+            self.add(make_state(new), new.num_computed_tokens)
+        for req_id, num_blocks in so.trimmed_block_tables.items():
+            if req_id in self.req_index:  # its rejected drafts' blocks were released
+                self.num_blocks[self.req_index[req_id]] = num_blocks
+        cached = so.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            row = self.req_index[req_id]
+            if cached.new_group_block_ids:
+                self.append_group_blocks(row, cached.new_group_block_ids[i])
+            else:
+                self.append_blocks(row, cached.new_block_ids[i])
+            self.num_computed_tokens[row] = cached.num_computed_tokens[i]
+            if reads_sampled_tokens:
+                self.place_sampled(row, cached.num_computed_tokens[i], cached.new_token_ids[i])
+
+    def place_sampled(self, row: int, num_computed: int, token_ids: list[int]) -> None:
+        """Put the output tokens of this step's positions (from ``max(num_computed, prompt
+        length)`` on) in the row: appended when new, already there when a request resumed
+        after preemption recomputes outputs it was given again in its ``NewRequestData``."""
+        position = max(num_computed, int(self.num_prompt_tokens[row]))
+        for token in token_ids:
+            if position == self.num_tokens[row]:
+                self.append_token(row, token)
+            else:
+                assert position < self.num_tokens[row], "a gap in the sampled tokens"
+                assert self.token_ids[row, position] == token, "a sampled token changed"
+            position += 1
 
     def add(self, state: CachedRequestState, num_computed_tokens: int) -> None:
         row = self.num_reqs

@@ -21,7 +21,7 @@ from octavo.models.base import CausalLM
 from octavo.models.loader import ModelFiles
 from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
-from octavo.worker.spec.proposer import Proposer
+from octavo.worker.spec_decode.proposer import Proposer
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class WorkerInterface(ABC):
 
     def get_kv_cache_spec(self) -> list[int | None]:
         """Each model layer's sliding window (None: full attention), from which both the
-        engine and the worker derive the KV groups (``octavo.kv.spec.kv_cache_groups``).
+        engine and the worker derive the KV groups (``octavo.kv.cache_spec.kv_cache_groups``).
         Empty, the default: every layer full attention, one group."""
         return []
 

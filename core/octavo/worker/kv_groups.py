@@ -1,4 +1,4 @@
-"""The worker side of KV groups (``octavo.kv.spec``): the model's per-layer windows, the
+"""The worker side of KV groups (``octavo.kv.cache_spec``): the model's per-layer windows, the
 KV tensors a block id spans, and each attention layer told which group it is in."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from torch import nn
 
 from octavo.attention.base import AttentionImpl
 from octavo.attention.kv_groups import KVGroupAttention
-from octavo.kv.spec import KVCacheGroup, tensor_of_layer
+from octavo.kv.cache_spec import KVCacheGroup, tensor_of_layer
 
 
 def layer_windows(model: nn.Module) -> list[int | None]:

@@ -11,7 +11,7 @@ import torch
 
 from octavo.attention import AttentionBackend
 from octavo.distributed.state import get_parallel_state
-from octavo.kv.spec import is_hybrid, kv_cache_groups
+from octavo.kv.cache_spec import is_hybrid, kv_cache_groups
 from octavo.models.base import CausalLM, IntermediateTensors
 from octavo.outputs import (
     LogprobsLists,
@@ -32,7 +32,7 @@ from octavo.worker.grammar_bitmask import apply_grammar_bitmask, grammar_rows
 from octavo.worker.input_batch import CachedRequestState, InputBatch, new_generator
 from octavo.worker.kv_groups import assign_kv_groups, layer_windows, local_tensor_indices
 from octavo.worker.kv_transfer import WorkerKVTransfer
-from octavo.worker.spec.verifier import SpecVerifier
+from octavo.worker.spec_decode.verifier import SpecVerifier
 from octavo.worker.step_inputs import StepInputs, prepare_step
 
 
@@ -55,7 +55,7 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.device = device
-        # The model's KV groups (octavo.kv.spec); with several, or a sliding window, layer i
+        # The model's KV groups (octavo.kv.cache_spec); with several, or a sliding window, layer i
         # writes KV tensor kv_tensor_index[i - first local layer], shared across groups.
         self.kv_groups = kv_cache_groups(layer_windows(model))
         self.hybrid_kv = is_hybrid(self.kv_groups)
@@ -102,7 +102,8 @@ class ModelRunner:
     # -- one step -----------------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        self._update_states(scheduler_output)
+        self.batch.apply(scheduler_output, self._request_state,
+                         reads_sampled_tokens=not self.model.ranks.is_last_stage)
         if self.kv_transfer is not None:
             return self.kv_transfer.execute(scheduler_output, self._execute_step)
         return self._execute_step(scheduler_output)
@@ -233,44 +234,9 @@ class ModelRunner:
         apply_grammar_bitmask(logits, so.grammar_bitmask[mask_rows], logits_rows)
 
     # -- persistent batch ---------------------------------------------------------------
-    def _update_states(self, so: SchedulerOutput) -> None:
-        for req_id in so.finished_req_ids:
-            if req_id in self.batch.req_index:
-                self.batch.remove(req_id)
-        for new in so.scheduled_new_reqs:
-            self._add_request(new)
-        for req_id, num_blocks in so.trimmed_block_tables.items():
-            if req_id in self.batch.req_index:  # its rejected drafts' blocks were released
-                self.batch.num_blocks[self.batch.req_index[req_id]] = num_blocks
-        cached = so.scheduled_cached_reqs
-        samples = self.model.ranks.is_last_stage
-        for i, req_id in enumerate(cached.req_ids):
-            row = self.batch.req_index[req_id]
-            if cached.new_group_block_ids:
-                self.batch.append_group_blocks(row, cached.new_group_block_ids[i])
-            else:
-                self.batch.append_blocks(row, cached.new_block_ids[i])
-            self.batch.num_computed_tokens[row] = cached.num_computed_tokens[i]
-            if not samples:  # the last stage sampled these; this stage reads them
-                self._place_sampled(row, cached.num_computed_tokens[i], cached.new_token_ids[i])
-
-    def _place_sampled(self, row: int, num_computed: int, token_ids: list[int]) -> None:
-        """Put the output tokens of this step's positions (from ``max(num_computed, prompt
-        length)`` on) in the row: appended when new, already there when a request resumed
-        after preemption recomputes outputs it was given again in its ``NewRequestData``."""
-        position = max(num_computed, int(self.batch.num_prompt_tokens[row]))
-        for token in token_ids:
-            if position == self.batch.num_tokens[row]:
-                self.batch.append_token(row, token)
-            else:
-                assert position < self.batch.num_tokens[row], "a gap in the sampled tokens"
-                assert self.batch.token_ids[row, position] == token, "a sampled token changed"
-            position += 1
-
-    def _add_request(self, new: NewRequestData) -> None:
-        if new.req_id in self.batch.req_index:  # resumed after preemption: start afresh
-            self.batch.remove(new.req_id)
-        state = CachedRequestState(
+    def _request_state(self, new: NewRequestData) -> CachedRequestState:
+        """A new request's state: its generator, its prompt embeddings on the device."""
+        return CachedRequestState(
             req_id=new.req_id,
             prompt_token_ids=list(new.prompt_token_ids),
             sampling_params=new.sampling_params,
@@ -281,7 +247,6 @@ class ModelRunner:
             prompt_embeds=(None if new.prompt_embeds is None else torch.tensor(
                 new.prompt_embeds, dtype=self.model.dtype, device=self.device)),
         )
-        self.batch.add(state, new.num_computed_tokens)
 
     # -- sampling -----------------------------------------------------------------------
     def sampling_metadata(self, rows: np.ndarray,

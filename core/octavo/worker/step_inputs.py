@@ -37,6 +37,46 @@ class StepInputs:
     # Prompt embeddings of the scheduled prompt positions that have them; None when none do.
     prompt_embeds: PromptEmbedsInput | None = None
 
+    @classmethod
+    def for_tokens(cls, input_ids: np.ndarray, positions: np.ndarray, counts: np.ndarray,
+                   block_tables: np.ndarray, block_size: int,
+                   device: torch.device) -> StepInputs:
+        """The inputs of a ragged batch that is not the persistent batch's schedule - a
+        proposer's own forward passes over a draft KV cache laid out with the target's
+        block ids: ``counts[i]`` consecutive tokens per request (flattened in
+        ``input_ids`` and ``positions``), request ``i`` owning ``block_tables[i]``. Every
+        request samples at its last token."""
+        ends = np.cumsum(counts)
+        token_req = np.repeat(np.arange(len(counts)), counts)
+        blocks = block_tables[token_req, positions // block_size].astype(np.int64)
+        seq_lens = (positions[ends - 1] + 1).astype(np.int32)
+        max_blocks = int(-(-int(seq_lens.max()) // block_size))
+        query_start_loc = np.concatenate([[0], ends]).astype(np.int32)
+
+        def on_device(array: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+        metadata = AttentionMetadata(
+            num_actual_tokens=int(ends[-1]),
+            num_reqs=len(counts),
+            query_start_loc=on_device(query_start_loc),
+            seq_lens=on_device(seq_lens),
+            block_tables=on_device(block_tables[:, :max_blocks]),
+            slot_mapping=on_device(blocks * block_size + positions % block_size),
+            max_query_len=int(counts.max()),
+            max_seq_len=int(seq_lens.max()),
+            query_start_loc_cpu=torch.from_numpy(query_start_loc),
+            seq_lens_cpu=torch.from_numpy(seq_lens),
+        )
+        return cls(
+            rows=np.arange(len(counts)),
+            input_ids=on_device(input_ids.astype(np.int64)),
+            positions=on_device(positions.astype(np.int64)),
+            metadata=metadata,
+            sample_mask=np.ones(len(counts), dtype=bool),
+            logits_indices=on_device(ends - 1),
+        )
+
 
 def prepare_step(
     batch: InputBatch, num_scheduled: dict[str, int], block_size: int, device: torch.device

@@ -19,18 +19,11 @@ from octavo.models.loader import ModelFiles
 from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
 from octavo.worker.interface import WorkerClasses, WorkerInterface
+from octavo.worker.kv_budget import host_kv_budget, num_kv_blocks
 from octavo.worker.kv_groups import layer_windows
 from octavo.worker.kv_transfer import WorkerKVTransfer
 from octavo.worker.model_runner import ModelRunner
-from octavo.worker.spec.verifier import SpecVerifier
-
-# The CPU default KV budget. The cache is written when allocated, so all of it is resident
-# from the start (a long-running server would come to touch all of it anyway: freed blocks
-# stay in the prefix cache, and the free queue hands out never-used blocks before evicting
-# cached ones). 1 GiB holds 46k tokens of SmolLM2-135M in bf16 (23k in fp32), and a server
-# on it stays near 2.3 GB. vLLM's CPU default is 4 GiB (--kv-cache-memory 4GiB).
-CPU_DEFAULT_KV_BYTES = 1 * 2**30
-CPU_DEFAULT_KV_FRACTION = 0.4  # of the RAM available at start-up
+from octavo.worker.spec_decode.verifier import SpecVerifier
 
 
 class Worker(WorkerInterface):
@@ -69,18 +62,9 @@ class Worker(WorkerInterface):
         return layer_windows(self.runner.model)
 
     def determine_num_blocks(self) -> int:
-        """KV blocks that fit the budget: ``--kv-cache-memory`` when given, else (on the CPU)
-        the smaller of 1 GiB and 40% of the available RAM."""
-        budget = self.config.cache.kv_cache_memory
-        if budget is None:
-            budget = min(CPU_DEFAULT_KV_BYTES,
-                         int(self.platform.free_memory() * CPU_DEFAULT_KV_FRACTION))
-        per_block = self.runner.kv_cache_bytes_per_block()
-        num_blocks = budget // per_block
-        if num_blocks < 1:
-            raise ValueError(f"a KV budget of {budget} bytes holds no block of {per_block} bytes; "
-                             "raise --kv-cache-memory")
-        return num_blocks
+        """KV blocks that fit the host budget (``octavo.worker.kv_budget``)."""
+        return num_kv_blocks(host_kv_budget(self.config, self.platform),
+                             self.runner.kv_cache_bytes_per_block())
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.runner.initialize_kv_cache(num_blocks)

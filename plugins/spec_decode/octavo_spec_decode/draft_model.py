@@ -5,8 +5,8 @@ counted into KV sizing through ``kv_cache_bytes_per_block``), so the scheduler's
 tables, prefix cache hits and lookahead slots serve both models. Each step it
 
 1. runs over the step's tokens as they turned out - per request the accepted ones and the
-   newest sampled token (``accepted_step``) - which writes their draft KV and gives the
-   first draft from the last position;
+   newest sampled token (``ProposeInputs.accepted_step``) - which writes their draft KV and
+   gives the first draft from the last position;
 2. runs ``k - 1`` single-token steps, feeding each draft back in.
 
 Every request of the step goes through step 1, drafting or not, so the draft cache holds
@@ -24,9 +24,8 @@ from octavo.plugin_api import (
     ProposeInputs,
     Proposer,
     ProposerContext,
-    accepted_step,
+    StepInputs,
     build_model,
-    build_step,
     load_model_files,
 )
 
@@ -65,7 +64,7 @@ class DraftModelProposer(Proposer):
     @torch.inference_mode()
     def propose(self, inputs: ProposeInputs) -> list[list[int]]:
         context = self.context
-        step = accepted_step(inputs, context.block_size, context.device)
+        step = inputs.accepted_step(context.block_size, context.device)
         next_tokens = self._argmax(step)
         # Drafts per request: up to k, leaving room for the bonus token in max_model_len.
         room = np.minimum(self.num_speculative_tokens,
@@ -78,9 +77,9 @@ class DraftModelProposer(Proposer):
             active = np.flatnonzero(num_drafts > j)
             # Draft j - 1 sits right after the request's tokens, at position num_tokens + j - 1.
             positions = inputs.num_tokens[active] + j - 1
-            single = build_step(drafts[active, j - 1], positions, np.ones(len(active), np.int64),
-                                inputs.block_table[inputs.rows[active]], context.block_size,
-                                context.device)
+            single = StepInputs.for_tokens(
+                drafts[active, j - 1], positions, np.ones(len(active), np.int64),
+                inputs.block_table[inputs.rows[active]], context.block_size, context.device)
             drafts[active, j] = self._argmax(single)
         return [drafts[i, :n].tolist() for i, n in enumerate(num_drafts.tolist())]
 

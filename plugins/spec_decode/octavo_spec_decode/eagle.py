@@ -43,16 +43,14 @@ from octavo.plugin_api import (
     ArchConfig,
     AttentionBackend,
     AttentionMetadata,
-    LlamaAttention,
     LlamaDecoderLayer,
     LlamaForCausalLM,
-    LlamaMLP,
     ModelLoadError,
     ProposeInputs,
     Proposer,
     ProposerContext,
+    StepInputs,
     WeightShapeError,
-    build_step,
 )
 from octavo_spec_decode.heads_io import (
     HeadCheckpointError,
@@ -88,10 +86,7 @@ class EagleHead(nn.Module):
     @staticmethod
     def _layer(config: ArchConfig, attn_backend: type[AttentionBackend],
                index: int) -> LlamaDecoderLayer:
-        attention = LlamaAttention(config, attn_backend, None, qkv_bias=config.attention_bias,
-                                   qk_norm=False)
-        mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
-        layer = LlamaDecoderLayer(config, attention, mlp)
+        layer = LlamaDecoderLayer.build(config, attn_backend)
         if index == 0:  # its input is fc's output, not a residual stream: EAGLE skips the norm
             layer.input_layernorm = nn.Identity()
         return layer
@@ -265,8 +260,8 @@ class EagleProposer(Proposer):
         context, k = self.context, self.num_speculative_tokens
         tokens, positions, counts, feature_index = verified_entries(inputs)
         block_tables = inputs.block_table[inputs.rows]
-        step = build_step(tokens, positions, counts, block_tables, context.block_size,
-                          context.device)
+        step = StepInputs.for_tokens(tokens, positions, counts, block_tables,
+                                     context.block_size, context.device)
         features = self._features(inputs, torch.from_numpy(feature_index).to(context.device))
         predicted = self.head(features, step.input_ids, step.positions, self.kv_caches,
                               step.metadata)[step.logits_indices]
@@ -281,9 +276,9 @@ class EagleProposer(Proposer):
             active, predicted = active[keep], predicted[torch.from_numpy(keep).to(context.device)]
             if not len(active):
                 break
-            single = build_step(drafts[active, j], last_positions[active] + j + 1,
-                                np.ones(len(active), np.int64), block_tables[active],
-                                context.block_size, context.device)
+            single = StepInputs.for_tokens(drafts[active, j], last_positions[active] + j + 1,
+                                           np.ones(len(active), np.int64), block_tables[active],
+                                           context.block_size, context.device)
             predicted = self.head(predicted, single.input_ids, single.positions,
                                   self.kv_caches, single.metadata)
         return [drafts[i, :n].tolist() for i, n in enumerate(num_drafts.tolist())]

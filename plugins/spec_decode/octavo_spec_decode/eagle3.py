@@ -41,12 +41,10 @@ from octavo.plugin_api import (
     AttentionBackend,
     AttentionMetadata,
     ConfigError,
-    LlamaAttention,
+    LlamaDecoderLayer,
     LlamaForCausalLM,
-    LlamaMLP,
     ProposeInputs,
     ProposerContext,
-    QKVParallelLinear,
     RMSNorm,
 )
 from octavo_spec_decode.eagle import (
@@ -106,16 +104,13 @@ class Eagle3Layer(nn.Module):
     def __init__(self, config: ArchConfig, attn_backend: type[AttentionBackend],
                  norm_before_residual: bool) -> None:
         super().__init__()
-        hidden = config.hidden_size
-        self.input_layernorm = RMSNorm(hidden, config.rms_norm_eps)
-        self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, attn_backend, None,
-                                        qkv_bias=config.attention_bias, qk_norm=False)
-        self.self_attn.qkv_proj = QKVParallelLinear(
-            2 * hidden, config.head_dim, config.num_attention_heads,
-            config.num_key_value_heads, bias=config.attention_bias)
-        self.post_attention_layernorm = RMSNorm(hidden, config.rms_norm_eps)
-        self.mlp = LlamaMLP(hidden, config.intermediate_size, bias=config.mlp_bias)
+        # A decoder layer's parts, its attention projecting q/k/v from the 2h input.
+        layer = LlamaDecoderLayer.build(config, attn_backend, input_size=2 * config.hidden_size)
+        self.input_layernorm = layer.input_layernorm
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = layer.self_attn
+        self.post_attention_layernorm = layer.post_attention_layernorm
+        self.mlp = layer.mlp
         self.norm_before_residual = norm_before_residual
 
     def forward(self, positions: torch.Tensor, embeds: torch.Tensor, hidden: torch.Tensor,

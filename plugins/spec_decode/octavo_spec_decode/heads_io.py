@@ -9,7 +9,7 @@ Every error names the file and, where there is one, the tensor.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,7 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 def check_layout(path: Path, tensors: Mapping[str, torch.Tensor],
-                 expected: Mapping[str, tuple[int, ...]], optional: set[str] = frozenset(),
+                 expected: Mapping[str, tuple[int, ...]], optional: Set[str] = frozenset(),
                  ) -> None:
     """Every expected tensor present with its shape, nothing else (``optional`` may be
     absent)."""

@@ -8,7 +8,7 @@ from typing import Any
 from octavo.plugin_api import Registry, hookimpl
 
 # The plugin API range this plugin is written for (see octavo.plugin_api).
-OCTAVO_PLUGIN_API = ">=1.3,<2"  # 1.3: QKVParallelLinear (EAGLE-3)
+OCTAVO_PLUGIN_API = ">=1.4,<2"  # 1.4: LlamaDecoderLayer.build, StepInputs.for_tokens
 
 
 @hookimpl

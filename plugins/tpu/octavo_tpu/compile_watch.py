@@ -20,8 +20,8 @@ _count = 0
 _installed = False
 
 
-def _on_event(event: str, duration: float, **kwargs: object) -> None:
-    del duration, kwargs
+def _on_event(event: str, duration_secs: float, **kwargs: str | int) -> None:
+    del duration_secs, kwargs
     global _count
     if event == LOWERING_EVENT:
         with _lock:

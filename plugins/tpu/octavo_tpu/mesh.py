@@ -48,12 +48,8 @@ class Placement:
         self.tp = len(devices)
         self.replicated = NamedSharding(self.mesh, P())
         self.kv_sharding = NamedSharding(self.mesh, P(None, None, AXIS, None))
-        attention = partial(attention, interpret=interpret)
-        write_kv = partial(write_kv, interpret=interpret)
-        if self.tp == 1:
-            self.attention, self.write_kv = attention, write_kv
-        else:
-            self.attention, self.write_kv = self._sharded(attention, write_kv)
+        kernels = (partial(attention, interpret=interpret), partial(write_kv, interpret=interpret))
+        self.attention, self.write_kv = kernels if self.tp == 1 else self._sharded(*kernels)
 
     def _sharded(self, attention: Callable[..., jax.Array], write_kv: Callable[..., jax.Array],
                  ) -> tuple[Callable[..., jax.Array], Callable[..., jax.Array]]:

@@ -12,7 +12,7 @@ import importlib.util
 import os
 from typing import Any
 
-from octavo.plugin_api import Availability, CpuPlatform, Platform
+from octavo.plugin_api import Availability, CpuPlatform, Platform, Request
 
 INTERPRET_ENV = "OCTAVO_TPU_INTERPRET"
 INTERPRET = os.environ.get(INTERPRET_ENV) == "1"
@@ -21,6 +21,9 @@ JAX_MISSING = ("JAX is not installed (looked for the 'jax' module); install it w
 # JAX reaches a TPU only through libtpu: the 'libtpu' package that jax[tpu] installs, or a
 # library named by TPU_LIBRARY_PATH. Without either, JAX sees no TPU, and the check says so
 # without importing JAX (about a second, paid by every engine start with --backend auto).
+# Top logprobs every step computes (the OpenAI server's max_logprobs, as vLLM's default):
+# one compiled sampler serves every request, so a request may ask for at most that many.
+TOP_LOGPROBS = 20
 LIBTPU_MISSING = ("JAX sees no TPU devices (no libtpu: neither the 'libtpu' module nor "
                   "TPU_LIBRARY_PATH); on a TPU VM install it with: pip install 'jax[tpu]'")
 
@@ -71,6 +74,22 @@ class TpuPlatform(Platform):
                 f"interpret mode on {len(found)} CPU devices ({INTERPRET_ENV}=1): Pallas "
                 "kernels in TPU interpret mode; for correctness, not speed")
         return Availability.yes(f"{len(found)} x {found[0].device_kind}")
+
+    @classmethod
+    def validate_request(cls, request: Request) -> None:
+        """Refuse, naming the setting, what the JAX runner does not compute: prompt
+        logprobs, structured outputs and prompt embeddings are not wired into the JAX model
+        and sampler, and more logprobs than every step computes."""
+        params = request.sampling_params
+        unsupported = [name for name, on in (
+            ("prompt_logprobs", params.prompt_logprobs is not None),
+            ("structured_outputs", params.structured_outputs is not None),
+            ("prompt_embeds", request.prompt_embeds is not None),
+            (f"logprobs > {TOP_LOGPROBS}", (params.logprobs or 0) > TOP_LOGPROBS),
+        ) if on]
+        if unsupported:
+            raise ValueError(f"the tpu backend does not compute {', '.join(unsupported)} in "
+                             "this release (use --backend cpu)")
 
     @classmethod
     def total_memory(cls) -> int:

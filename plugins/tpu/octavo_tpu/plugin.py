@@ -7,7 +7,7 @@ from typing import Any
 from octavo.plugin_api import Registry, hookimpl
 
 # The plugin API range this plugin is written for (see octavo.plugin_api).
-OCTAVO_PLUGIN_API = ">=1.3,<2"  # 1.3: InputBatch, the sampler helpers
+OCTAVO_PLUGIN_API = ">=1.4,<2"  # 1.4: validate_request, InputBatch.apply, KV budget
 
 
 @hookimpl

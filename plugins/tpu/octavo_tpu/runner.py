@@ -23,7 +23,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,10 +41,8 @@ from octavo_tpu.buckets import Buckets
 from octavo_tpu.compile_watch import CompileGuard
 from octavo_tpu.mesh import Placement
 from octavo_tpu.model import ModelSpec, Params, forward
+from octavo_tpu.platform import TOP_LOGPROBS
 from octavo_tpu.sample import SampleOutput, SamplingTensors, sample
-
-# Top logprobs every step computes: the OpenAI server's max_logprobs (as vLLM's default).
-TOP_LOGPROBS = 20
 
 logger = logging.getLogger("octavo.tpu")
 
@@ -135,7 +132,7 @@ class TpuModelRunner:
 
     # -- one step -----------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        self._update_states(scheduler_output)
+        self.batch.apply(scheduler_output, self._request_state)
         if not scheduler_output.total_num_scheduled_tokens:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         host = self._prepare(scheduler_output.num_scheduled_tokens)
@@ -249,40 +246,12 @@ class TpuModelRunner:
                                  sampled_token_ids=sampled, logprobs=logprobs)
 
     # -- persistent batch ---------------------------------------------------------------
-    def _update_states(self, so: SchedulerOutput) -> None:
-        for req_id in so.finished_req_ids:
-            if req_id in self.batch.req_index:
-                self.batch.remove(req_id)
-        for new in so.scheduled_new_reqs:
-            self._add_request(new)
-        cached = so.scheduled_cached_reqs
-        for i, req_id in enumerate(cached.req_ids):
-            row = self.batch.req_index[req_id]
-            self.batch.append_blocks(row, cached.new_block_ids[i])
-            self.batch.num_computed_tokens[row] = cached.num_computed_tokens[i]
-
-    def _add_request(self, new: NewRequestData) -> None:
-        check_supported(new, self.num_logprobs)
-        if new.req_id in self.batch.req_index:  # resumed after preemption: start afresh
-            self.batch.remove(new.req_id)
-        state = CachedRequestState(
+    @staticmethod
+    def _request_state(new: NewRequestData) -> CachedRequestState:
+        """A new request's state: the JAX sampler draws from keys of its own, so no torch
+        generator."""
+        return CachedRequestState(
             req_id=new.req_id, prompt_token_ids=list(new.prompt_token_ids),
             sampling_params=new.sampling_params, output_token_ids=list(new.output_token_ids),
             generator=None, block_ids=list(new.block_ids))
-        self.batch.add(state, new.num_computed_tokens)
 
-
-def check_supported(new: NewRequestData, num_logprobs: int = TOP_LOGPROBS) -> None:
-    """Refuse, naming the setting, what this runner does not compute: prompt logprobs,
-    structured outputs and prompt embeddings are not wired into the JAX model and sampler,
-    and more logprobs than every step computes."""
-    params: Any = new.sampling_params
-    unsupported = [name for name, on in (
-        ("prompt_logprobs", params.prompt_logprobs is not None),
-        ("structured_outputs", params.structured_outputs is not None),
-        ("prompt_embeds", new.prompt_embeds is not None),
-        (f"logprobs > {num_logprobs}", (params.logprobs or 0) > num_logprobs),
-    ) if on]
-    if unsupported:
-        raise ValueError(f"request {new.req_id}: the tpu backend does not compute "
-                         f"{', '.join(unsupported)} in this release (use --backend cpu)")

@@ -27,7 +27,10 @@ from octavo.plugin_api import (
     WorkerInterface,
     build_model,
     cache_root,
+    device_kv_budget,
+    host_kv_budget,
     model_eos_token_ids,
+    num_kv_blocks,
 )
 from octavo_tpu import platform as tpu_platform
 from octavo_tpu.kernels import ragged_paged_attention, write_kv
@@ -38,8 +41,6 @@ from octavo_tpu.runner import TpuModelRunner
 logger = logging.getLogger("octavo.tpu")
 
 # Interpret mode keeps the KV cache in RAM: the CPU worker's default budget.
-INTERPRET_DEFAULT_KV_BYTES = 1 * 2**30
-INTERPRET_DEFAULT_KV_FRACTION = 0.4
 
 
 def enable_compilation_cache() -> str:
@@ -101,20 +102,9 @@ class TpuWorker(WorkerInterface):
         """KV blocks that fit ``--kv-cache-memory``; by default, in interpret mode the
         CPU worker's budget, on a TPU ``--gpu-memory-utilization`` of its memory less
         what is in use (the weights)."""
-        budget = self.config.cache.kv_cache_memory
-        if budget is None:
-            free = self.platform.free_memory()
-            if tpu_platform.INTERPRET:
-                budget = min(INTERPRET_DEFAULT_KV_BYTES, int(free * INTERPRET_DEFAULT_KV_FRACTION))
-            else:
-                total = self.platform.total_memory()
-                budget = int(total * self.config.cache.gpu_memory_utilization) - (total - free)
-        per_block = self.runner.kv_cache_bytes_per_block()
-        num_blocks = budget // per_block
-        if num_blocks < 1:
-            raise ValueError(f"a KV budget of {budget} bytes holds no block of {per_block} "
-                             "bytes; raise --kv-cache-memory")
-        return num_blocks
+        budget = (host_kv_budget if tpu_platform.INTERPRET else device_kv_budget)(
+            self.config, self.platform)
+        return num_kv_blocks(budget, self.runner.kv_cache_bytes_per_block())
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate the caches, then compile every step bucket before the engine serves."""

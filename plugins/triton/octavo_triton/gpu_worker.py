@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from octavo.plugin_api import EngineConfig, ModelFiles, Worker, WorkerClasses
+from octavo.plugin_api import EngineConfig, ModelFiles, Worker, WorkerClasses, num_kv_blocks
 from octavo_triton.backend import TritonAttentionBackend
 from octavo_triton.cuda_graphs import capture_sizes
 from octavo_triton.gpu_model_runner import GpuModelRunner
@@ -20,7 +20,6 @@ from octavo_triton.memory_profile import (
     GIB,
     kv_cache_budget,
     measure_memory,
-    num_kv_blocks,
 )
 from octavo_triton.tuning import set_tuning
 
@@ -48,7 +47,8 @@ class GpuWorker(Worker):
         budget = kv_cache_budget(profile, config.cache.gpu_memory_utilization)
         logger.info("memory: %s; KV cache %.2f GiB (gpu_memory_utilization %.2f)",
                     profile.describe(), budget / GIB, config.cache.gpu_memory_utilization)
-        return num_kv_blocks(budget, self.runner.kv_cache_bytes_per_block())
+        return num_kv_blocks(budget, self.runner.kv_cache_bytes_per_block(),
+                             flag="--gpu-memory-utilization")
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         super().initialize_kv_cache(num_blocks)

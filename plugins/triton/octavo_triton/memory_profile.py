@@ -54,15 +54,6 @@ def kv_cache_budget(profile: MemoryProfile, utilization: float) -> int:
     return budget
 
 
-def num_kv_blocks(budget: int, bytes_per_block: int) -> int:
-    """Whole blocks that fit the budget (at least one, or ``ValueError``)."""
-    blocks = budget // bytes_per_block
-    if blocks < 1:
-        raise ValueError(f"a KV budget of {budget} bytes holds no block of {bytes_per_block} "
-                         "bytes; raise --gpu-memory-utilization")
-    return blocks
-
-
 @dataclass
 class ProfileStep:
     """Inputs of the largest step the scheduler can form, for the profiling run."""

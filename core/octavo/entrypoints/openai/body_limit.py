@@ -2,11 +2,13 @@
 before the app sees it.
 
 Why: without a bound, a 50 MB prompt grew the API process to 6 GB and stalled every client
-while it was parsed and tokenized (probe D7), and a client that sends its body slowly held
-its connection forever (D8). A declared ``Content-Length`` over the limit is answered 413
-before a byte of the body is read; a chunked body is cut off at the limit; a body that does
-not arrive within ``timeout_s`` is answered 408. The app then gets the body in one message,
-and later messages (the client's disconnect) as they come.
+while it was parsed and tokenized, and a client that sends its body slowly held its
+connection forever (tests/e2e/test_serve_limits.py:
+``test_a_50mb_body_gets_413_at_once_and_health_stays_fast``,
+``test_a_body_that_never_arrives_gets_408``). A declared ``Content-Length`` over the limit
+is answered 413 before a byte of the body is read; a chunked body is cut off at the limit; a
+body that does not arrive within ``timeout_s`` is answered 408. The app then gets the body in
+one message, and later messages (the client's disconnect) as they come.
 """
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from octavo.engine.core_client import EngineDeadError, EngineStepError
-from octavo.engine.processor import InvalidRequestError
+from octavo.engine.errors import EngineDeadError, EngineStepError, InvalidRequestError
 from octavo.entrypoints.openai.protocol import ErrorInfo, ErrorResponse
 
 # OpenAI's error types by status.

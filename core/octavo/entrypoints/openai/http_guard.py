@@ -3,8 +3,13 @@ and its size (431), enforced in uvicorn's h11 protocol before any request reache
 
 Why here and not in the app: a client that never finishes its headers never becomes a
 request, so no middleware sees it. Without these limits a few thousand half-sent requests
-held every file descriptor (probe D8) and a 1 MiB header got the connection reset instead
-of an answer (D14).
+held every file descriptor and a 1 MiB header got the connection reset instead of an answer
+(tests/e2e/test_serve_limits.py:
+``test_slow_clients_are_dropped_and_health_answers_meanwhile``,
+``test_connections_past_the_cap_are_closed``, ``test_a_huge_header_gets_431``).
+
+It subclasses uvicorn's private ``H11Protocol``: core/pyproject.toml pins uvicorn and h11 to
+the releases tests/core/test_http_guard_upstream.py checked.
 
 - Past ``max_connections`` open connections a new one is closed at once (logged, rate
   limited), so the descriptors left serve the clients already connected, health probes too.

@@ -13,7 +13,7 @@ import jinja2
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from octavo.engine.core_client import EngineDeadError, EngineStepError
+from octavo.engine.errors import EngineDeadError, EngineStepError
 from octavo.engine.outputs import CompletionOutput, RequestOutput
 from octavo.entrypoints.openai.errors import OpenAIError, error_body, stream_error
 from octavo.entrypoints.openai.protocol import (

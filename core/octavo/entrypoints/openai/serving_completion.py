@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from octavo.engine.core_client import EngineDeadError, EngineStepError
+from octavo.engine.errors import EngineDeadError, EngineStepError
 from octavo.engine.outputs import CompletionOutput, RequestOutput
 from octavo.engine.processor import PromptType
 from octavo.entrypoints.openai.errors import OpenAIError, error_body, stream_error

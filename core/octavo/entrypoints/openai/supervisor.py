@@ -24,8 +24,7 @@ from types import FrameType
 import uvicorn
 
 from octavo.engine.async_llm import AsyncLLM
-from octavo.engine.core_client import EngineDeadError
-from octavo.engine.core_proc import EngineStartError
+from octavo.engine.errors import EngineDeadError, EngineStartError
 
 logger = logging.getLogger(__name__)
 

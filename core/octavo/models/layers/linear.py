@@ -176,6 +176,6 @@ class RowParallelLinear(LinearBase):
         if self.tp_size == 1:
             return super().forward(x)
         # The platform's GEMM adds the bias, which must come once, after the reduction.
-        fast = self.cpu_gemm is not None and self.bias is None
-        output = all_reduce(self.cpu_gemm(x) if fast else F.linear(x, self.weight))
+        gemm = self.cpu_gemm if self.bias is None else None
+        output = all_reduce(gemm(x) if gemm is not None else F.linear(x, self.weight))
         return output if self.bias is None else output + self.bias

@@ -58,6 +58,6 @@ def cast(data: np.ndarray, dtype: DType) -> np.ndarray:
         return np.asarray(data).astype(dtype.storage)
     values = np.asarray(data, dtype=np.float32)
     if dtype.storage is np.float32 and dtype is not float32:
-        values = torch.from_numpy(np.ascontiguousarray(values)).to(dtype.torch_dtype).float()
-        return values.numpy()
+        rounded = torch.from_numpy(np.ascontiguousarray(values)).to(dtype.torch_dtype).float()
+        return rounded.numpy()
     return values

@@ -6,7 +6,7 @@ other tokens; (2) after the one forward pass, takes the logits of all ``1 + n`` 
 of every drafting request and verifies them with the rejection sampler; (3) asks the
 proposer for the next step's drafts.
 
-With a draft tree (``octavo.spec.tree``, Medusa's candidate trees) the drafts of a request
+With a draft tree (``octavo.spec_decode.tree``, Medusa's candidate trees) the drafts of a request
 are tree nodes: before the forward pass their positions become the tree's depths and the
 attention backend gets the tree's mask; after it, the verifier follows one path through
 the tree (the one greedy decoding accepts, or for a sampled request the fixed chain of
@@ -39,10 +39,10 @@ from octavo.sample.penalties import apply_penalties
 from octavo.sample.processors import apply_logits_processors
 from octavo.sample.sampler import truncated_probs
 from octavo.sampling_params import SamplingParams
-from octavo.spec.rejection import rejection_sample
-from octavo.spec.tree import DraftTree
+from octavo.spec_decode.rejection import rejection_sample
+from octavo.spec_decode.tree import DraftTree
 from octavo.worker.input_batch import InputBatch
-from octavo.worker.spec.proposer import ProposeInputs, Proposer, ProposerContext
+from octavo.worker.spec_decode.proposer import ProposeInputs, Proposer, ProposerContext
 from octavo.worker.step_inputs import StepInputs
 
 

@@ -6,7 +6,7 @@ once per worker, next to the target model. After each step's sampling the model 
 calls :meth:`Proposer.propose` with a :class:`ProposeInputs`; the drafts it returns travel
 back to the scheduler, which schedules ``1 + len(drafts)`` tokens for the request in the
 next step, and the runner verifies them all in one forward pass of the target model with
-the rejection sampler (``octavo.spec.rejection``).
+the rejection sampler (``octavo.spec_decode.rejection``).
 
 Drafts are treated as proposals from a one-hot distribution (as vLLM does for n-gram and
 EAGLE): the rejection sampler then keeps the target's output distribution exactly, for
@@ -90,6 +90,24 @@ class ProposeInputs:
     # block_table[r]; they cover k lookahead slots past each sampling request's tokens.
     block_table: np.ndarray | None = None  # int32 [max_num_reqs, max_blocks_per_req]
 
+    def accepted_step(self, block_size: int, device: torch.device) -> StepInputs:
+        """The step's tokens as they turned out, as inputs of a proposer's own forward pass:
+        per request, the scheduled tokens that were not drafts, the drafts it accepted and
+        the token it sampled (``[last token, accepted drafts, bonus]`` for a verifying
+        request; the chunk, plus the first output token when the prompt is done, for a
+        prefill)."""
+        assert self.step.metadata.query_start_loc_cpu is not None
+        assert self.block_table is not None
+        bounds = self.step.metadata.query_start_loc_cpu.numpy().astype(np.int64)
+        first_positions = self.step.positions.cpu().numpy()[bounds[:-1]]
+        num_sampled = np.array([len(s) for s in self.sampled_token_ids], dtype=np.int64)
+        counts = np.diff(bounds) - self.num_draft_tokens + num_sampled
+        offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        positions = np.repeat(first_positions, counts) + offsets
+        token_rows = np.repeat(self.rows, counts)
+        return StepInputs.for_tokens(self.token_ids[token_rows, positions], positions, counts,
+                                     self.block_table[self.rows], block_size, device)
+
 
 class Proposer(ABC):
     """Base class of proposers. Subclasses set the ClassVars that tell the runner what to
@@ -102,8 +120,9 @@ class Proposer(ABC):
     # Target layers whose input hidden states the runner keeps for ``propose`` (EAGLE-3 reads
     # three); a proposer sets it in ``__init__`` (its checkpoint names them). Empty: none.
     aux_hidden_state_layers: tuple[int, ...] = ()
-    # Whether propose() can return the nodes of ``DraftTree.of(config)`` (octavo.spec.tree) in its
-    # order instead of a chain; only such proposers accept speculative_token_tree.
+    # Whether propose() can return the nodes of ``DraftTree.of(config)``
+    # (octavo.spec_decode.tree) in its order instead of a chain; only such proposers accept
+    # speculative_token_tree.
     supports_token_tree: ClassVar[bool] = False
     # Whether the method needs ``SpeculativeConfig.model`` (a draft model or head folder);
     # checked when the engine is built.
