@@ -1,6 +1,6 @@
 """Greedy parity of ``LLM.generate`` with HF transformers on the whole W1 workload.
 
-CI checks the first prompts of W1 (tests/core/test_smollm2_engine.py); this runs all 64
+CI checks the first prompts of W1 (tests/core/engine/test_smollm2_engine.py); this runs all 64
 prompts x 128 tokens - minutes on a CPU - and prints the report:
 
     .venv/bin/python benchmarks/parity_w1.py [--requests 64] [--dtype bfloat16]

@@ -22,7 +22,7 @@ from ..core.tiny_models import save_tiny_model
 from .engines import one_thread, run
 from .test_tensor_parallel import random_prompts
 
-FIXTURE = Path(__file__).parents[1] / "core" / "plugin_fixtures" / "model"
+FIXTURE = Path(__file__).parents[1] / "core" / "plugins" / "plugin_fixtures" / "model"
 
 
 @pytest.fixture

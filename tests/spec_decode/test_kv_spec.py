@@ -1,6 +1,6 @@
 """The KV manager under speculative decoding: drafts scheduled with lookahead, rejected
 drafts rolled back and their trailing blocks released - mixed into the random operation
-sequences of tests/core/test_kv_manager.py and checked with its invariant checker
+sequences of tests/core/kv/test_kv_manager.py and checked with its invariant checker
 (prefix hits must hold exactly the tokens they stand for)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from octavo.kv.manager import KVCacheManager
 from octavo.request import Request
 from octavo.testing.seeds import draw_seed
-from tests.core.test_kv_manager import BS, NUM_BLOCKS, _step, _World
+from tests.core.kv.test_kv_manager import BS, NUM_BLOCKS, _step, _World
 
 K = 4
 

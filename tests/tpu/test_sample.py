@@ -26,8 +26,7 @@ from octavo.sample.sampler import Sampler  # noqa: E402
 from octavo.sampling_params import SamplingParams  # noqa: E402
 from octavo_tpu.sample import SamplingTensors, sample, sample_jit, top_logprobs  # noqa: E402
 from octavo_tpu.sample.sampler import truncated_logits  # noqa: E402
-
-from ..core.test_sampler import (  # noqa: E402
+from tests.core.sample.test_sampler import (  # noqa: E402
     DISTRIBUTIONS,
     WRONG_DISTRIBUTIONS,
     _log_softmax,

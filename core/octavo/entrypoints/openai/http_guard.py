@@ -9,7 +9,7 @@ held every file descriptor and a 1 MiB header got the connection reset instead o
 ``test_connections_past_the_cap_are_closed``, ``test_a_huge_header_gets_431``).
 
 It subclasses uvicorn's private ``H11Protocol``: core/pyproject.toml pins uvicorn and h11 to
-the releases tests/core/test_http_guard_upstream.py checked.
+the releases tests/core/entrypoints/test_http_guard_upstream.py checked.
 
 - Past ``max_connections`` open connections a new one is closed at once (logged, rate
   limited), so the descriptors left serve the clients already connected, health probes too.

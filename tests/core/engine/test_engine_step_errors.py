@@ -21,10 +21,9 @@ from octavo.engine.core_proc import MAX_CONSECUTIVE_FAILED_STEPS
 from octavo.engine.errors import EngineDeadError, EngineStepError
 from octavo.outputs import SchedulerStats
 from octavo.testing.seeds import draw_seed
-
-from .failing_scheduler import FAIL_PLAN, FAIL_STEP, FailingScheduler
-from .loop_engine import LoopEngine
-from .tiny_models import save_tiny_model
+from tests.core.engine.failing_scheduler import FAIL_PLAN, FAIL_STEP, FailingScheduler
+from tests.core.loop_engine import LoopEngine
+from tests.core.tiny_models import save_tiny_model
 
 ENGINE_ARGS = dict(dtype="float32", kv_cache_memory=8 * 2**20, max_num_seqs=1,
                    scheduler_cls=f"{FailingScheduler.__module__}.{FailingScheduler.__name__}")

@@ -6,8 +6,7 @@ import pytest
 
 from octavo.cpu.platform import CpuPlatform
 from octavo.plugins.resolve import PlatformError, resolve_platform
-
-from ..helpers import run_octavo
+from tests.helpers import run_octavo
 
 
 @pytest.mark.parametrize("command", ["generate", "serve"])

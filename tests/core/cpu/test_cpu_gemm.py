@@ -17,8 +17,7 @@ from octavo.models.build import build_model
 from octavo.models.layers.linear import LinearBase
 from octavo.models.loader import load_model_files
 from octavo.testing.seeds import draw_seed
-
-from .tiny_models import save_tiny_model
+from tests.core.tiny_models import save_tiny_model
 
 pytestmark = [pytest.mark.usefixtures("single_thread"),
               pytest.mark.skipif(not cpu_gemm_supported(torch.bfloat16, torch.device("cpu")),

@@ -14,8 +14,7 @@ from octavo.attention.torch_backend import TorchAttentionBackend
 from octavo.models.build import build_model
 from octavo.models.loader import ModelLoadError, load_model_files
 from octavo.testing.seeds import draw_seed
-
-from .tiny_models import save_tiny_model
+from tests.core.tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

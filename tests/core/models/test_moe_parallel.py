@@ -31,8 +31,7 @@ from octavo.models.layers.moe import (
 )
 from octavo.models.loader import ModelLoadError, load_model_files
 from octavo.testing.seeds import draw_seed
-
-from .tiny_models import save_tiny_model
+from tests.core.tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

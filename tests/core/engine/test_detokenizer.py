@@ -7,8 +7,7 @@ import pytest
 from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.models.loader import load_model_files
 from octavo.sampling_params import SamplingParams
-
-from .tiny_models import tiny_tokenizer
+from tests.core.tiny_models import tiny_tokenizer
 
 TEXTS = [
     "plain ascii, with spaces  and\nnewlines",

@@ -18,9 +18,8 @@ from octavo.config import EngineConfig
 from octavo.engine.async_llm import AsyncLLM
 from octavo.outputs import SchedulerStats
 from octavo.testing.seeds import draw_seed
-
-from .loop_engine import LoopEngine
-from .tiny_models import save_tiny_model
+from tests.core.loop_engine import LoopEngine
+from tests.core.tiny_models import save_tiny_model
 
 ENGINE_ARGS = dict(dtype="float32", kv_cache_memory=8 * 2**20)
 

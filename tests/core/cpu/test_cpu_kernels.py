@@ -23,8 +23,7 @@ from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.rotary import RotaryEmbedding
 from octavo.models.loader import load_model_files
 from octavo.testing.seeds import draw_seed
-
-from .tiny_models import save_tiny_model
+from tests.core.tiny_models import save_tiny_model
 
 pytestmark = [pytest.mark.usefixtures("single_thread"),
               pytest.mark.skipif(cpu.library() is None, reason="no C compiler here")]

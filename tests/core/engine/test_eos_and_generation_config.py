@@ -23,10 +23,9 @@ from octavo.models.generation_config import read_generation_config
 from octavo.models.loader import ModelLoadError, load_model_files
 from octavo.models.loader.gguf_config import _eos_token_ids
 from octavo.testing.seeds import draw_seed
+from tests.core.generation_reference import hf_greedy, model_copy, pick_stop_ids, stopped
+from tests.core.tiny_models import EOS_ID, save_tiny_model
 from tests.helpers import Records
-
-from .generation_reference import hf_greedy, model_copy, pick_stop_ids, stopped
-from .tiny_models import EOS_ID, save_tiny_model
 
 NUM_TOKENS = 12  # of each reference continuation
 DEFAULT_MAX = 5  # the max_new_tokens of the generation configs below

@@ -20,8 +20,7 @@ from octavo.config import ConfigError, EngineConfig
 from octavo.engine.errors import InvalidRequestError
 from octavo.request import Request
 from octavo.testing.seeds import draw_seed
-
-from .tiny_models import save_tiny_model
+from tests.core.tiny_models import save_tiny_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)

@@ -19,9 +19,8 @@ from octavo.plugins.manager import core_version_problem
 from octavo.request import Request
 from octavo.sampling_params import SamplingParams
 from octavo.testing.seeds import draw_seed
-
-from ..helpers import run_octavo
-from .tiny_models import save_tiny_model
+from tests.core.tiny_models import save_tiny_model
+from tests.helpers import run_octavo
 
 pytestmark = pytest.mark.needs_plugins
 

@@ -14,8 +14,7 @@ from octavo import LLM, SamplingParams
 from octavo.cpu.platform import CpuPlatform
 from octavo.engine.errors import InvalidRequestError
 from octavo.request import Request
-
-from .tiny_models import save_tiny_model
+from tests.core.tiny_models import save_tiny_model
 
 SEED = 5309
 PROMPTS = [[5, 9, 2, 7, 1], [3, 3, 8], [11, 4, 6, 2, 9, 10, 12]]

@@ -10,9 +10,14 @@ import torch
 
 from octavo import LLM, SamplingParams
 from octavo.bench.workloads import build_workload
-
-from ..helpers import run_octavo
-from .parity import compare, engine_forced_picks, engine_greedy, greedy_agreement, hf_greedy
+from tests.core.parity import (
+    compare,
+    engine_forced_picks,
+    engine_greedy,
+    greedy_agreement,
+    hf_greedy,
+)
+from tests.helpers import run_octavo
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

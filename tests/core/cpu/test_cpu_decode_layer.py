@@ -14,8 +14,7 @@ import torch
 from octavo import LLM, SamplingParams
 from octavo.cpu import decode_layer, kernels
 from octavo.testing.seeds import draw_seed
-
-from .tiny_models import save_tiny_model
+from tests.core.tiny_models import save_tiny_model
 
 pytestmark = [pytest.mark.usefixtures("single_thread"),
               pytest.mark.skipif(not kernels.pair_gemm_available(),

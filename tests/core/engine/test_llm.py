@@ -10,8 +10,7 @@ import pytest
 
 from octavo import LLM, SamplingParams
 from octavo.testing.seeds import draw_seed
-
-from .tiny_models import EOS_ID, save_tiny_model
+from tests.core.tiny_models import EOS_ID, save_tiny_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 

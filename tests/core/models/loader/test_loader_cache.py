@@ -17,7 +17,7 @@ from octavo import paths
 from octavo.models.loader import gguf_cache, gguf_file, load_model_files
 from octavo.testing.seeds import draw_seed
 from tests.core.loader_helpers import TinyGguf
-from tests.core.test_loader_gguf import ALL_TYPES
+from tests.core.models.loader.test_loader_gguf import ALL_TYPES
 
 TEXT = "<|bos|>user\nhé 🙂 the<|eos|>"
 

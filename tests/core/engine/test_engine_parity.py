@@ -9,9 +9,8 @@ import pytest
 
 from octavo import LLM
 from octavo.testing.seeds import draw_seed
-
-from .parity import check_fp32_against_fp64, compare, engine_greedy, hf_greedy
-from .tiny_models import TINY_ARCHS, save_tiny_model
+from tests.core.parity import check_fp32_against_fp64, compare, engine_greedy, hf_greedy
+from tests.core.tiny_models import TINY_ARCHS, save_tiny_model
 
 PROMPT_LENGTHS = [3, 11, 23, 40, 57, 77, 96, 130]
 MAX_TOKENS = 64

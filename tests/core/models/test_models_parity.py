@@ -22,8 +22,7 @@ from octavo.models.base import CausalLM
 from octavo.models.build import build_model
 from octavo.models.loader import load_model_files
 from octavo.testing.seeds import draw_seed
-
-from .tiny_models import PAD_ID, TINY_ARCHS, VOCAB_SIZE, save_tiny_model
+from tests.core.tiny_models import PAD_ID, TINY_ARCHS, VOCAB_SIZE, save_tiny_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

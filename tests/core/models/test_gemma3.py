@@ -23,12 +23,16 @@ from octavo.models.config import ArchConfig
 from octavo.models.loader import ModelLoadError, load_model_files
 from octavo.paths import cache_root
 from octavo.testing.seeds import draw_seed
-
-from ..helpers import run_octavo
-from ..parallel.engines import max_logprob_gap, one_thread, run
-from .parity import check_fp32_against_fp64, compare, engine_greedy, hf_greedy
-from .test_models_parity import PagedDriver
-from .tiny_models import GEMMA3_LAYER_TYPES, GEMMA3_SLIDING_WINDOW, VOCAB_SIZE, save_tiny_model
+from tests.core.models.test_models_parity import PagedDriver
+from tests.core.parity import check_fp32_against_fp64, compare, engine_greedy, hf_greedy
+from tests.core.tiny_models import (
+    GEMMA3_LAYER_TYPES,
+    GEMMA3_SLIDING_WINDOW,
+    VOCAB_SIZE,
+    save_tiny_model,
+)
+from tests.helpers import run_octavo
+from tests.parallel.engines import max_logprob_gap, one_thread, run
 
 ATOL = 1e-4
 

@@ -28,10 +28,9 @@ from octavo.config import EngineConfig
 from octavo.engine.errors import EngineStartError, InvalidRequestError
 from octavo.engine.ipc import MAX_SOCKET_PATH, SOCKET_DIR_PREFIX, CoreEndpoint, make_socket_dir
 from octavo.testing.seeds import draw_seed
-
-from ..helpers import Records
-from .loop_engine import LoopEngine, start_async_llm
-from .tiny_models import save_tiny_model
+from tests.core.loop_engine import LoopEngine, start_async_llm
+from tests.core.tiny_models import save_tiny_model
+from tests.helpers import Records
 
 ENGINE_ARGS = dict(dtype="float32", kv_cache_memory=8 * 2**20)
 INTRUDER = Path(__file__).with_name("engine_intruder.py")

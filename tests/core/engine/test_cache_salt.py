@@ -14,8 +14,7 @@ import pytest
 from octavo import LLM, SamplingParams
 from octavo.engine.errors import InvalidRequestError
 from octavo.testing.seeds import draw_seed
-
-from .tiny_models import save_tiny_model
+from tests.core.tiny_models import save_tiny_model
 
 BLOCK_SIZE = 16
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
