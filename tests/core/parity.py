@@ -88,6 +88,22 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_tokens: int,
     return tokens, logits
 
 
+@torch.inference_mode()
+def hf_forced(model: torch.nn.Module, prompt: list[int], tokens: list[int],
+              ) -> tuple[list[int], list[torch.Tensor]]:
+    """HF's greedy picks and logits at each step of ``tokens``, with the model forced along
+    them: one forward pass over the prompt and ``tokens[:-1]``, whose logits at the last
+    prompt position and after each token predict the next step. Up to the first step where
+    HF would pick another token than ``tokens`` - where ``compare`` stops - this is HF's own
+    greedy decode, computed without its KV cache in one pass instead of one per token. The
+    logits keep the model's dtype (fp64 for an exact reference)."""
+    ids = torch.tensor([prompt + tokens[:-1]])
+    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1:]
+    if logits.dtype != torch.float64:
+        logits = logits.float()
+    return logits.argmax(-1).tolist(), list(logits)
+
+
 def compare(prompts: list[list[int]], ours: tuple, reference: list[tuple]) -> ParityReport:
     report = ParityReport()
     our_tokens, our_logits = ours
@@ -141,9 +157,9 @@ def check_fp32_against_fp64(llm, hf, hf64, prompts: list[list[int]], max_tokens:
     logits at most ``EXACT_ERROR_RATIO`` times as far from HF's fp64 run (``hf64``) as HF
     fp32's are (see ``exact_errors``)."""
     ours = engine_greedy(llm, prompts, max_tokens)
-    reference = [hf_greedy(hf, p, max_tokens) for p in prompts]
+    reference = [hf_forced(hf, p, tokens) for p, tokens in zip(prompts, ours[0])]
     report = compare(prompts, ours, reference)
-    exact = [hf_greedy(hf64, p, max_tokens) for p in prompts]
+    exact = [hf_forced(hf64, p, tokens) for p, tokens in zip(prompts, ours[0])]
     ours_error, reference_error = exact_errors(ours, reference, exact)
     print(f"\n{label}: max per-step logit diff {report.max_logit_diff:.2e}; from fp64: ours "
           f"{ours_error:.2e}, HF fp32's {reference_error:.2e}; tie divergences: "

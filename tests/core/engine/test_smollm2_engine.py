@@ -15,15 +15,16 @@ from tests.core.parity import (
     engine_forced_picks,
     engine_greedy,
     greedy_agreement,
+    hf_forced,
     hf_greedy,
 )
 from tests.helpers import run_octavo
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-# W1 in full is 64 x (256 + 128) tokens; HF's one-prompt-at-a-time reference makes that
-# minutes, so CI checks the first W1_REQUESTS of its prompts (benchmarks/parity_w1.py runs
-# all 64).
+# W1 in full is 64 x (256 + 128) tokens; CI checks the first W1_REQUESTS of its prompts
+# (benchmarks/parity_w1.py runs all 64), HF forced along our tokens (``hf_forced``: one
+# forward pass a prompt instead of one a token).
 W1_REQUESTS = 12
 
 
@@ -32,7 +33,7 @@ def test_w1_prompts_match_hf(smollm2_hf) -> None:  # type: ignore[no-untyped-def
     prompts = workload.prompts[:W1_REQUESTS]
     llm = LLM(dtype="float32", max_model_len=512, kv_cache_memory=256 * 2**20)
     ours = engine_greedy(llm, prompts, workload.output_len)
-    reference = [hf_greedy(smollm2_hf, p, workload.output_len) for p in prompts]
+    reference = [hf_forced(smollm2_hf, p, tokens) for p, tokens in zip(prompts, ours[0])]
     report = compare(prompts, ours, reference)
     print(f"\nW1[:{W1_REQUESTS}] max per-step logit diff {report.max_logit_diff:.2e}; "
           f"tie divergences: {report.divergences or 'none'}")
