@@ -1,14 +1,17 @@
-"""What the multi-process executor and its workers say to each other, and how it is encoded.
+"""What the executors with workers outside the core's process (``mp``, ``ray``) and their
+workers say to each other, and how it is encoded.
 
-Calls go to every worker through the broadcast queue: a kind byte, then the msgpack of the
-payload (``octavo.codec``; never pickle): the step's ``SchedulerOutput``, an ``RpcCall``, or
-nothing for SHUTDOWN. Every worker answers every call on its own reply queue with a
-``WorkerReply``: the output rank with the step's ``ModelRunnerOutput``, the others with an
-empty one, so that an error on any rank reaches the engine as that step's error.
+Every call goes to every worker - through ``mp``'s broadcast queue, or once into Ray's object
+store for ``ray`` - as a kind byte, then the msgpack of the payload (``octavo.codec``; never
+pickle): the step's ``SchedulerOutput``, an ``RpcCall``, or nothing for SHUTDOWN. Every worker
+answers every call with a ``WorkerReply`` (``mp``: on its own reply queue; ``ray``: as the
+actor call's result): the output rank with the step's ``ModelRunnerOutput``, the others with
+an empty one, so that an error on any rank reaches the engine as that step's error.
 
-The start-up messages (``WorkerInit``, ``WorkerReady``) go over the pipe that also tells a
-worker its parent died; they hold the engine's config, so they are pickled, once per launch,
-as multiprocessing's own spawn arguments are.
+``mp``'s start-up messages (``WorkerInit``, ``WorkerReady``) go over the pipe that also tells
+a worker its parent died; they hold the engine's config, so they are pickled, once per
+launch, as multiprocessing's own spawn arguments are (``ray`` hands its actors their
+``RayWorkerInit`` through Ray).
 """
 
 from __future__ import annotations
