@@ -10,6 +10,7 @@ the entrypoints, and on top ``plugin_api``, the one module plugins import.
 from typing import TYPE_CHECKING, Any
 
 from octavo.logger import init_logger
+from octavo.pooling_params import PoolingParams
 from octavo.sampling_params import SamplingParams
 from octavo.version import __version__
 
@@ -17,9 +18,10 @@ init_logger()
 
 if TYPE_CHECKING:
     from octavo.engine.llm import LLM
-    from octavo.engine.outputs import CompletionOutput, RequestOutput
+    from octavo.engine.outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
 
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = ["LLM", "CompletionOutput", "EmbeddingRequestOutput", "PoolingParams",
+           "RequestOutput", "SamplingParams", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -29,7 +31,7 @@ def __getattr__(name: str) -> Any:
         from octavo.engine.llm import LLM
 
         return LLM
-    if name in ("CompletionOutput", "RequestOutput"):
+    if name in ("CompletionOutput", "EmbeddingRequestOutput", "RequestOutput"):
         from octavo.engine import outputs
 
         return getattr(outputs, name)

@@ -115,6 +115,9 @@ class ModelRunnerOutput:
     # For each request in ``req_ids`` order: drafts proposed for the next step (speculative
     # decoding; empty when off).
     spec_token_ids: list[list[int]] = field(default_factory=list)
+    # The pooling runner's: for each request in ``req_ids`` order, its pooled hidden state
+    # (float32 [hidden_size]) once its whole prompt is computed, else None (vLLM's name).
+    pooler_output: list[np.ndarray | None] = field(default_factory=list)
 
 
 @dataclass
@@ -173,6 +176,9 @@ class EngineCoreOutput:
     # Why the engine ended the request: it refused it (it never ran; "abort", the client's
     # fault) or a step it was in failed ("error", the engine's). The client's request fails.
     error: str | None = None
+    # A pooling request's pooled hidden state (float32 [hidden_size]), with its final
+    # output (vLLM's name); None for generation.
+    pooling_output: np.ndarray | None = None
 
     @property
     def finished(self) -> bool:

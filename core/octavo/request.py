@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from octavo.outputs import EngineCoreEvent
+from octavo.pooling_params import PoolingParams
 from octavo.sampling_params import SamplingParams
 from octavo.stats import SpecDecodingStats
 
@@ -66,6 +67,10 @@ class Request:
     # input at the prompt positions; ``prompt_token_ids`` are then placeholders (zeros, as
     # in vLLM) that only give the prompt its length. Kept to recompute after preemption.
     prompt_embeds: np.ndarray | None = field(default=None, repr=False)
+    # A pooling request (an engine run with runner=pooling takes no other): its prompt is
+    # computed once and pooled into one vector; it generates nothing, so its
+    # ``sampling_params`` are the defaults, never read.
+    pooling_params: PoolingParams | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

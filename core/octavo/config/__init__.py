@@ -15,6 +15,7 @@ from octavo.config.model import DTYPES, ModelConfig
 from octavo.config.observability import ObservabilityConfig
 from octavo.config.parallel import ParallelConfig
 from octavo.config.parse import parse_memory
+from octavo.config.pooler import POOLING_TYPES, PoolerConfig
 from octavo.config.scheduler import SchedulerConfig
 from octavo.config.speculative import SpeculativeConfig
 from octavo.config.structured_outputs import StructuredOutputsConfig
@@ -29,7 +30,9 @@ __all__ = [
     "KVTransferConfig",
     "ModelConfig",
     "ObservabilityConfig",
+    "POOLING_TYPES",
     "ParallelConfig",
+    "PoolerConfig",
     "SchedulerConfig",
     "SpeculativeConfig",
     "StructuredOutputsConfig",

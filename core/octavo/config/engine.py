@@ -19,6 +19,7 @@ from octavo.config.model import ModelConfig
 from octavo.config.observability import ObservabilityConfig
 from octavo.config.parallel import ParallelConfig
 from octavo.config.parse import check_known_keys, parse_json_object
+from octavo.config.pooler import PoolerConfig
 from octavo.config.scheduler import SchedulerConfig
 from octavo.config.speculative import SpeculativeConfig
 from octavo.config.structured_outputs import StructuredOutputsConfig
@@ -29,7 +30,7 @@ PARTS: dict[str, type] = {"model": ModelConfig, "cache": CacheConfig,
                           "device": DeviceConfig, "observability": ObservabilityConfig}
 # Parts given as one JSON object each, by their keyword (vLLM's names).
 JSON_PARTS = {"speculative_config": "speculative", "kv_transfer_config": "kv_transfer",
-              "structured_outputs_config": "structured_outputs"}
+              "structured_outputs_config": "structured_outputs", "pooler_config": "pooler"}
 
 
 @dataclass
@@ -43,6 +44,8 @@ class EngineConfig:
     structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     speculative: SpeculativeConfig | None = None  # None: no speculative decoding
     kv_transfer: KVTransferConfig | None = None  # None: no KV connector
+    # The pooling runner's settings; what a key leaves out is the model's (see PoolerConfig).
+    pooler: PoolerConfig = field(default_factory=PoolerConfig)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
@@ -62,10 +65,13 @@ class EngineConfig:
         return cls(**built,
                    speculative=SpeculativeConfig.parse(json_parts.get("speculative")),
                    kv_transfer=KVTransferConfig.parse(json_parts.get("kv_transfer")),
-                   structured_outputs=_structured(json_parts.get("structured_outputs")))
+                   structured_outputs=_structured(json_parts.get("structured_outputs")),
+                   pooler=PoolerConfig.parse(json_parts.get("pooler")))
 
     def __post_init__(self) -> None:
         check_parallel_combinations(self)
+        if self.model.runner == "pooling":
+            check_pooling_combinations(self)
         if self.model.enable_prompt_embeds and self.speculative is not None:
             # vLLM refuses it too: drafts are proposed from token ids a prompt of
             # embeddings does not have.
@@ -95,6 +101,29 @@ def check_parallel_combinations(config: EngineConfig) -> None:
     if config.speculative is not None:
         raise ConfigError(f"speculative decoding does not run with several workers yet "
                           f"({sizes}); use one worker")
+
+
+def check_pooling_combinations(config: EngineConfig) -> None:
+    """Refuse, at start, what the pooling runner does not run with (yet), naming it: a
+    pooling request computes its prompt once and samples nothing, so drafts, KV transfers
+    and generation settings have no place; several workers or engines are untested."""
+    unsupported = [
+        ("speculative decoding (speculative_config)", config.speculative is not None),
+        ("a KV connector (kv_transfer_config)", config.kv_transfer is not None),
+        ("prompt embeddings (enable_prompt_embeds)", config.model.enable_prompt_embeds),
+        (f"tensor_parallel_size={config.parallel.tensor_parallel_size}",
+         config.parallel.tensor_parallel_size > 1),
+        (f"pipeline_parallel_size={config.parallel.pipeline_parallel_size}",
+         config.parallel.pipeline_parallel_size > 1),
+        (f"data_parallel_size={config.parallel.data_parallel_size}",
+         config.parallel.data_parallel_size > 1),
+        (f"scheduler_cls={config.scheduler.scheduler_cls}",
+         config.scheduler.scheduler_cls != "default"),
+    ]
+    for what, used in unsupported:
+        if used:
+            raise ConfigError(f"the pooling runner (runner=pooling) does not run with {what} "
+                              "yet")
 
 
 def flat_fields() -> list[tuple[str, Field[Any]]]:

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 DTYPES = {"float32": "float32", "float": "float32", "fp32": "float32",
           "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "half": "float16", "fp16": "float16"}
+# vLLM's --runner: what the model is run for. auto: pooling for an encoder-only architecture
+# (BertModel), generate for every other (resolved once the model's config is read).
+RUNNERS = ("auto", "generate", "pooling")
 
 
 @dataclass
@@ -32,6 +35,10 @@ class ModelConfig:
     enable_prompt_embeds: bool = field(default=False, metadata={
         "help": "Accept prompt embeddings (a [tokens, hidden_size] tensor) instead of token "
                 "ids; off by default, as in vLLM."})
+    runner: str = field(default="auto", metadata={
+        "help": "What the model is run for: generate (text), pooling (one vector per prompt: "
+                "/v1/embeddings, LLM.embed); auto: pooling for encoder-only models.",
+        "choices": RUNNERS})
     generation_config: str = field(default="auto", metadata={
         "help": "Sampling defaults of requests that leave them unset: auto, the model "
                 "folder's generation_config.json; vllm, the built-in ones (its EOS ids "
@@ -43,6 +50,8 @@ class ModelConfig:
         if not isinstance(self.generation_config, str) or not self.generation_config:
             raise ConfigError(f"generation_config must be auto, vllm or a folder, "
                               f"got {self.generation_config!r}")
+        if self.runner not in RUNNERS:
+            raise ConfigError(f"runner must be one of {', '.join(RUNNERS)}; got {self.runner!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"dtype must be auto or one of {', '.join(DTYPES)}; "
                               f"got {self.dtype!r}")

@@ -27,6 +27,10 @@ class SchedulerConfig:
     kv_manager: str = field(default="default", metadata={
         "help": "KV-cache manager, by its name in the kv_managers registry "
                 "(a plugin's, or default)."})
+    # Set by the engine (vLLM's name, not a flag here): False for a pooling model whose
+    # prompt must be computed whole in one step (an encoder; CLS or MEAN pooling), which
+    # then needs max_num_batched_tokens >= max_model_len.
+    enable_chunked_prefill: bool = field(default=True, init=False)
 
     def __post_init__(self) -> None:
         check_positive_ints("", max_num_seqs=self.max_num_seqs,

@@ -26,8 +26,12 @@ JSON_OPTIONS: list[Callable[[Any], Any]] = [
                       'eagle, eagle3, or a plugin\'s; the draft model and heads need "model").'),
     click.option("--structured-outputs-config", default=None,
                  help='Guided decoding as JSON, e.g. \'{"max_cached_grammars": 512}\'.'),
+    click.option("--pooler-config", default=None,
+                 help='Pooling (--runner pooling) as JSON, e.g. \'{"pooling_type": "MEAN", '
+                      '"use_activation": true, "dimensions": 256}\'; default: the model\'s.'),
 ]
-JSON_KEYS = ("kv_transfer_config", "speculative_config", "structured_outputs_config")
+JSON_KEYS = ("kv_transfer_config", "speculative_config", "structured_outputs_config",
+             "pooler_config")
 
 
 def _click_type(field: dataclasses.Field[Any]) -> Any:
