@@ -4,6 +4,7 @@ plugin registers these; plugins add more through ``octavo_register_models``."""
 from __future__ import annotations
 
 from octavo.models.base import CausalLM
+from octavo.models.bert import BertModel
 from octavo.models.gemma3 import Gemma3ForCausalLM
 from octavo.models.llama import (
     LlamaForCausalLM,
@@ -16,5 +17,5 @@ from octavo.models.mixtral import MixtralForCausalLM
 BUILTIN_ARCHITECTURES: dict[str, type[CausalLM]] = {
     model.__name__: model for model in (LlamaForCausalLM, MistralForCausalLM,
                                          Qwen2ForCausalLM, Qwen3ForCausalLM,
-                                         MixtralForCausalLM, Gemma3ForCausalLM)
+                                         MixtralForCausalLM, Gemma3ForCausalLM, BertModel)
 }

@@ -92,8 +92,9 @@ def default_dtype(dtype: torch.dtype):
 
 
 class CausalLM(nn.Module):
-    """Base class of decoder-only language models. Subclasses build their layers in
-    ``__init__`` (inside ``default_dtype(dtype)``), set ``self.lm_head`` and implement
+    """Base class of the models the runners run: decoder-only language models, and
+    encoder-only models (``encoder_only``). Subclasses build their layers in ``__init__``
+    (inside ``default_dtype(dtype)``), set ``self.lm_head`` (decoders) and implement
     ``forward``."""
 
     stacked_params: ClassVar[tuple[tuple[str, str, object], ...]] = ()
@@ -102,6 +103,9 @@ class CausalLM(nn.Module):
     supports_pp: ClassVar[bool] = False
     # The config's hidden_act values the model's MLP computes; any other is refused.
     activations: ClassVar[tuple[str, ...]] = ("silu",)
+    # An encoder (BERT): bidirectional attention over each prompt, computed whole in one
+    # step, so it needs no KV cache and has no LM head; only the pooling runner runs it.
+    encoder_only: ClassVar[bool] = False
     lm_head: ParallelLMHead | PPMissingLayer
 
     def __init__(
@@ -115,7 +119,8 @@ class CausalLM(nn.Module):
         self.ranks: RankInfo = get_parallel_state().info
         if config.hidden_act not in self.activations:
             raise ValueError(f"{type(self).__name__} does not support the activation "
-                             f"{config.hidden_act!r} (supported: {', '.join(self.activations)})")
+                             f"(hidden_act) {config.hidden_act!r} (supported: "
+                             f"{', '.join(self.activations)})")
         if self.ranks.pp_size > 1 and not self.supports_pp:
             raise ValueError(f"{type(self).__name__} does not support pipeline parallelism")
         self.layer_range = pp_layer_range(config.num_hidden_layers, self.ranks.pp_rank,

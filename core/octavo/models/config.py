@@ -16,7 +16,7 @@ from octavo.models.generation_config import GenerationConfig, read_generation_co
 from octavo.models.loader import ModelFiles, ModelLoadError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
 # What HF's config classes assume for keys a config.json may leave out, where it matters and
 # differs from the Llama family's defaults below (transformers' Gemma3TextConfig).
 MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -43,7 +43,8 @@ class RopeConfig:
 
 @dataclass(frozen=True)
 class ArchConfig:
-    """The fields of an HF config that the Llama-family and Mixtral models read."""
+    """The fields of an HF config that the Llama-family, Mixtral, Gemma 3 and BERT models
+    read."""
 
     vocab_size: int
     hidden_size: int
@@ -72,6 +73,11 @@ class ArchConfig:
     query_pre_attn_scalar: float | None = None
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
+    # BERT: LayerNorm's epsilon, the rows of the absolute position and token-type
+    # embeddings (0 where a config has none).
+    layer_norm_eps: float = 1e-12
+    max_position_embeddings: int = 0
+    type_vocab_size: int = 0
 
     @classmethod
     def from_hf(cls, hf_config: dict[str, Any], source: str | Path = "config.json") -> ArchConfig:
@@ -91,6 +97,10 @@ class ArchConfig:
         if reader.optional("use_bidirectional_attention", False):
             raise reader.error("use_bidirectional_attention",
                                "bidirectional attention is not supported (causal models only)")
+        position_type = reader.optional("position_embedding_type", "absolute")
+        if position_type != "absolute":
+            raise reader.error("position_embedding_type", f"{position_type!r} is not "
+                                                          "supported (only 'absolute')")
         rope, local_rope = _ropes(reader)
         return cls(
             vocab_size=reader.positive_int("vocab_size"),
@@ -113,6 +123,9 @@ class ArchConfig:
             query_pre_attn_scalar=reader.optional_float("query_pre_attn_scalar"),
             attn_logit_softcapping=reader.optional_float("attn_logit_softcapping"),
             final_logit_softcapping=reader.optional_float("final_logit_softcapping"),
+            layer_norm_eps=float(reader.optional("layer_norm_eps", 1e-12)),
+            max_position_embeddings=int(reader.optional("max_position_embeddings", 0)),
+            type_vocab_size=int(reader.optional("type_vocab_size", 0)),
         )
 
 
