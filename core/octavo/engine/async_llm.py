@@ -38,11 +38,12 @@ from octavo.engine.core_proc import EngineReady
 from octavo.engine.errors import EngineDeadError, InvalidRequestError
 from octavo.engine.launch import start_engine_client
 from octavo.engine.output_processor import OutputProcessor, ParentState
-from octavo.engine.outputs import CompletionOutput, RequestOutput
+from octavo.engine.outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
 from octavo.engine.processor import ProcessedPrompt, PromptType
 from octavo.outputs import EngineCoreOutputs, SchedulerStats
 from octavo.platforms import Platform
 from octavo.plugins import get_registries
+from octavo.pooling_params import PoolingParams
 from octavo.request import Request
 from octavo.sampling_params import SamplingParams
 
@@ -126,7 +127,8 @@ class AsyncLLM:
 
         self.processor = build_processor(ready.tokenizer, ready.hf_config, ready.max_model_len,
                                          config.model.enable_prompt_embeds,
-                                         ready.generation_config, engine_platform(ready))
+                                         ready.generation_config, engine_platform(ready),
+                                         ready.pooler)
         # The sampling defaults of requests that leave a field unset (vLLM's
         # get_diff_sampling_param): the model's generation config, unless "vllm".
         self.default_sampling_params = (log_sampling_defaults(ready.generation_config)
@@ -200,11 +202,20 @@ class AsyncLLM:
         call = functools.partial(func, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._pool, call)
 
-    async def add_request(self, prompt: PromptType, sampling_params: SamplingParams,
+    @property
+    def supported_tasks(self) -> list[str]:
+        """What the served model does, in vLLM's task names: ``generate``, or ``embed``
+        (the pooling runner)."""
+        return ["embed"] if self.ready.pooler is not None else ["generate"]
+
+    async def add_request(self, prompt: PromptType,
+                          sampling_params: SamplingParams | PoolingParams,
                           request_id: str, priority: int = 0,
                           ) -> AsyncGenerator[RequestOutput, None]:
         """Validate and tokenize the request on a processing thread, send it to the core and
-        return its outputs, to iterate as they grow (vLLM's ``add_request``).
+        return its outputs, to iterate as they grow (vLLM's ``add_request``). With
+        ``PoolingParams`` (a pooling engine) the one output is an
+        ``EmbeddingRequestOutput`` (see ``encode``).
 
         A bad request raises ``InvalidRequestError`` here, before anything runs (and before a
         streaming response has begun); from the return on it counts as waiting. Nothing of a
@@ -221,7 +232,8 @@ class AsyncLLM:
             self._num_processing -= 1
         return self._register(request_id, processed, children)
 
-    async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
+    async def generate(self, prompt: PromptType,
+                       sampling_params: SamplingParams | PoolingParams,
                        request_id: str, priority: int = 0,
                        ) -> AsyncGenerator[RequestOutput, None]:
         """vLLM's ``AsyncLLM.generate``: the request's output as it grows. A bad request
@@ -233,7 +245,16 @@ class AsyncLLM:
         finally:
             await outputs.aclose()
 
-    def _process_request(self, prompt: PromptType, sampling_params: SamplingParams,
+    async def encode(self, prompt: PromptType, pooling_params: PoolingParams,
+                     request_id: str, priority: int = 0,
+                     ) -> AsyncGenerator[EmbeddingRequestOutput, None]:
+        """vLLM's ``AsyncLLM.encode``: a pooling request's one output, its embedding."""
+        async for output in self.generate(prompt, pooling_params, request_id, priority):
+            assert isinstance(output, EmbeddingRequestOutput)
+            yield output
+
+    def _process_request(self, prompt: PromptType,
+                         sampling_params: SamplingParams | PoolingParams,
                          request_id: str, priority: int, arrival_time: float,
                          ) -> tuple[ProcessedPrompt, list[Request]]:
         """On a processing thread. The request arrived before it waited for one, so its
@@ -318,6 +339,12 @@ class AsyncLLM:
         for output in outputs:
             state = self._states.get(output.request_id)
             if state is None:
+                continue
+            if isinstance(output, EmbeddingRequestOutput):  # final, and no text to hold back
+                stats.num_prompt_tokens += len(output.prompt_token_ids)
+                stats.e2e_latencies.append(now - state.arrival_time)
+                state.put(output)
+                del self._states[output.request_id]
                 continue
             state.record(output, now, stats)
             parent = self.output_processor.parents.get(output.request_id)

@@ -16,6 +16,7 @@ from octavo.plugins import Registries
 from octavo.plugins.resolve import kv_connector_cls, kv_manager_cls, scheduler_cls
 from octavo.sched.interface import SchedulerInterface
 from octavo.sched.policy import SchedulingPolicy
+from octavo.sched.pooling import PoolingScheduler
 from octavo.sched.structured_outputs import StructuredOutputManager
 
 
@@ -46,6 +47,8 @@ def build_scheduler(config: EngineConfig, registries: Registries,
         connector = connector_class(config.kv_transfer, KVConnectorRole.SCHEDULER, block_size)
         connector.ranks = RankInfo(tp_size=config.parallel.tensor_parallel_size,
                                    pp_size=config.parallel.pipeline_parallel_size)
-    return scheduler_cls(config, registries)(
-        config, kv_manager, policy=policy_cls(), kv_connector=connector,
-        structured_output=structured_output)
+    # The pooling runner has its own (config refuses another --scheduler-cls with it).
+    chosen = (PoolingScheduler if config.model.runner == "pooling"
+              else scheduler_cls(config, registries))
+    return chosen(config, kv_manager, policy=policy_cls(), kv_connector=connector,
+                  structured_output=structured_output)

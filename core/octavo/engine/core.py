@@ -20,6 +20,7 @@ from octavo.config import ConfigError, EngineConfig
 from octavo.engine.components import build_scheduler
 from octavo.engine.errors import StepError
 from octavo.engine.heap import freeze_startup_heap
+from octavo.engine.runner_setup import setup_runner
 from octavo.executor.base import WorkerDiedError
 from octavo.executor.select import make_executor
 from octavo.kv.cache_spec import (
@@ -51,6 +52,7 @@ class EngineCore:
         self.config = config
         self.platform = platform
         config.model.max_model_len = max_model_len
+        encoder = setup_runner(config, files, max_model_len)
         registries = get_registries()
         self.executor = make_executor(config, platform, files, on_executor_failure)
         try:
@@ -70,7 +72,11 @@ class EngineCore:
             config.structured_outputs)
         self.scheduler = build_scheduler(config, registries, self.structured_output,
                                          kv_groups)
-        log_kv_cache(num_blocks, config.cache.block_size, max_model_len, kv_groups)
+        if encoder:
+            logger.info("no KV cache (an encoder); the scheduler counts a step's tokens in %d "
+                        "blocks of %d", num_blocks, config.cache.block_size)
+        else:
+            log_kv_cache(num_blocks, config.cache.block_size, max_model_len, kv_groups)
         self.num_blocks = num_blocks
         # Every unfinished request: what a step whose plan failed half-made may have touched.
         self._request_ids: set[str] = set()

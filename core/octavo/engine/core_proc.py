@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from octavo.config import ConfigError, EngineConfig
+from octavo.config import ConfigError, EngineConfig, PoolerConfig
 from octavo.engine.errors import EngineStartError, StepError
 from octavo.engine.ipc import CoreEndpoint
 from octavo.engine.serial import (
@@ -93,6 +93,8 @@ class EngineReady:
     tokenizer: Any  # the model's tokenizer, so the front end need not load it again
     # More EOS ids and the sampling defaults (octavo.models.generation_config), for the same.
     generation_config: GenerationConfig | None = None
+    # A pooling engine's settled pooler config (runner=pooling); None: generation.
+    pooler: PoolerConfig | None = None
 
 
 @dataclass
@@ -110,7 +112,7 @@ class EngineCoreProc:
         # Imported here, in the core process only: the server imports this module to spawn
         # the core, and should not first wait for the model stack (transformers, loaders).
         from octavo.engine.core import EngineCore
-        from octavo.engine.llm_engine import resolve_max_model_len
+        from octavo.engine.llm_engine import pooler_of, resolve_max_model_len
         from octavo.models.generation_config import read_generation_config
         from octavo.models.loader import load_model_files
 
@@ -126,7 +128,7 @@ class EngineCoreProc:
             pid=os.getpid(), platform=platform.name, model=str(files.source),
             num_blocks=self.core.num_blocks, block_size=config.cache.block_size,
             max_model_len=max_model_len, hf_config=files.hf_config, tokenizer=files.tokenizer,
-            generation_config=generation_config)
+            generation_config=generation_config, pooler=pooler_of(config))
         self.inputs: queue.Queue[tuple[RequestKind, Any]] = queue.Queue()
         self.outputs: queue.Queue[Any] = queue.Queue()
         self.context = zmq.Context()

@@ -9,8 +9,9 @@ from tqdm.auto import tqdm
 
 from octavo.config import EngineConfig
 from octavo.engine.llm_engine import LLMEngine
-from octavo.engine.outputs import RequestOutput
+from octavo.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from octavo.engine.processor import PromptType
+from octavo.pooling_params import PoolingParams
 from octavo.sampling_params import SamplingParams
 
 ChatMessages = list[dict[str, str]]
@@ -56,7 +57,7 @@ class LLM:
         params_list = _as_params_list(sampling_params, len(prompt_list))
         ids = [self.llm_engine.add_request(p, sp, priority=priority[i] if priority else 0)
                for i, (p, sp) in enumerate(zip(prompt_list, params_list))]
-        return self._run(ids, use_tqdm)
+        return self._run(ids, use_tqdm)  # type: ignore[return-value]
 
     def chat(
         self,
@@ -75,9 +76,24 @@ class LLM:
             for conv in conversations]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | None = None,
+        use_tqdm: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt, in prompt order (vLLM's ``LLM.embed``), from an engine
+        run with ``runner="pooling"`` (the default for an encoder such as BertModel).
+        ``pooling_params`` (``dimensions``, ``use_activation``) apply to every prompt."""
+        params = pooling_params if pooling_params is not None else PoolingParams()
+        ids = [self.llm_engine.add_request(prompt, params)
+               for prompt in _as_prompt_list(prompts)]
+        return self._run(ids, use_tqdm)  # type: ignore[return-value]
+
+    def _run(self, request_ids: list[str], use_tqdm: bool,
+             ) -> list[RequestOutput | EmbeddingRequestOutput]:
         engine = self.llm_engine
-        finished: dict[str, RequestOutput] = {}
+        finished: dict[str, RequestOutput | EmbeddingRequestOutput] = {}
         with tqdm(total=len(request_ids), desc="Processed prompts", unit="req",
                   disable=not use_tqdm, dynamic_ncols=True) as bar:
             while engine.has_unfinished_requests():

@@ -8,7 +8,7 @@ import itertools
 import logging
 from typing import Any
 
-from octavo.config import ConfigError, EngineConfig
+from octavo.config import ConfigError, EngineConfig, PoolerConfig
 from octavo.engine.core import EngineCore
 from octavo.engine.output_processor import OutputProcessor
 from octavo.engine.outputs import RequestOutput
@@ -20,39 +20,55 @@ from octavo.models.generation_config import (
     read_generation_config,
 )
 from octavo.models.loader import ModelFiles, load_model_files
+from octavo.models.sentence_transformers import folder_max_seq_length
 from octavo.platforms import Platform
 from octavo.plugins import get_registries
 from octavo.plugins.resolve import check_names, resolve_platform
+from octavo.pooling_params import PoolingParams
 from octavo.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 
 def resolve_max_model_len(config: EngineConfig, files: ModelFiles) -> int:
-    """The context length: the model's own unless the user asks for less."""
-    model_max = int(files.hf_config.get("max_position_embeddings", 2048))
+    """The context length: the model's own unless the user asks for less. A
+    sentence-transformers folder's ``max_seq_length`` caps it (as in vLLM): its model was
+    trained to that length, and sentence-transformers truncates there."""
+    limits = {"max_position_embeddings": int(files.hf_config.get("max_position_embeddings",
+                                                                 2048))}
+    if files.source.is_dir() and (seq_len := folder_max_seq_length(files.source)):
+        limits["sentence_bert_config.json's max_seq_length"] = seq_len
+    name, model_max = min(limits.items(), key=lambda item: item[1])
     wanted = config.model.max_model_len
     if wanted is None:
         return model_max
     if wanted > model_max:
         raise ConfigError(f"max_model_len={wanted} exceeds the model's "
-                          f"max_position_embeddings={model_max} ({files.source})")
+                          f"{name}={model_max} ({files.source})")
     return wanted
 
 
 def build_processor(tokenizer: Any, hf_config: dict[str, Any], max_model_len: int,
                     enable_prompt_embeds: bool = False,
                     generation_config: GenerationConfig | None = None,
-                    platform: type[Platform] | None = None) -> Processor:
+                    platform: type[Platform] | None = None,
+                    pooler: PoolerConfig | None = None) -> Processor:
     """The ``Processor`` of a model, from its tokenizer and HF config (vocabulary, EOS,
     the hidden size prompt embeddings must have), its generation config (more EOS ids,
-    the default ``max_tokens``) and the engine's platform (what it refuses)."""
+    the default ``max_tokens``), the engine's platform (what it refuses) and, for a pooling
+    engine, its settled pooler config."""
     eos = eos_token_ids(hf_config, generation_config)
     defaults = generation_config.sampling_defaults() if generation_config else {}
     return Processor(tokenizer, max_model_len, int(hf_config["vocab_size"]),
                      eos[0] if eos else None, hf_config.get("hidden_size"),
                      enable_prompt_embeds, extra_eos_token_ids=eos[1:],
-                     default_max_tokens=defaults.get("max_tokens"), platform=platform)
+                     default_max_tokens=defaults.get("max_tokens"), platform=platform,
+                     pooler=pooler, hf_config=hf_config)
+
+
+def pooler_of(config: EngineConfig) -> PoolerConfig | None:
+    """A settled config's pooler settings, for its front end; None for generation."""
+    return config.pooler if config.model.runner == "pooling" else None
 
 
 class LLMEngine:
@@ -78,12 +94,14 @@ class LLMEngine:
         self.core = EngineCore(config, platform, files, self.max_model_len)
         self.processor = build_processor(self.tokenizer, files.hf_config, self.max_model_len,
                                          config.model.enable_prompt_embeds,
-                                         self.generation_config, platform)
+                                         self.generation_config, platform, pooler_of(config))
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 
-    def add_request(self, prompt: PromptType, params: SamplingParams,
+    def add_request(self, prompt: PromptType, params: SamplingParams | PoolingParams,
                     request_id: str | None = None, priority: int = 0) -> str:
+        """A generation request (``SamplingParams``) or a pooling one (``PoolingParams``),
+        as in vLLM; each engine takes one kind (``runner``)."""
         request_id = str(next(self._ids)) if request_id is None else request_id
         processed = self.processor.process_prompt(prompt)
         children = self.processor.make_requests(request_id, processed, params, priority)

@@ -2,7 +2,9 @@
 
 Per request it detokenizes incrementally, applies stop strings (asking the core to abort
 a request a stop string ended), converts logprobs, keeps timing metrics, and merges the
-children of an ``n > 1`` request into one ``RequestOutput``.
+children of an ``n > 1`` request into one ``RequestOutput``. A pooling request's one
+output carries the pooled vector instead: it becomes an ``EmbeddingRequestOutput``, cut to
+the request's ``dimensions`` and L2-normalised when it asks (``embedding_of``).
 """
 
 from __future__ import annotations
@@ -11,16 +13,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from octavo.engine.detokenizer import IncrementalDetokenizer
 from octavo.engine.outputs import (
     CompletionOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
     Logprob,
     RequestMetrics,
     RequestOutput,
     SampleLogprobs,
 )
 from octavo.outputs import EngineCoreEventType, EngineCoreOutput, LogprobsLists
+from octavo.pooling_params import PoolingParams
 from octavo.request import Request
+
+# F.normalize's floor on the norm (sentence-transformers' Normalize and vLLM use it).
+NORM_EPS = 1e-12
 
 
 @dataclass
@@ -95,9 +105,10 @@ class OutputProcessor:
         return bool(self.parents)
 
     def process_outputs(self, outputs: list[EngineCoreOutput],
-                        ) -> tuple[list[RequestOutput], list[str]]:
+                        ) -> tuple[list[RequestOutput | EmbeddingRequestOutput], list[str]]:
         """The updated user requests, and the engine request ids to abort (stop strings)."""
         updated: dict[str, ParentState] = {}
+        results: list[RequestOutput | EmbeddingRequestOutput] = []
         to_abort: list[str] = []
         now = time.monotonic()
         for out in outputs:
@@ -105,6 +116,9 @@ class OutputProcessor:
             if entry is None:
                 continue  # aborted by the user meanwhile
             parent, seq = entry
+            if out.pooling_output is not None:
+                results.append(self._pooled(parent, seq.request, out.pooling_output))
+                continue
             if out.new_prompt_logprobs is not None and seq.index == 0:
                 assert parent.prompt_logprobs is not None
                 parent.prompt_logprobs.extend(self._logprobs(out.new_prompt_logprobs))
@@ -113,12 +127,21 @@ class OutputProcessor:
             updated[parent.request_id] = parent
             if seq.output.finished():
                 del self.sequences[out.request_id]
-        results = []
         for parent in updated.values():
             results.append(parent.to_output())
             if parent.finished:
                 del self.parents[parent.request_id]
         return results, to_abort
+
+    def _pooled(self, parent: ParentState, request: Request,
+                vector: np.ndarray) -> EmbeddingRequestOutput:
+        """A pooling request's final output; it is forgotten here."""
+        del self.sequences[request.request_id]
+        del self.parents[parent.request_id]
+        assert request.pooling_params is not None, "a pooled output for a generation request"
+        embedding = embedding_of(vector, request.pooling_params)
+        return EmbeddingRequestOutput(parent.request_id, EmbeddingOutput(embedding.tolist()),
+                                      parent.prompt_token_ids)
 
     def parent_of(self, engine_request_id: str) -> str | None:
         """The user request an engine request belongs to (None once it is gone)."""
@@ -193,3 +216,14 @@ class OutputProcessor:
             if metrics.first_token_time is None:
                 metrics.first_token_time = now
             metrics.last_token_time = now
+
+
+def embedding_of(vector: np.ndarray, params: PoolingParams) -> np.ndarray:
+    """The pooled ``vector`` as ``params`` ask: its first ``dimensions`` entries, then
+    divided by its L2 norm when ``use_activation`` (vLLM truncates before normalising)."""
+    vector = np.asarray(vector, dtype=np.float32)
+    if params.dimensions is not None:
+        vector = vector[: params.dimensions]
+    if params.use_activation:
+        vector = vector / max(float(np.linalg.norm(vector)), NORM_EPS)
+    return vector

@@ -1,4 +1,5 @@
-"""What the user gets back: ``RequestOutput`` and ``CompletionOutput`` (vLLM's shapes)."""
+"""What the user gets back: ``RequestOutput`` and ``CompletionOutput`` for generation,
+``EmbeddingRequestOutput`` and ``EmbeddingOutput`` for pooling (vLLM's shapes)."""
 
 from __future__ import annotations
 
@@ -62,3 +63,18 @@ class RequestOutput:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]  # truncated to the request's dimensions, normalised if asked
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """A pooling request's result: one embedding for its prompt (``LLM.embed``)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

@@ -11,8 +11,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from octavo.config import PoolerConfig
 from octavo.engine.errors import InvalidRequestError
 from octavo.platforms import Platform
+from octavo.pooling_params import PoolingParams, check_dimensions
 from octavo.request import Request
 from octavo.sampling_params import (
     SamplingParams,
@@ -47,7 +49,8 @@ class Processor:
                  eos_token_id: int | None, hidden_size: int | None = None,
                  enable_prompt_embeds: bool = False, extra_eos_token_ids: Sequence[int] = (),
                  default_max_tokens: int | None = None,
-                 platform: type[Platform] | None = None) -> None:
+                 platform: type[Platform] | None = None, pooler: PoolerConfig | None = None,
+                 hf_config: dict[str, Any] | None = None) -> None:
         """``hidden_size``: the width prompt embeddings must have (with
         ``enable_prompt_embeds``; without it they are refused). ``extra_eos_token_ids``:
         the model's EOS ids besides ``eos_token_id``; as in vLLM they join a request's
@@ -55,8 +58,13 @@ class Processor:
         reason; ``eos_token_id`` reports none). ``default_max_tokens``: the model's
         ``max_new_tokens``, the most a request with ``max_tokens=None`` generates.
         ``platform``: the engine's, whose ``validate_request`` refuses here what its
-        worker cannot run (None: the front end does not know it; nothing is refused)."""
+        worker cannot run (None: the front end does not know it; nothing is refused).
+        ``pooler``: a pooling engine's settled pooler config (None: a generation engine;
+        each refuses the other's requests); ``hf_config``: the model's, whose Matryoshka
+        sizes a request's ``dimensions`` must be one of."""
         self.platform = platform
+        self.pooler = pooler
+        self.hf_config = hf_config or {}
         self.extra_eos_token_ids = [t for t in extra_eos_token_ids if t != eos_token_id]
         self.default_max_tokens = default_max_tokens
         self.hidden_size = hidden_size
@@ -124,11 +132,19 @@ class Processor:
                 "which leaves no room to generate")
         return ProcessedPrompt("", [0] * len(embeds), embeds)
 
-    def make_requests(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams,
-                      priority: int = 0, strict_length: bool = False,
+    def make_requests(self, request_id: str, prompt: ProcessedPrompt,
+                      params: SamplingParams | PoolingParams, priority: int = 0,
+                      strict_length: bool = False,
                       arrival_time: float | None = None) -> list[Request]:
         """One engine request per sample (``n``); children of n>1 are ``{id}_{i}``. They
-        arrived at ``arrival_time`` (``time.monotonic()``; default: now)."""
+        arrived at ``arrival_time`` (``time.monotonic()``; default: now). ``PoolingParams``
+        make one pooling request (vLLM's ``add_request`` takes either kind)."""
+        if isinstance(params, PoolingParams):
+            return [self._pooling_request(request_id, prompt, params, priority, arrival_time)]
+        if self.pooler is not None:
+            raise InvalidRequestError("this model is served by the pooling runner (--runner "
+                                      "pooling): it computes embeddings (/v1/embeddings, "
+                                      "LLM.embed), not text")
         num_prompt = len(prompt.prompt_token_ids)
         if num_prompt >= self.max_model_len:
             raise InvalidRequestError(
@@ -174,6 +190,36 @@ class Processor:
             children.append(self._request(f"{request_id}_{index}", prompt, child, priority,
                                           arrival))
         return children
+
+    def _pooling_request(self, request_id: str, prompt: ProcessedPrompt,
+                             params: PoolingParams, priority: int = 0,
+                             arrival_time: float | None = None) -> Request:
+        """A pooling request, its unset ``params`` filled from the model's pooler config.
+        The prompt is computed whole (an encoder never splits it), so it may be at most
+        ``max_model_len`` tokens: a longer one is refused, never cut."""
+        if self.pooler is None:
+            raise InvalidRequestError("this model is served for text generation; embeddings "
+                                      "need the pooling runner (--runner pooling)")
+        num_prompt = len(prompt.prompt_token_ids)
+        if num_prompt > self.max_model_len:
+            raise InvalidRequestError(f"the prompt has {num_prompt} tokens; this model takes at "
+                                      f"most {self.max_model_len} (max_model_len)")
+        try:
+            if params.dimensions is not None:
+                check_dimensions(params.dimensions, self.hf_config)
+            check_int("priority", priority)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        use_activation = params.use_activation
+        settled = PoolingParams(
+            dimensions=params.dimensions or self.pooler.dimensions,
+            use_activation=(self.pooler.use_activation if use_activation is None
+                            else use_activation))
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        return self._check_platform(Request(
+            request_id=request_id, prompt_token_ids=list(prompt.prompt_token_ids),
+            sampling_params=SamplingParams(), arrival_time=arrival, priority=priority,
+            cache_salt=prompt.cache_salt, pooling_params=settled))
 
     def _request(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams,
                  priority: int, arrival: float) -> Request:

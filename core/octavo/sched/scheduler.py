@@ -90,6 +90,8 @@ class Scheduler(SchedulerInterface):
         # Most tokens one request computes in a step (0: off), vLLM's
         # long_prefill_token_threshold: a long prompt leaves budget for the others.
         self.long_prefill_token_threshold = config.scheduler.long_prefill_token_threshold
+        # Off for pooling models that need a prompt whole in one step (SchedulerConfig).
+        self.chunked_prefill = config.scheduler.enable_chunked_prefill
         self.kv_manager = kv_manager
         self.policy = policy if policy is not None else FcfsPolicy()
         # Grammars of guided decoding; None: the engine takes no constrained requests.
@@ -313,8 +315,10 @@ class Scheduler(SchedulerInterface):
                     if started:
                         self.waiting.remove(request)
                         continue
-            num_new_tokens = min(self._capped(request.num_tokens - num_hit_tokens),
-                                 step.token_budget)
+            num_new_tokens = self._chunk(request.num_tokens - num_hit_tokens,
+                                         step.token_budget)
+            if not num_new_tokens:
+                break  # its whole prompt does not fit this step; keep policy order
             lookahead = (self.spec.lookahead(request, num_new_tokens, num_hit_tokens)
                          if self.spec else 0)
             if self.kv_manager.allocate_slots(request, num_new_tokens, hit_blocks,
@@ -339,6 +343,14 @@ class Scheduler(SchedulerInterface):
                                  if self.kv_manager.num_kv_groups > 1 else []),
             ))
             self._grant(request, num_new_tokens, step)
+
+    def _chunk(self, num_new_tokens: int, token_budget: int) -> int:
+        """How many of a waiting request's ``num_new_tokens`` it computes this step: a chunk
+        within the budget, or - without chunked prefill - all of them, or 0 when they do
+        not fit the budget that is left."""
+        if not self.chunked_prefill:
+            return num_new_tokens if num_new_tokens <= token_budget else 0
+        return min(self._capped(num_new_tokens), token_budget)
 
     def _capped(self, num_new_tokens: int) -> int:
         """A chunk no longer than ``long_prefill_token_threshold`` (when it is on)."""

@@ -44,3 +44,12 @@ def num_kv_blocks(budget: int, bytes_per_block: int, flag: str = "--kv-cache-mem
         raise ValueError(f"a KV budget of {budget} bytes holds no block of {bytes_per_block} "
                          f"bytes; raise {flag}")
     return blocks
+
+
+def bookkeeping_blocks(config: EngineConfig) -> int:
+    """The blocks of a model with no KV cache (an encoder): no memory behind them, only
+    the scheduler's count of the tokens in flight, and its requests finish in the step
+    that computes them, so one step's worth is enough - the token budget in blocks, plus
+    one partial block per request."""
+    tokens = config.scheduler.max_num_batched_tokens
+    return -(-tokens // config.cache.block_size) + config.scheduler.max_num_seqs

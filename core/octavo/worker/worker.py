@@ -19,10 +19,11 @@ from octavo.models.loader import ModelFiles
 from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
 from octavo.worker.interface import WorkerClasses, WorkerInterface
-from octavo.worker.kv_budget import host_kv_budget, num_kv_blocks
+from octavo.worker.kv_budget import bookkeeping_blocks, host_kv_budget, num_kv_blocks
 from octavo.worker.kv_groups import layer_windows
 from octavo.worker.kv_transfer import WorkerKVTransfer
 from octavo.worker.model_runner import ModelRunner
+from octavo.worker.pooling_runner import PoolingModelRunner
 from octavo.worker.spec_decode.verifier import SpecVerifier
 
 
@@ -44,7 +45,10 @@ class Worker(WorkerInterface):
         model = build_model(files, dtype, classes.attn_backend, device=self.device,
                             architectures=classes.architectures)
         platform.prepare_model(model, dtype)
-        self.runner = self.runner_class(
+        pooling = ({"pooling_type": config.pooler.pooling_type}
+                   if config.model.runner == "pooling" else {})
+        runner_class = PoolingModelRunner if pooling else self.runner_class
+        self.runner = runner_class(
             model, classes.attn_backend,
             block_size=config.cache.block_size,
             max_num_reqs=config.scheduler.max_num_seqs,
@@ -52,6 +56,7 @@ class Worker(WorkerInterface):
             vocab_size=int(files.hf_config["vocab_size"]),
             eos_token_ids=frozenset(model_eos_token_ids(files, config.model.generation_config)),
             device=self.device,
+            **pooling,
         )
         if config.speculative is not None:
             assert classes.proposer is not None, "speculative decoding without a proposer"
@@ -62,9 +67,12 @@ class Worker(WorkerInterface):
         return layer_windows(self.runner.model)
 
     def determine_num_blocks(self) -> int:
-        """KV blocks that fit the host budget (``octavo.worker.kv_budget``)."""
-        return num_kv_blocks(host_kv_budget(self.config, self.platform),
-                             self.runner.kv_cache_bytes_per_block())
+        """KV blocks that fit the host budget (``octavo.worker.kv_budget``); an encoder,
+        which has no KV cache, gets blocks that only count the step's tokens."""
+        per_block = self.runner.kv_cache_bytes_per_block()
+        if per_block == 0:
+            return bookkeeping_blocks(self.config)
+        return num_kv_blocks(host_kv_budget(self.config, self.platform), per_block)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.runner.initialize_kv_cache(num_blocks)
