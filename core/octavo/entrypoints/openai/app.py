@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from octavo.engine.async_llm import AsyncLLM
 from octavo.engine.core_client import EngineStatus
+from octavo.entrypoints.openai.embeddings import embeddings_router
 from octavo.entrypoints.openai.errors import OpenAIError, install_error_handlers
 from octavo.entrypoints.openai.metrics import PrometheusMetrics
 from octavo.entrypoints.openai.openapi_doc import (
@@ -83,6 +84,8 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     key_check = [Depends(_api_key_check(settings.api_key))]
     app.include_router(_open_routes(engine, metrics))
     app.include_router(_protected_routes(engine, settings), dependencies=key_check,
+                       responses=errors(401))
+    app.include_router(embeddings_router(engine, settings), dependencies=key_check,
                        responses=errors(401))
     if not settings.disable_docs:
         app.include_router(docs_router(app, key_check))
@@ -148,7 +151,8 @@ def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
     @router.get("/v1/models", responses={**ok_json(ModelList), **errors(*ANY_ROUTE)})
     async def models() -> JSONResponse:
         card = ModelCard(id=settings.served_model_name, root=engine.ready.model,
-                         max_model_len=engine.max_model_len)
+                         max_model_len=engine.max_model_len,
+                         supported_tasks=engine.supported_tasks)
         return JSONResponse(ModelList(data=[card]).model_dump())
 
     @router.post("/v1/completions", dependencies=JSON_ONLY, responses={

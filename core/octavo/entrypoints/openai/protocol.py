@@ -394,6 +394,9 @@ class ModelCard(BaseModel):
     owned_by: str = "octavo"
     root: str  # the model file or folder served
     max_model_len: int
+    # What the model is served for, vLLM's task names: ["generate"], or ["embed"] from the
+    # pooling runner (--runner pooling).
+    supported_tasks: list[str]
 
 
 class ModelList(BaseModel):
