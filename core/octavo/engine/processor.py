@@ -141,10 +141,7 @@ class Processor:
         make one pooling request (vLLM's ``add_request`` takes either kind)."""
         if isinstance(params, PoolingParams):
             return [self._pooling_request(request_id, prompt, params, priority, arrival_time)]
-        if self.pooler is not None:
-            raise InvalidRequestError("this model is served by the pooling runner (--runner "
-                                      "pooling): it computes embeddings (/v1/embeddings, "
-                                      "LLM.embed), not text")
+        self.check_generation()
         num_prompt = len(prompt.prompt_token_ids)
         if num_prompt >= self.max_model_len:
             raise InvalidRequestError(
@@ -190,6 +187,13 @@ class Processor:
             children.append(self._request(f"{request_id}_{index}", prompt, child, priority,
                                           arrival))
         return children
+
+    def check_generation(self) -> None:
+        """Refuse generation on a pooling engine (the server asks before the chat template)."""
+        if self.pooler is not None:
+            raise InvalidRequestError("this model is served by the pooling runner (--runner "
+                                      "pooling): it computes embeddings (/v1/embeddings, "
+                                      "LLM.embed), not text")
 
     def _pooling_request(self, request_id: str, prompt: ProcessedPrompt,
                              params: PoolingParams, priority: int = 0,

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from octavo.engine.async_llm import AsyncLLM
 from octavo.engine.core_client import EngineStatus
-from octavo.entrypoints.openai.embeddings import embeddings_router
+from octavo.entrypoints.openai.embeddings import embeddings_router, generation_only
 from octavo.entrypoints.openai.errors import OpenAIError, install_error_handlers
 from octavo.entrypoints.openai.metrics import PrometheusMetrics
 from octavo.entrypoints.openai.openapi_doc import (
@@ -147,6 +147,7 @@ def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
     completions = OpenAIServingCompletion(engine, settings)
     chat = OpenAIServingChat(engine, settings)
     common = OpenAIServing(engine, settings)
+    generation = [*JSON_ONLY, Depends(generation_only(engine))]
 
     @router.get("/v1/models", responses={**ok_json(ModelList), **errors(*ANY_ROUTE)})
     async def models() -> JSONResponse:
@@ -155,12 +156,12 @@ def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
                          supported_tasks=engine.supported_tasks)
         return JSONResponse(ModelList(data=[card]).model_dump())
 
-    @router.post("/v1/completions", dependencies=JSON_ONLY, responses={
+    @router.post("/v1/completions", dependencies=generation, responses={
         **ok_stream(CompletionResponse, CompletionResponse), **errors(*BODY_ROUTE, 404, 503)})
     async def create_completion(request: CompletionRequest, raw: Request) -> Response:
         return await completions.create(request, raw)
 
-    @router.post("/v1/chat/completions", dependencies=JSON_ONLY, responses={
+    @router.post("/v1/chat/completions", dependencies=generation, responses={
         **ok_stream(ChatCompletionResponse, ChatCompletionChunk),
         **errors(*BODY_ROUTE, 404, 503)})
     async def create_chat_completion(request: ChatCompletionRequest, raw: Request) -> Response:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 import numpy as np
@@ -106,6 +107,15 @@ def encoded(embedding: list[float], encoding_format: str) -> list[float] | str:
         return embedding
     array = np.asarray(embedding, dtype="<f4")
     return base64.b64encode(array.tobytes()).decode("ascii")
+
+
+def generation_only(engine: AsyncLLM) -> Callable[[], Awaitable[None]]:
+    """A dependency of the generation routes: a 400 naming the pooling runner on a pooling
+    server, before any work (a chat template the model may not even have)."""
+    async def check() -> None:
+        engine.processor.check_generation()
+
+    return check
 
 
 def embeddings_router(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
