@@ -47,7 +47,9 @@ class PaddedLayout:
 
     num_reqs: int
     longest: int
-    slots: torch.Tensor  # int64 [T]: token t's row in the padded [num_reqs * longest]
+    # int64 [T]: token t's row in the padded [num_reqs * longest]; None when every prompt
+    # is as long as the longest, so the flat tokens are the padded batch already.
+    slots: torch.Tensor | None
     mask: torch.Tensor | None  # bool [num_reqs, 1, 1, longest]: real keys; None: no padding
 
     @classmethod
@@ -57,13 +59,24 @@ class PaddedLayout:
         bounds = starts.numpy().astype(np.int64)
         counts = np.diff(bounds)
         longest = int(counts.max())
+        if (counts == longest).all():
+            return cls(len(counts), longest, None, None)
         owner = np.repeat(np.arange(len(counts)), counts)
         slots = owner * longest + (np.arange(bounds[-1]) - bounds[owner])
-        mask = None
-        if (counts != longest).any():
-            keys = np.arange(longest)[None, :] < counts[:, None]
-            mask = torch.from_numpy(keys[:, None, None, :]).to(device)
-        return cls(len(counts), longest, torch.from_numpy(slots).to(device), mask)
+        keys = np.arange(longest)[None, :] < counts[:, None]
+        return cls(len(counts), longest, torch.from_numpy(slots).to(device),
+                   torch.from_numpy(keys[:, None, None, :]).to(device))
+
+    def pad(self, flat: torch.Tensor) -> torch.Tensor:
+        """``[T, width]`` -> ``[num_reqs * longest, width]``, zeros in the padding."""
+        if self.slots is None:
+            return flat
+        padded = flat.new_zeros(self.num_reqs * self.longest, flat.shape[1])
+        padded[self.slots] = flat
+        return padded
+
+    def unpad(self, padded: torch.Tensor) -> torch.Tensor:
+        return padded if self.slots is None else padded[self.slots]
 
 
 class BertEmbeddings(nn.Module):
@@ -92,14 +105,12 @@ class BertSelfAttention(nn.Module):
         self.head_dim = config.head_dim
 
     def forward(self, hidden: torch.Tensor, layout: PaddedLayout) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden)
-        padded = qkv.new_zeros(layout.num_reqs * layout.longest, qkv.shape[1])
-        padded[layout.slots] = qkv
+        padded = layout.pad(self.qkv_proj(hidden))
         q, k, v = padded.view(layout.num_reqs, layout.longest, 3, self.num_heads,
                               self.head_dim).permute(2, 0, 3, 1, 4)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=layout.mask)
         width = self.num_heads * self.head_dim
-        return out.transpose(1, 2).reshape(-1, width)[layout.slots]
+        return layout.unpad(out.transpose(1, 2).reshape(-1, width))
 
 
 class BertOutput(nn.Module):
