@@ -40,7 +40,7 @@ def extract_minilm(folder: Path) -> Path:
 
 
 def mixed_sentences(count: int, seed: int) -> list[str]:
-    """``count`` sentences of 1 to 120 words (so 3 to ~150 tokens), drawn from ``seed``."""
+    """``count`` sentences of 1 to 120 words, drawn from ``seed``."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 121, size=count)
     return [" ".join(rng.choice(WORDS, size=n)).capitalize() + "." for n in lengths]
