@@ -122,5 +122,7 @@ def test_refusals_are_400s_and_the_server_serves_on(embed_client: OpenAI, minilm
 
 
 def test_a_generation_server_refuses_embeddings(client: OpenAI) -> None:
+    card = client.models.list().data[0]
+    assert card.model_extra["supported_tasks"] == ["generate"]
     with pytest.raises(BadRequestError, match="served for text generation"):
-        client.embeddings.create(model=client.models.list().data[0].id, input="hello")
+        client.embeddings.create(model=card.id, input="hello")

@@ -39,6 +39,7 @@ def generate(llm: LLM, requests: list[BenchRequest], show_progress: bool = True,
               disable=not show_progress, dynamic_ncols=True) as bar:
         while engine.has_unfinished_requests():
             for output in engine.step():
+                assert isinstance(output, RequestOutput), "octavo bench measures generation"
                 count = len(output.outputs[0].token_ids)
                 bar.update(count - produced.get(output.request_id, 0))
                 produced[output.request_id] = count

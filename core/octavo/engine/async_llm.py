@@ -30,7 +30,7 @@ import time
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import ParamSpec, Protocol, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar, overload
 
 from octavo.config import EngineConfig
 from octavo.engine.core_client import EngineClient, request_error
@@ -82,15 +82,15 @@ class _RequestState:
         self.arrival_time = arrival_time
         self.num_tokens = 0  # output tokens over all n sequences, so far
         self.last_token_time = arrival_time
-        self._latest: RequestOutput | Exception | None = None
+        self._latest: RequestOutput | EmbeddingRequestOutput | Exception | None = None
         self._ready = asyncio.Event()
 
-    def put(self, item: RequestOutput | Exception | None) -> None:
+    def put(self, item: RequestOutput | EmbeddingRequestOutput | Exception | None) -> None:
         """The newest output, an error to raise, or None: the request was aborted."""
         self._latest = item
         self._ready.set()
 
-    async def get(self) -> RequestOutput | None:
+    async def get(self) -> RequestOutput | EmbeddingRequestOutput | None:
         await self._ready.wait()
         self._ready.clear()
         item, self._latest = self._latest, None
@@ -208,10 +208,20 @@ class AsyncLLM:
         (the pooling runner)."""
         return ["embed"] if self.ready.pooler is not None else ["generate"]
 
+    @overload
+    async def add_request(self, prompt: PromptType, sampling_params: SamplingParams,
+                          request_id: str, priority: int = 0,
+                          ) -> AsyncGenerator[RequestOutput, None]: ...
+
+    @overload
+    async def add_request(self, prompt: PromptType, sampling_params: PoolingParams,
+                          request_id: str, priority: int = 0,
+                          ) -> AsyncGenerator[EmbeddingRequestOutput, None]: ...
+
     async def add_request(self, prompt: PromptType,
                           sampling_params: SamplingParams | PoolingParams,
                           request_id: str, priority: int = 0,
-                          ) -> AsyncGenerator[RequestOutput, None]:
+                          ) -> AsyncGenerator[Any, None]:
         """Validate and tokenize the request on a processing thread, send it to the core and
         return its outputs, to iterate as they grow (vLLM's ``add_request``). With
         ``PoolingParams`` (a pooling engine) the one output is an
@@ -232,8 +242,7 @@ class AsyncLLM:
             self._num_processing -= 1
         return self._register(request_id, processed, children)
 
-    async def generate(self, prompt: PromptType,
-                       sampling_params: SamplingParams | PoolingParams,
+    async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
                        request_id: str, priority: int = 0,
                        ) -> AsyncGenerator[RequestOutput, None]:
         """vLLM's ``AsyncLLM.generate``: the request's output as it grows. A bad request
@@ -249,9 +258,12 @@ class AsyncLLM:
                      request_id: str, priority: int = 0,
                      ) -> AsyncGenerator[EmbeddingRequestOutput, None]:
         """vLLM's ``AsyncLLM.encode``: a pooling request's one output, its embedding."""
-        async for output in self.generate(prompt, pooling_params, request_id, priority):
-            assert isinstance(output, EmbeddingRequestOutput)
-            yield output
+        outputs = await self.add_request(prompt, pooling_params, request_id, priority)
+        try:
+            async for output in outputs:
+                yield output
+        finally:
+            await outputs.aclose()
 
     def _process_request(self, prompt: PromptType,
                          sampling_params: SamplingParams | PoolingParams,
@@ -265,7 +277,7 @@ class AsyncLLM:
                                                        arrival_time=arrival_time)
 
     def _register(self, request_id: str, processed: ProcessedPrompt, children: list[Request],
-                  ) -> AsyncGenerator[RequestOutput, None]:
+                  ) -> AsyncGenerator[Any, None]:
         """Track a processed request and send it to the core (on the event loop, which owns
         ``_states``); the engine may have died, or the id been taken, while it was processed."""
         self.check_health()
@@ -303,7 +315,7 @@ class AsyncLLM:
         self._fail_all(EngineDeadError("the engine was shut down"))
 
     async def _outputs(self, request_id: str, state: _RequestState,
-                       ) -> AsyncGenerator[RequestOutput, None]:
+                       ) -> AsyncGenerator[Any, None]:
         try:
             while (output := await state.get()) is not None:
                 yield output

@@ -11,7 +11,7 @@ from typing import Any
 from octavo.config import ConfigError, EngineConfig, PoolerConfig
 from octavo.engine.core import EngineCore
 from octavo.engine.output_processor import OutputProcessor
-from octavo.engine.outputs import RequestOutput
+from octavo.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from octavo.engine.processor import Processor, PromptType
 from octavo.models.config import eos_token_ids
 from octavo.models.generation_config import (
@@ -120,7 +120,7 @@ class LLMEngine:
         """Stop the worker processes now (they also stop when this process exits)."""
         self.core.shutdown()
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[RequestOutput | EmbeddingRequestOutput]:
         outputs, to_abort = self.output_processor.process_outputs(self.core.step())
         if to_abort:
             self.core.abort_requests(to_abort)

@@ -113,3 +113,17 @@ def test_refusals_name_their_cause(tiny_bert, tmp_path: Path) -> None:  # type: 
     with pytest.raises(InvalidRequestError, match="served for text generation"):
         generator.embed("hello")
     generator.shutdown()
+
+
+def test_tiny_decoder_mean_pooling_matches_hf(tmp_path: Path) -> None:
+    """A decoder with MEAN pooling (whole prompts through the paged KV path) against the
+    mean of HF's final-norm hidden states, normalised."""
+    hf = save_tiny_model("llama", tmp_path, seed=draw_seed())
+    llm = LLM(model=str(tmp_path), runner="pooling", dtype="float32", kv_cache_memory=2**24,
+              max_num_batched_tokens=512, pooler_config={"pooling_type": "MEAN"})
+    prompts = [list(range(3, 3 + n)) for n in (1, 9, 40, 200)]
+    for ids, ours in zip(prompts, embeddings(llm, prompts)):
+        with torch.no_grad():
+            hidden = hf.model(torch.tensor([ids])).last_hidden_state[0]
+        assert torch.allclose(ours, F.normalize(hidden.mean(0), dim=0), atol=1e-5), len(ids)
+    llm.shutdown()

@@ -23,7 +23,6 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from octavo.engine.async_llm import AsyncLLM
-from octavo.engine.outputs import EmbeddingRequestOutput
 from octavo.engine.processor import PromptType
 from octavo.entrypoints.openai.errors import OpenAIError
 from octavo.entrypoints.openai.openapi_doc import BODY_ROUTE, errors, ok_json
@@ -80,11 +79,10 @@ class OpenAIServingEmbedding(OpenAIServing):
         outputs = await unless_disconnected(raw, final_outputs(streams))
         if outputs is None:
             return Response(status_code=499)  # nobody is listening
-        embeddings: list[EmbeddingRequestOutput] = outputs  # type: ignore[assignment]
         data = [EmbeddingData(index=i, embedding=encoded(out.outputs.embedding,
                                                          request.encoding_format))
-                for i, out in enumerate(embeddings)]
-        tokens = sum(len(out.prompt_token_ids) for out in embeddings)
+                for i, out in enumerate(outputs)]
+        tokens = sum(len(out.prompt_token_ids) for out in outputs)
         body = EmbeddingResponse(id=request_id, model=self.model_name, data=data,
                                  usage=EmbeddingUsage(prompt_tokens=tokens, total_tokens=tokens))
         return JSONResponse(body.model_dump())

@@ -7,18 +7,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from octavo.engine.async_llm import AsyncLLM
-from octavo.engine.outputs import CompletionOutput, Logprob, RequestOutput
+from octavo.engine.outputs import CompletionOutput, EmbeddingRequestOutput, Logprob, RequestOutput
 from octavo.engine.processor import PromptType
 from octavo.entrypoints.openai.errors import OpenAIError
 from octavo.entrypoints.openai.protocol import SamplingRequest, UsageInfo
 from octavo.entrypoints.openai.settings import ServerSettings
+from octavo.pooling_params import PoolingParams
 from octavo.sampling_params import SamplingParams, StructuredOutputsParams
 
 T = TypeVar("T")
@@ -98,9 +99,19 @@ class OpenAIServing:
                                    f"[0, {vocab_size}): {outside[:5]}", param="logit_bias")
         return bias
 
+    @overload
     async def start(self, request_id: str, prompts: list[PromptType], params: SamplingParams,
                     priority: int, cache_salt: str | None = None,
-                    ) -> list[AsyncGenerator[RequestOutput, None]]:
+                    ) -> list[AsyncGenerator[RequestOutput, None]]: ...
+
+    @overload
+    async def start(self, request_id: str, prompts: list[PromptType], params: PoolingParams,
+                    priority: int, cache_salt: str | None = None,
+                    ) -> list[AsyncGenerator[EmbeddingRequestOutput, None]]: ...
+
+    async def start(self, request_id: str, prompts: list[PromptType],
+                    params: SamplingParams | PoolingParams, priority: int,
+                    cache_salt: str | None = None) -> list[AsyncGenerator[Any, None]]:
         """One engine request per prompt, processed one after another (a batch takes one
         processing thread at a time); a bad prompt fails the whole call (400) and aborts
         those of the batch already sent, as does cancelling the call. ``cache_salt``
@@ -109,7 +120,7 @@ class OpenAIServing:
             prompts = [salted(prompt, cache_salt) for prompt in prompts]
         ids = ([request_id] if len(prompts) == 1
                else [f"{request_id}-{index}" for index in range(len(prompts))])
-        streams = []
+        streams: list[AsyncGenerator[Any, None]] = []
         try:
             for prompt, engine_id in zip(prompts, ids):
                 streams.append(await self.engine.add_request(prompt, params, engine_id,
@@ -216,10 +227,9 @@ async def _next(stream: AsyncGenerator[T, None]) -> T:
     return await stream.__anext__()
 
 
-async def final_outputs(streams: list[AsyncGenerator[RequestOutput, None]],
-                        ) -> list[RequestOutput]:
+async def final_outputs(streams: list[AsyncGenerator[T, None]]) -> list[T]:
     """The finished output of every stream, in stream order."""
-    finals: dict[int, RequestOutput] = {}
+    finals: dict[int, T] = {}
     async for index, output in merge_streams(streams):
         finals[index] = output
     return [finals[i] for i in range(len(streams))]
