@@ -17,7 +17,7 @@ import logging
 
 from octavo.config import ConfigError, EngineConfig, PoolerConfig
 from octavo.config.engine import check_pooling_combinations
-from octavo.models.build import model_class_for
+from octavo.models.build import config_file_of, model_class_for
 from octavo.models.loader import ModelFiles
 from octavo.models.sentence_transformers import folder_pooler_config
 from octavo.plugins import get_registries
@@ -30,7 +30,7 @@ def setup_runner(config: EngineConfig, files: ModelFiles, max_model_len: int) ->
     """Settle ``config.model.runner`` and, for pooling, ``config.pooler`` and the
     scheduling it needs (``ConfigError`` for what cannot run). Returns whether the model
     is encoder-only (it then has no KV cache)."""
-    model_class = model_class_for(files.hf_config, files.source,
+    model_class = model_class_for(files.hf_config, config_file_of(files.source),
                                   get_registries().models.as_dict())
     encoder = model_class.encoder_only
     runner = config.model.runner
@@ -82,4 +82,6 @@ def _whole_prompts(config: EngineConfig, max_model_len: int) -> None:
                           "in one step; raise --max-num-batched-tokens or lower "
                           "--max-model-len")
     config.scheduler.enable_chunked_prefill = False
+    if config.cache.enable_prefix_caching:
+        logger.info("prefix caching off: this pooling model reads every prompt whole")
     config.cache.enable_prefix_caching = False

@@ -33,7 +33,7 @@ def build_model(
 ) -> CausalLM:
     """Instantiate the architecture of ``files.hf_config`` in ``dtype`` on ``device`` and load
     its weights; the model is returned in eval mode with frozen parameters."""
-    config_file = _config_file(files.source)
+    config_file = config_file_of(files.source)
     model_class = model_class_for(files.hf_config, config_file, architectures)
     config = ArchConfig.from_hf(files.hf_config, config_file)
     try:
@@ -74,7 +74,7 @@ def _load(model: CausalLM, files: ModelFiles) -> None:
                              f"{type(model).__name__} needs are missing: {shown}")
 
 
-def _config_file(source: Path) -> Path:
+def config_file_of(source: Path) -> Path:
     """Where the config came from: ``config.json`` of an HF folder, else the file itself."""
     source = Path(source)
     return source / "config.json" if source.is_dir() else source
