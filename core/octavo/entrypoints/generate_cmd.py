@@ -42,16 +42,20 @@ def sampling_params(kwargs: dict[str, Any]) -> SamplingParams:
 
 
 def make_engine(config: EngineConfig) -> Any:
-    """Build the engine, turning every user-facing failure into a clean CLI error."""
+    """Build a generation engine, turning every user-facing failure into a clean CLI
+    error (a model the pooling runner serves among them)."""
+    from octavo.engine.errors import InvalidRequestError
     from octavo.engine.llm_engine import LLMEngine
     from octavo.executor.base import WorkerDiedError
     from octavo.models.loader import ModelLoadError
 
     resolve_platform_or_exit(config.device.backend)
     try:
-        return LLMEngine(config)
-    except (ModelLoadError, ConfigError, WorkerDiedError) as exc:
+        engine = LLMEngine(config)
+        engine.processor.check_generation()
+    except (ModelLoadError, ConfigError, WorkerDiedError, InvalidRequestError) as exc:
         raise click.ClickException(str(exc)) from None
+    return engine
 
 
 def stream(engine: Any, prompt: Any, params: SamplingParams) -> str:

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from click.testing import CliRunner
 
 from octavo import LLM, PoolingParams
 from octavo.config import ConfigError, EngineConfig
 from octavo.engine.errors import InvalidRequestError
+from octavo.entrypoints.generate_cmd import generate
 from octavo.models.loader import ModelLoadError
 from octavo.models.sentence_transformers import folder_pooler_config
 from octavo.testing.seeds import draw_seed
@@ -95,6 +97,9 @@ def test_refusals_name_their_cause(tiny_bert, tmp_path: Path) -> None:  # type: 
         EngineConfig.from_kwargs(runner="pooling", tensor_parallel_size=2)
     with pytest.raises(ConfigError, match="unknown key 'normalize'"):
         EngineConfig.from_kwargs(pooler_config={"normalize": True})
+
+    cli = CliRunner().invoke(generate, ["hello", "--model", str(folder)])
+    assert cli.exit_code == 1 and "served by the pooling runner" in cli.output, cli.output
 
     dense = tmp_path / "dense"
     shutil.copytree(folder, dense)
