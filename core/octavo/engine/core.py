@@ -52,7 +52,7 @@ class EngineCore:
         self.config = config
         self.platform = platform
         config.model.max_model_len = max_model_len
-        encoder = setup_runner(config, files, max_model_len)
+        encoder = setup_runner(config, files, max_model_len, platform)
         registries = get_registries()
         self.executor = make_executor(config, platform, files, on_executor_failure)
         try:

@@ -20,16 +20,20 @@ from octavo.config.engine import check_pooling_combinations
 from octavo.models.build import config_file_of, model_class_for
 from octavo.models.loader import ModelFiles
 from octavo.models.sentence_transformers import folder_pooler_config
+from octavo.platforms import Platform
 from octavo.plugins import get_registries
 from octavo.pooling_params import check_dimensions
+from octavo.qualname import resolve_qualname
+from octavo.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
 
 
-def setup_runner(config: EngineConfig, files: ModelFiles, max_model_len: int) -> bool:
+def setup_runner(config: EngineConfig, files: ModelFiles, max_model_len: int,
+                 platform: type[Platform]) -> bool:
     """Settle ``config.model.runner`` and, for pooling, ``config.pooler`` and the
-    scheduling it needs (``ConfigError`` for what cannot run). Returns whether the model
-    is encoder-only (it then has no KV cache)."""
+    scheduling it needs (``ConfigError`` for what cannot run, on ``platform`` too).
+    Returns whether the model is encoder-only (it then has no KV cache)."""
     model_class = model_class_for(files.hf_config, config_file_of(files.source),
                                   get_registries().models.as_dict())
     encoder = model_class.encoder_only
@@ -46,6 +50,10 @@ def setup_runner(config: EngineConfig, files: ModelFiles, max_model_len: int) ->
                               "(--runner pooling)")
         return encoder
     check_pooling_combinations(config)
+    if not issubclass(resolve_qualname(platform.worker_cls), Worker):
+        raise ConfigError(f"the {platform.name} platform's worker ({platform.worker_cls}) has "
+                          "no pooling runner (--runner pooling): only the core's Worker and "
+                          "its subclasses do")
     config.pooler = _pooler_config(config.pooler, files, encoder)
     if encoder or config.pooler.pooling_type != "LAST":
         _whole_prompts(config, max_model_len)

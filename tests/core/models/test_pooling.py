@@ -17,9 +17,11 @@ from click.testing import CliRunner
 
 from octavo import LLM, PoolingParams
 from octavo.config import ConfigError, EngineConfig
+from octavo.cpu.platform import CpuPlatform
 from octavo.engine.errors import InvalidRequestError
+from octavo.engine.runner_setup import setup_runner
 from octavo.entrypoints.generate_cmd import generate
-from octavo.models.loader import ModelLoadError
+from octavo.models.loader import ModelLoadError, load_model_files
 from octavo.models.sentence_transformers import folder_pooler_config
 from octavo.testing.seeds import draw_seed
 from tests.core.tiny_models import save_tiny_model
@@ -32,6 +34,12 @@ MAX_POSITIONS = 128  # the tiny BERT's max_position_embeddings, so its max_model
 # Token ids of mixed lengths (a padded attention batch), the longest at max_model_len.
 PROMPTS = [[5], list(range(10, 17)), list(range(40, 73)), list(range(100, 190)),
            list(range(1, MAX_POSITIONS + 1))]
+
+
+class OtherWorkerPlatform(CpuPlatform):
+    """A platform whose worker is not the core's (as the TPU plugin's JAX worker)."""
+
+    worker_cls = "octavo.worker.interface.WorkerInterface"
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +106,9 @@ def test_refusals_name_their_cause(tiny_bert, tmp_path: Path) -> None:  # type: 
     with pytest.raises(ConfigError, match="unknown key 'normalize'"):
         EngineConfig.from_kwargs(pooler_config={"normalize": True})
 
+    files = load_model_files(folder)
+    with pytest.raises(ConfigError, match="has no pooling runner"):
+        setup_runner(EngineConfig(), files, MAX_POSITIONS, OtherWorkerPlatform)
     cli = CliRunner().invoke(generate, ["hello", "--model", str(folder)])
     assert cli.exit_code == 1 and "served by the pooling runner" in cli.output, cli.output
 
