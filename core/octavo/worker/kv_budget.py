@@ -8,6 +8,11 @@ written when allocated, so all of it is resident from the start (a long-running 
 come to touch all of it anyway: freed blocks stay in the prefix cache, and the free queue
 hands out never-used blocks before evicting cached ones). 1 GiB holds 46k tokens of
 SmolLM2-135M in bf16 (23k in fp32). vLLM's CPU default is 4 GiB (``--kv-cache-memory 4GiB``).
+
+The pooling runner's requests end in the step that completes their prompt, so it needs far
+less: an encoder holds no KV cache at all (``bookkeeping_blocks``: blocks that only count a
+step's tokens), and a pooling decoder's default is one step's blocks and one whole prompt's
+(``pooling_blocks``).
 """
 
 from __future__ import annotations
@@ -53,3 +58,12 @@ def bookkeeping_blocks(config: EngineConfig) -> int:
     one partial block per request."""
     tokens = config.scheduler.max_num_batched_tokens
     return -(-tokens // config.cache.block_size) + config.scheduler.max_num_seqs
+
+
+def pooling_blocks(config: EngineConfig) -> int:
+    """A pooling decoder's default KV cache: a prompt's keys and values live only until
+    its last chunk is computed, so one step's worth of blocks (``bookkeeping_blocks``) and
+    the blocks of one whole prompt, for the one a step leaves half-computed, are enough
+    (more only keeps more prefixes cached: ``--kv-cache-memory``)."""
+    assert config.model.max_model_len is not None
+    return bookkeeping_blocks(config) + -(-config.model.max_model_len // config.cache.block_size)

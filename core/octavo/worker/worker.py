@@ -19,7 +19,12 @@ from octavo.models.loader import ModelFiles
 from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
 from octavo.worker.interface import WorkerClasses, WorkerInterface
-from octavo.worker.kv_budget import bookkeeping_blocks, host_kv_budget, num_kv_blocks
+from octavo.worker.kv_budget import (
+    bookkeeping_blocks,
+    host_kv_budget,
+    num_kv_blocks,
+    pooling_blocks,
+)
 from octavo.worker.kv_groups import layer_windows
 from octavo.worker.kv_transfer import WorkerKVTransfer
 from octavo.worker.model_runner import ModelRunner
@@ -67,11 +72,15 @@ class Worker(WorkerInterface):
         return layer_windows(self.runner.model)
 
     def determine_num_blocks(self) -> int:
-        """KV blocks that fit the host budget (``octavo.worker.kv_budget``); an encoder,
-        which has no KV cache, gets blocks that only count the step's tokens."""
+        """KV blocks that fit the host budget (``octavo.worker.kv_budget``). The pooling
+        runner needs less: an encoder, which has no KV cache, gets blocks that only count
+        the step's tokens; a pooling decoder without ``--kv-cache-memory``, what its
+        prompts need while they are computed (``pooling_blocks``)."""
         per_block = self.runner.kv_cache_bytes_per_block()
         if per_block == 0:
             return bookkeeping_blocks(self.config)
+        if self.config.model.runner == "pooling" and self.config.cache.kv_cache_memory is None:
+            return pooling_blocks(self.config)
         return num_kv_blocks(host_kv_budget(self.config, self.platform), per_block)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:

@@ -135,8 +135,11 @@ def test_tiny_decoder_mean_pooling_matches_hf(tmp_path: Path) -> None:
     """A decoder with MEAN pooling (whole prompts through the paged KV path) against the
     mean of HF's final-norm hidden states, normalised."""
     hf = save_tiny_model("llama", tmp_path, seed=draw_seed())
-    llm = LLM(model=str(tmp_path), runner="pooling", dtype="float32", kv_cache_memory=2**24,
+    llm = LLM(model=str(tmp_path), runner="pooling", dtype="float32",
               max_num_batched_tokens=512, pooler_config={"pooling_type": "MEAN"})
+    # No --kv-cache-memory: a step's blocks (512 / 16 + 256 requests) and one whole prompt's.
+    context = hf.config.max_position_embeddings
+    assert llm.llm_engine.core.num_blocks == 512 // 16 + 256 + context // 16
     prompts = [list(range(3, 3 + n)) for n in (1, 9, 40, 200)]
     for ids, ours in zip(prompts, embeddings(llm, prompts)):
         with torch.no_grad():
