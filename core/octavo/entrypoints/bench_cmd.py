@@ -10,7 +10,7 @@ import math
 import shlex
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 
@@ -194,7 +194,8 @@ def sweep(max_batch_size: int, context_len: int, steps: int, num_iters_warmup: i
             require_matplotlib()
         sizes = batch_sizes(max_batch_size)
         earlier = [json.loads(Path(path).read_text()) for path in plot_with]
-        settings = (sizes, context_len, steps, num_iters_warmup, num_iters, kwargs["seed"])
+        settings = SweepSettings(sizes, context_len, steps, num_iters_warmup, num_iters,
+                                 kwargs["seed"])
         result = (_server_sweep(base_url, shapes_from, dtype_bytes, settings) if base_url
                   else _engine_sweep(kwargs, settings))
     if label is not None:
@@ -205,7 +206,17 @@ def sweep(max_batch_size: int, context_len: int, steps: int, num_iters_warmup: i
         click.echo(f"plot written to {plot}")
 
 
-def _engine_sweep(kwargs: dict[str, Any], settings: tuple[Any, ...]) -> Any:
+class SweepSettings(NamedTuple):
+    """The sweep's flags both sweeps take, in ``run_sweep``'s positional order."""
+    sizes: list[int]
+    context_len: int
+    steps: int
+    num_iters_warmup: int
+    num_iters: int
+    seed: int
+
+
+def _engine_sweep(kwargs: dict[str, Any], settings: SweepSettings) -> Any:
     from octavo.bench.roofline import ModelShape
     from octavo.bench.sweep import run_sweep
     from octavo.plugins.resolve import resolve_platform
@@ -221,7 +232,7 @@ def _engine_sweep(kwargs: dict[str, Any], settings: tuple[Any, ...]) -> Any:
 
 
 def _server_sweep(base_url: str, shapes_from: str | None, dtype_bytes: int,
-                  settings: tuple[Any, ...]) -> Any:
+                  settings: SweepSettings) -> Any:
     import torch
 
     from octavo.bench.roofline import ModelShape
@@ -234,8 +245,8 @@ def _server_sweep(base_url: str, shapes_from: str | None, dtype_bytes: int,
     dtype = {2: torch.bfloat16, 4: torch.float32}.get(dtype_bytes, torch.bfloat16)
     peaks = _peaks(shape, dtype)
     target = ServeTarget(base_url, asyncio.run(fetch_model_name(base_url)))
-    sizes, context_len, steps, _, num_iters, seed = settings
-    return run_server_sweep(target, shape, peaks, sizes, context_len, steps, num_iters, seed,
+    return run_server_sweep(target, shape, peaks, settings.sizes, settings.context_len,
+                            settings.steps, settings.num_iters, settings.seed,
                             len(files.tokenizer), dtype_bytes, dtype_bytes)
 
 
