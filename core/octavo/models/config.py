@@ -82,7 +82,11 @@ class ArchConfig:
     @classmethod
     def from_hf(cls, hf_config: dict[str, Any], source: str | Path = "config.json") -> ArchConfig:
         """Read ``hf_config``; errors are ``ModelLoadError`` naming ``source`` and the field."""
-        defaults = MODEL_TYPE_DEFAULTS.get(hf_config.get("model_type"), {})
+        model_type = hf_config.get("model_type")
+        if model_type is not None and not isinstance(model_type, str):
+            raise ModelLoadError(f"{source}: config field 'model_type': must be a string, got "
+                                 f"{model_type!r}")
+        defaults = MODEL_TYPE_DEFAULTS.get(model_type or "", {})
         reader = _Reader({**defaults, **hf_config}, str(source))
         hidden_size = reader.positive_int("hidden_size")
         num_heads = reader.positive_int("num_attention_heads")
