@@ -82,10 +82,16 @@ class ParallelConfig:
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
     @property
+    def engine_index(self) -> int:
+        """This engine's data-parallel rank: ``data_parallel_rank`` as ``__post_init__``
+        resolved it (the node's first engine where it was None)."""
+        assert self.data_parallel_rank is not None, "set by __post_init__"
+        return self.data_parallel_rank
+
+    @property
     def data_parallel_rank_local(self) -> int:
         """This engine's index among the engines of its node (its share of the cores)."""
-        assert self.data_parallel_rank is not None
-        return self.data_parallel_rank - self.data_parallel_start_rank
+        return self.engine_index - self.data_parallel_start_rank
 
     def node_worker_index(self, rank: int) -> tuple[int, int]:
         """Worker ``rank`` of this engine as (index, count) among the workers of all the

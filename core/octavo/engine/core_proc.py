@@ -133,7 +133,7 @@ class EngineCoreProc:
         self.outputs: queue.Queue[Any] = queue.Queue()
         self.context = zmq.Context()
         self.endpoint = endpoint
-        self.engine_index = config.parallel.data_parallel_rank
+        self.engine_index = config.parallel.engine_index
         self._reported: tuple[SchedulerStats, int] | None = None  # stats, requests taken in
         self._failed_steps = 0  # in a row
         self._num_received = 0  # ADD messages taken in

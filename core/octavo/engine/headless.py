@@ -88,7 +88,7 @@ def run_headless(config: EngineConfig, secret: bytes, model_path: Path,
 def _join(context: zmq.Context, front_end: str, secret: bytes, identity: dict[str, str],
           config: EngineConfig) -> _Engine:
     """Hand-shake for one rank and start its core process."""
-    rank = config.parallel.data_parallel_rank
+    rank = config.parallel.engine_index
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     set_heartbeat(dealer)
@@ -141,8 +141,9 @@ def _wait(engines: list[_Engine], handle_signals: bool) -> int:
     running = {engine.proc.sentinel: engine for engine in engines}
     code = 0
     while running:
-        for sentinel in multiprocessing.connection.wait(list(running)):
-            engine = running.pop(sentinel)  # type: ignore[call-overload]
+        ended = multiprocessing.connection.wait(list(running))
+        for sentinel in [s for s in running if s in ended]:  # ints: wait returns what it got
+            engine = running.pop(sentinel)
             engine.proc.join()
             if engine.proc.exitcode != 0 and not stopping:
                 logger.error("engine %d exited with code %s", engine.rank, engine.proc.exitcode)

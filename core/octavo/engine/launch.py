@@ -25,7 +25,7 @@ from octavo.engine.core_proc import EngineReady
 from octavo.engine.dp_client import DPEngineClient
 from octavo.engine.dp_handshake import SECRET_ENV, Ready, engine_identity
 from octavo.engine.errors import EngineStartError
-from octavo.engine.remote_client import EngineJoinServer, RemoteEngineClient
+from octavo.engine.remote_client import EngineJoinServer
 
 logger = logging.getLogger(__name__)
 
@@ -60,20 +60,19 @@ async def start_engine_client(config: EngineConfig, secret: bytes | None = None,
     try:
         results = await asyncio.gather(
             *(EngineCoreClient.start(config.for_data_parallel_rank(rank)) for rank in local),
-            join.gather(REMOTE_START_TIMEOUT_S) if join is not None else _no_engines(),
-            return_exceptions=True)
+            _joined(join), return_exceptions=True)
     finally:
         if join is not None:
             join.close()  # the engines that joined keep their own sockets
-    started = results[:-1]
-    clients = [result[0] for result in started if not isinstance(result, BaseException)]
+    started = [result for result in results[:-1] if isinstance(result, tuple)]
+    clients = [client for client, _ in started]
     if join is not None:
         clients += [join.ready[rank][0] for rank in remote if rank in join.ready]
     failure = next((r for r in results if isinstance(r, BaseException)), None)
     if failure is not None:
         _stop(clients)
         raise failure
-    readies = [result[1] for result in started]  # type: ignore[index]
+    readies = [ready for _, ready in started]
     logger.info("%d data-parallel engines ready: %d here (pids %s), %d on headless nodes",
                 len(clients), len(local), ", ".join(str(r.pid) for r in readies), len(remote))
     if readies:
@@ -115,8 +114,10 @@ async def _start_on_ray(config: EngineConfig) -> tuple[Engines, EngineReady]:
     return DPEngineClient([joined[rank][0] for rank in ranks], engines.shutdown), ready
 
 
-async def _no_engines() -> dict[int, tuple[RemoteEngineClient, Ready]]:
-    return {}
+async def _joined(join: EngineJoinServer | None) -> None:
+    """Until every headless engine has joined (``join.ready`` holds them); none: at once."""
+    if join is not None:
+        await join.gather(REMOTE_START_TIMEOUT_S)
 
 
 def _join_server(config: EngineConfig, secret: bytes | None,

@@ -47,7 +47,7 @@ class EngineActor:
         """Join the front end as engine ``data_parallel_rank`` and serve until the core
         process exits; its exit code."""
         return run_headless(config, secret, Path(model_path),
-                            ranks=[config.parallel.data_parallel_rank], handle_signals=False)
+                            ranks=[config.parallel.engine_index], handle_signals=False)
 
 
 class RayEngines:

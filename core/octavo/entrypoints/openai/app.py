@@ -136,10 +136,11 @@ def _open_routes(engine: AsyncLLM, metrics: PrometheusMetrics) -> APIRouter:
 
 
 def _engine_health(status: EngineStatus, stats: SchedulerStats | None) -> EngineHealth:
-    alive = status.alive and stats is not None
+    running = waiting = 0  # a dead engine (or one yet to report) runs and waits on nothing
+    if status.alive and stats is not None:
+        running, waiting = stats.num_running_reqs, stats.num_waiting_reqs
     return EngineHealth(index=status.index, alive=status.alive, pid=status.pid,
-                        num_requests_running=stats.num_running_reqs if alive else 0,
-                        num_requests_waiting=stats.num_waiting_reqs if alive else 0)
+                        num_requests_running=running, num_requests_waiting=waiting)
 
 
 def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
