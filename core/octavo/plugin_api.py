@@ -208,11 +208,11 @@ def __getattr__(name: str) -> Any:
         warnings.warn(f"octavo.plugin_api.{name} is deprecated and goes in plugin API "
                       f"{removed_in}; use {instead}", DeprecationWarning, stacklevel=2)
         return _resolve(target)  # not cached: every access warns
-    target = _EXPORTS.get(name)
-    if target is None:
+    exported = _EXPORTS.get(name)
+    if exported is None:
         raise AttributeError(f"module 'octavo.plugin_api' has no attribute {name!r} (plugin "
                              f"API {PLUGIN_API_VERSION}; see docs/plugins.md)")
-    value = _resolve(target)
+    value = _resolve(exported)
     globals()[name] = value  # later lookups skip __getattr__
     return value
 

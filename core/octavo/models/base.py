@@ -11,6 +11,11 @@ head a stage does without) would be, so parameter names stay HF's; ``load_weight
 the checkpoint tensors of missing modules. A stage before the last returns
 ``IntermediateTensors`` instead of hidden states, and a stage after the first is given them.
 
+The decoder stack: a model keeps its layers, token embedding and final norm in ``model``
+(a ``DecoderStack``, e.g. ``LlamaModel``); speculative decoding's EAGLE heads share the
+embedding and norm and draft from the hidden states the stack keeps on request. A model
+without one runs, but not with those heads.
+
 Weight names: a model's parameters are named as in HF checkpoints except where several HF
 tensors are fused into one parameter. ``stacked_params`` lists those fusions as
 ``(fused name fragment, HF name fragment, shard id)``, e.g. ``(".qkv_proj.", ".k_proj.",
@@ -24,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -33,6 +38,7 @@ from octavo.attention.base import AttentionBackend, AttentionMetadata
 from octavo.distributed.state import RankInfo, get_parallel_state
 from octavo.models.config import ArchConfig
 from octavo.models.layers.embedding import ParallelLMHead
+from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.parallel import kv_head_shards
 from octavo.models.layers.weights import default_weight_loader
 
@@ -79,6 +85,24 @@ def pp_layer_range(num_layers: int, pp_rank: int, pp_size: int) -> range:
     return range(start, start + sizes[pp_rank])
 
 
+class DecoderStack(Protocol):
+    """``CausalLM.model``: what speculative decoding reads from a model's decoder stack and
+    sets on it (``LlamaModel`` has it all)."""
+
+    @property
+    def embed_tokens(self) -> nn.Module: ...  # the token embedding (the first stage's)
+
+    @property
+    def norm(self) -> RMSNorm | PPMissingLayer: ...  # the final norm (the last stage's)
+
+    # Set: forward keeps its output before the final norm in ``prenorm_hidden``.
+    keep_prenorm_hidden: bool
+    prenorm_hidden: torch.Tensor | None
+    # The layers whose input forward keeps in ``aux_hidden_states``, in layer order.
+    aux_hidden_state_layers: frozenset[int]
+    aux_hidden_states: list[torch.Tensor]
+
+
 @contextmanager
 def default_dtype(dtype: torch.dtype):
     """Create tensors in ``dtype`` by default, so parameters are allocated once, directly in
@@ -106,6 +130,7 @@ class CausalLM(nn.Module):
     # An encoder (BERT): bidirectional attention over each prompt, computed whole in one
     # step, so it needs no KV cache and has no LM head; only the pooling runner runs it.
     encoder_only: ClassVar[bool] = False
+    model: DecoderStack  # see the module docstring
     lm_head: ParallelLMHead | PPMissingLayer
 
     def __init__(
@@ -147,9 +172,11 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,  # int64 [T]
         kv_caches: list[torch.Tensor],  # one per layer, attn_backend.kv_cache_shape(...)
         attn_metadata: AttentionMetadata,
-    ) -> torch.Tensor:  # [T, hidden_size]
-        """Pipeline-parallel models also take ``intermediate_tensors`` (a stage after the
-        first) and return ``IntermediateTensors`` from a stage before the last."""
+    ) -> torch.Tensor | IntermediateTensors:
+        """The hidden states ``[T, hidden_size]``. Pipeline-parallel models also take
+        ``intermediate_tensors`` (a stage after the first) and return
+        ``IntermediateTensors`` from a stage before the last; a model with
+        ``get_input_embeddings`` also takes ``inputs_embeds``."""
         raise NotImplementedError
 
     def get_input_embeddings(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ pipeline parallelism work as there (each stage builds only its layers).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -131,7 +132,7 @@ class Gemma3Model(LlamaModel):
 
     norm_cls = GemmaRMSNorm
 
-    def __init__(self, config: ArchConfig, layers: list[nn.Module], layer_range: range,
+    def __init__(self, config: ArchConfig, layers: Sequence[nn.Module], layer_range: range,
                  embed: bool, norm: bool, dtype: torch.dtype) -> None:
         super().__init__(config, layers, layer_range, embed, norm)
         # HF keeps sqrt(hidden_size) as an fp32 tensor and rounds it to the weights' dtype.
@@ -144,6 +145,7 @@ class Gemma3Model(LlamaModel):
 
 
 class Gemma3ForCausalLM(CausalLM):
+    model: Gemma3Model
     supports_pp = True
     activations = tuple(GELU_APPROXIMATIONS)
     stacked_params: ClassVar[tuple[tuple[str, str, object], ...]] = (

@@ -51,7 +51,7 @@ class GenerationConfig:
         use where a request leaves them unset; checked, so a bad file fails at start."""
         if not self.apply_sampling_defaults:
             return {}
-        defaults = {}
+        defaults: dict[str, Any] = {}  # SamplingParams keyword arguments
         for name, param in SAMPLING_FIELDS.items():
             value = self.values.get(name)
             if value is None:

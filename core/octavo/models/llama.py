@@ -13,6 +13,7 @@ Parameter names follow HF's, except that q/k/v and gate/up are fused (see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
@@ -106,7 +107,9 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = self_attn
         self.mlp = mlp
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # nn.Identity where the input is no residual stream (an EAGLE head's first layer).
+        self.input_layernorm: RMSNorm | nn.Identity = RMSNorm(config.hidden_size,
+                                                              config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     @classmethod
@@ -146,18 +149,19 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     norm_cls: ClassVar[type[RMSNorm]] = RMSNorm  # of the final norm (Gemma's differs)
 
-    def __init__(self, config: ArchConfig, layers: list[nn.Module], layer_range: range,
+    def __init__(self, config: ArchConfig, layers: Sequence[nn.Module], layer_range: range,
                  embed: bool, norm: bool) -> None:
         """``layers``: every index, this stage's in ``layer_range`` and placeholders
         elsewhere; ``embed``/``norm``: whether this stage holds the embedding (the first
         stage, and the last of a tied model) and the final norm (the last stage)."""
         super().__init__()
-        self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-                             if embed else PPMissingLayer())
+        self.embed_tokens: VocabParallelEmbedding | PPMissingLayer = (
+            VocabParallelEmbedding(config.vocab_size, config.hidden_size) if embed
+            else PPMissingLayer())
         self.layers = nn.ModuleList(layers)
         self.layer_range = layer_range
-        self.norm = (self.norm_cls(config.hidden_size, config.rms_norm_eps) if norm
-                     else PPMissingLayer())
+        self.norm: RMSNorm | PPMissingLayer = (
+            self.norm_cls(config.hidden_size, config.rms_norm_eps) if norm else PPMissingLayer())
         # Speculative decoding (EAGLE) sets this to keep the last forward's features before
         # the final norm in ``prenorm_hidden``; off, the no-spec path keeps nothing.
         self.keep_prenorm_hidden = False
@@ -226,6 +230,7 @@ class LlamaForCausalLM(CausalLM):
     qkv_bias: ClassVar[bool] = False  # q/k/v biases even when the config has no attention_bias
     qk_norm: ClassVar[bool] = False  # RMSNorm of each head of q and k before RoPE
     supports_pp = True
+    model: LlamaModel
 
     stacked_params: ClassVar[tuple[tuple[str, str, object], ...]] = (
         (".qkv_proj.", ".q_proj.", "q"),

@@ -65,6 +65,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
             return super().hf_names_for(param_name)
         prefix, stacked = match.groups()
         parts = ("w2",) if stacked == "w2" else ("w1", "w3")
-        experts: FusedMoE = self.get_submodule(f"{prefix}.mlp.experts")
+        experts = self.get_submodule(f"{prefix}.mlp.experts")
+        assert isinstance(experts, FusedMoE), "a stacked expert weight outside a FusedMoE"
         return [f"{prefix}.block_sparse_moe.experts.{expert}.{part}.weight"
                 for expert in experts.local_experts for part in parts]
