@@ -68,7 +68,22 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "pytorch_model.pt")
 UNUSED = ("embed_tokens.weight", "rotary_emb.inv_freq")
 
 
-class EagleHead(nn.Module):
+class DraftHead(nn.Module):
+    """What ``EagleProposer``'s drafting loop and ``split_sizes`` use of a head: EAGLE-1's
+    (``EagleHead``) and EAGLE-3's (``Eagle3Head``). Its forward takes hidden states ``[T,
+    h]``, the next tokens ``[T]``, their positions, a KV cache per ``num_kv_layers()`` and
+    the attention metadata, and predicts the next hidden states ``[T, h]``."""
+
+    config: ArchConfig  # the head's layer shape
+    # Target ids of the draft vocabulary (None: the whole vocabulary).
+    draft_token_ids: torch.Tensor | None
+
+    def num_kv_layers(self) -> int:
+        """Decoder layers with a KV cache (one each)."""
+        raise NotImplementedError
+
+
+class EagleHead(DraftHead):
     """``fc`` + decoder layers; ``embed`` is the target's token embedding (shared, frozen)."""
 
     def __init__(self, config: ArchConfig, fc_bias: bool, attn_backend: type[AttentionBackend],
@@ -80,8 +95,10 @@ class EagleHead(nn.Module):
         self.layers = nn.ModuleList(self._layer(config, attn_backend, index)
                                     for index in range(config.num_hidden_layers))
         self.embed = [embed]  # a list keeps the target's module out of state_dict()
-        # Target ids of the draft vocabulary (None: the whole vocabulary).
-        self.draft_token_ids: torch.Tensor | None = None
+        self.draft_token_ids = None
+
+    def num_kv_layers(self) -> int:
+        return len(self.layers)
 
     @staticmethod
     def _layer(config: ArchConfig, attn_backend: type[AttentionBackend],
@@ -164,7 +181,7 @@ def published_names(param_name: str) -> list[str]:
             for fused, part, _ in FUSED if fused in param_name] or [param_name]
 
 
-def split_sizes(head: nn.Module, name: str, num_parts: int) -> list[int]:
+def split_sizes(head: DraftHead, name: str, num_parts: int) -> list[int]:
     """Row counts of the published tensors a fused head parameter splits into."""
     if num_parts == 1:
         return [head.get_parameter(name).shape[0]]
@@ -231,9 +248,9 @@ class EagleProposer(Proposer):
         super().__init__(context)
         assert context.config.model is not None  # SpeculativeConfig requires it
         target = context.target
-        self.head = load_eagle(context.config.model, context.attn_backend,
-                               target.model.embed_tokens,  # type: ignore[union-attr]
-                               hidden_size=target.config.hidden_size)
+        self.head: DraftHead = load_eagle(context.config.model, context.attn_backend,
+                                          target.model.embed_tokens,
+                                          hidden_size=target.config.hidden_size)
         self.head.to(device=context.device, dtype=context.dtype).eval()
         context.platform.prepare_model(self.head, context.dtype)
         self.kv_caches: list[torch.Tensor] = []
@@ -247,12 +264,12 @@ class EagleProposer(Proposer):
 
     def kv_cache_bytes_per_block(self) -> int:
         per_layer = int(np.prod(self._cache_shape(1)))
-        return per_layer * torch.finfo(self.context.dtype).bits // 8 * len(self.head.layers)
+        return per_layer * torch.finfo(self.context.dtype).bits // 8 * self.head.num_kv_layers()
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.kv_caches = [torch.zeros(self._cache_shape(num_blocks), dtype=self.context.dtype,
                                       device=self.context.device)
-                          for _ in self.head.layers]
+                          for _ in range(self.head.num_kv_layers())]
 
     @torch.inference_mode()
     def propose(self, inputs: ProposeInputs) -> list[list[int]]:

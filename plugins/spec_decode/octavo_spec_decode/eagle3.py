@@ -49,6 +49,7 @@ from octavo.plugin_api import (
 )
 from octavo_spec_decode.eagle import (
     WEIGHT_FILES,
+    DraftHead,
     EagleProposer,
     eagle_arch_config,
     param_for,
@@ -82,14 +83,15 @@ def default_aux_layers(num_layers: int) -> tuple[int, ...]:
 def checked_aux_layers(layers: object, num_layers: int, source: str) -> tuple[int, ...]:
     """Three distinct layer indices of a target with ``num_layers`` layers, ascending (the
     order the states are concatenated in, as vLLM does)."""
-    ok = (isinstance(layers, (list, tuple)) and len(layers) == NUM_AUX_LAYERS
+    ids = list(layers) if isinstance(layers, (list, tuple)) else []
+    ok = (len(ids) == NUM_AUX_LAYERS
           and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < num_layers
-                  for i in layers) and len(set(layers)) == NUM_AUX_LAYERS)
+                  for i in ids) and len(set(ids)) == NUM_AUX_LAYERS)
     if not ok:
         raise HeadCheckpointError(
             f"{source}: {AUX_LAYERS_KEY} {layers!r}: EAGLE-3 needs {NUM_AUX_LAYERS} distinct "
             f"layer indices of the target, each in 0..{num_layers - 1}")
-    return tuple(sorted(layers))  # type: ignore[arg-type]
+    return tuple(sorted(ids))
 
 
 def aux_layers_of(hf_config: dict, num_layers: int, source: str) -> tuple[int, ...]:
@@ -132,8 +134,10 @@ class Eagle3Shape:
     norm_before_residual: bool = False
 
 
-class Eagle3Head(nn.Module):
+class Eagle3Head(DraftHead):
     """``fc`` + ``midlayer`` + ``norm`` + ``lm_head``; ``embed`` is the target's (shared)."""
+
+    draft_token_ids: torch.Tensor  # never None: the head's LM head covers these tokens only
 
     def __init__(self, config: ArchConfig, shape: Eagle3Shape,
                  attn_backend: type[AttentionBackend], embed: nn.Module) -> None:
@@ -149,10 +153,8 @@ class Eagle3Head(nn.Module):
         # Target ids of the draft vocabulary (``d2t``), row i of lm_head for token ids[i].
         self.draft_token_ids = torch.arange(shape.draft_vocab_size)
 
-    @property
-    def layers(self) -> list[nn.Module]:
-        """The decoder layers with a KV cache (one), as ``EagleHead.layers``."""
-        return [self.midlayer]
+    def num_kv_layers(self) -> int:
+        return 1  # the midlayer
 
     def combine(self, aux: list[torch.Tensor]) -> torch.Tensor:
         """The first step's hidden state from the target's aux states ``3 x [T, h]``."""
@@ -260,6 +262,7 @@ class Eagle3Proposer(EagleProposer):
     name = "eagle3"
     requires_model = True
     needs_hidden_states = False
+    head: Eagle3Head
 
     def __init__(self, context: ProposerContext) -> None:
         super(EagleProposer, self).__init__(context)  # Proposer's: the head differs

@@ -24,6 +24,7 @@ its second or third guess is right, and the tree verifies those too in the same 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +43,7 @@ from octavo_spec_decode.heads_io import (
     read_tensors,
     write_head,
 )
-from octavo_spec_decode.projection import DraftProjection
+from octavo_spec_decode.projection import DraftProjection, lm_head_weight
 
 WEIGHT_FILES = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "medusa_lm_head.bin")
 
@@ -72,23 +73,47 @@ class ResBlock(nn.Module):
         return x + nn.functional.silu(self.linear(x))
 
 
+class MedusaHead(nn.Sequential):
+    """``Sequential(ResBlock * num_layers, Linear(hidden, vocab))``: the published module,
+    so its parameters keep the published names."""
+
+    @classmethod
+    def of(cls, config: MedusaConfig) -> MedusaHead:
+        return cls(*[ResBlock(config.hidden_size) for _ in range(config.num_layers)],
+                   nn.Linear(config.hidden_size, config.vocab_size, bias=False))
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The input of the vocabulary projection: the ResBlocks' output."""
+        return self[:-1](hidden)
+
+    @property
+    def projection(self) -> nn.Linear:
+        """The vocabulary projection, the last module."""
+        linear = self[-1]
+        assert isinstance(linear, nn.Linear)
+        return linear
+
+
 class MedusaHeads(nn.ModuleList):
-    """``num_heads`` x ``Sequential(ResBlock * num_layers, Linear(hidden, vocab))``."""
+    """``num_heads`` x ``MedusaHead``."""
 
     def __init__(self, config: MedusaConfig) -> None:
-        super().__init__(
-            nn.Sequential(*[ResBlock(config.hidden_size) for _ in range(config.num_layers)],
-                          nn.Linear(config.hidden_size, config.vocab_size, bias=False))
-            for _ in range(config.num_heads))
+        super().__init__(MedusaHead.of(config) for _ in range(config.num_heads))
         self.config = config
         self.draft_token_ids: torch.Tensor | None = None  # the draft vocabulary, if any
 
+    def __iter__(self) -> Iterator[MedusaHead]:
+        """The heads (``ModuleList`` types them as any module)."""
+        for head in super().__iter__():
+            assert isinstance(head, MedusaHead)
+            yield head
+
     def features(self, hidden: torch.Tensor) -> torch.Tensor:
         """Each head's input to its vocabulary projection: ``[num_heads, N, hidden]``."""
-        return torch.stack([head[:-1](hidden) for head in self])
+        return torch.stack([head.features(hidden) for head in self])
 
     def projections(self) -> list[torch.Tensor]:
-        return [head[-1].weight for head in self]
+        return [head.projection.weight for head in self]
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         return {name: tuple(t.shape) for name, t in self.state_dict().items()}
@@ -137,7 +162,7 @@ class MedusaProposer(Proposer):
     def __init__(self, context: ProposerContext) -> None:
         super().__init__(context)
         assert context.config.model is not None  # SpeculativeConfig requires it
-        lm_head = context.target.lm_head.weight
+        lm_head = lm_head_weight(context.target)
         heads = load_medusa(context.config.model, hidden_size=lm_head.shape[1],
                             vocab_size=context.vocab_size)
         if heads.config.num_heads < self.num_speculative_tokens:
@@ -148,7 +173,7 @@ class MedusaProposer(Proposer):
                                   for w in heads.projections())
         if self.shares_lm_head:  # keep only the ResBlocks; the target's LM head projects
             for head in heads:
-                head[-1].weight = nn.Parameter(lm_head, requires_grad=False)
+                head.projection.weight = nn.Parameter(lm_head, requires_grad=False)
         self.heads = heads.to(device=context.device, dtype=context.dtype).eval()
         self.projection = DraftProjection(context.target, heads.draft_token_ids,
                                           context.dtype, context.device, context.platform) \
@@ -192,7 +217,7 @@ class MedusaProposer(Proposer):
         features = self.heads.features(hidden)[:k]
         if self.projection is not None:
             return self.projection.logits(features.flatten(0, 1)).view(k, len(hidden), -1)
-        return torch.stack([head[-1](f) for head, f in zip(self.heads, features)])
+        return torch.stack([head.projection(f) for head, f in zip(self.heads, features)])
 
     def column_tokens(self, columns: torch.Tensor) -> torch.Tensor:
         return columns if self.projection is None else self.projection.tokens(columns)

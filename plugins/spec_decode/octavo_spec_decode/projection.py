@@ -17,7 +17,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from octavo.plugin_api import CausalLM, Platform
+from octavo.plugin_api import CausalLM, Platform, PPMissingLayer
+
+
+def lm_head_weight(target: CausalLM) -> torch.Tensor:
+    """The target's LM head ``[vocab, hidden]`` (this rank's rows): speculative decoding
+    runs on one worker, which holds it."""
+    lm_head = target.lm_head
+    assert not isinstance(lm_head, PPMissingLayer), "speculative decoding on one stage only"
+    return lm_head.weight
 
 
 class DraftProjection(nn.Module):
@@ -35,12 +43,13 @@ class DraftProjection(nn.Module):
         if weight is None and getattr(target.lm_head, "tp_size", 1) > 1:
             draft_token_ids = None
         self.token_ids = None if draft_token_ids is None else draft_token_ids.to(device)
+        self.weight: torch.Tensor | None  # the draft vocabulary's rows (None: use the target)
         if weight is not None:
             assert self.token_ids is not None and len(weight) == len(self.token_ids)
             self.weight = weight.detach().to(device=device, dtype=dtype).contiguous()
         else:
             self.weight = None if self.token_ids is None else \
-                target.lm_head.weight[self.token_ids].to(dtype).contiguous()
+                lm_head_weight(target)[self.token_ids].to(dtype).contiguous()
         self.cpu_gemm: Callable[[torch.Tensor], torch.Tensor] | None = None
         if self.weight is not None:
             platform.prepare_model(self, dtype)

@@ -82,17 +82,17 @@ def add_features(target: CausalLM, sequences: list[Sequence], batch_tokens: int 
         ids = torch.cat([s.token_ids for s in batch])
         positions = torch.cat([torch.arange(n) for n in lengths])
         kv_caches = [torch.empty(0)] * target.num_layers
-        target.model.aux_hidden_state_layers = frozenset(aux_layers)  # type: ignore[union-attr]
+        target.model.aux_hidden_state_layers = frozenset(aux_layers)
         hidden = target(ids, positions, kv_caches, full_sequence_metadata(lengths, ids.device))
         next_tokens = target.compute_logits(hidden).argmax(-1)
-        aux = (torch.cat(target.model.aux_hidden_states, dim=-1)  # type: ignore[union-attr]
+        aux = (torch.cat(target.model.aux_hidden_states, dim=-1)
                .to(AUX_DTYPE).split(lengths) if aux_layers else [None] * len(batch))
         for seq, features, picks, aux_features in zip(batch, hidden.split(lengths),
                                                       next_tokens.split(lengths), aux):
             seq.features = features.clone()
             seq.next_tokens = picks.clone()
             seq.aux_features = None if aux_features is None else aux_features.clone()
-    target.model.aux_hidden_state_layers = frozenset()  # type: ignore[union-attr]
+    target.model.aux_hidden_state_layers = frozenset()
 
 
 def save_data(path: Path, model: str | None, sequences: list[Sequence],

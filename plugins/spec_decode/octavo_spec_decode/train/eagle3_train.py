@@ -18,9 +18,10 @@ import random
 
 import torch
 
-from octavo.plugin_api import AttentionBackend, CausalLM
+from octavo.plugin_api import AttentionBackend, CausalLM, PPMissingLayer
 from octavo_spec_decode.eagle import head_config
 from octavo_spec_decode.eagle3 import Eagle3Head, Eagle3Shape
+from octavo_spec_decode.projection import lm_head_weight
 from octavo_spec_decode.train.data import Sequence
 from octavo_spec_decode.train.dense_attention import full_sequence_metadata
 from octavo_spec_decode.train.eagle_train import init_like_llama
@@ -38,11 +39,13 @@ def new_eagle3_head(target: CausalLM, draft_token_ids: torch.Tensor,
     """An untrained head shaped like one of the target's layers (HF's Llama init), its LM
     head and final norm copied from the target's."""
     head = Eagle3Head(head_config(target.config), Eagle3Shape(len(draft_token_ids)),
-                      attn_backend, target.model.embed_tokens)  # type: ignore[union-attr]
+                      attn_backend, target.model.embed_tokens)
     init_like_llama(head)
+    norm = target.model.norm
+    assert not isinstance(norm, PPMissingLayer), "training targets are one stage"
     with torch.no_grad():
-        head.lm_head.weight.copy_(target.lm_head.weight[draft_token_ids])
-        head.norm.weight.copy_(target.model.norm.weight)  # type: ignore[union-attr]
+        head.lm_head.weight.copy_(lm_head_weight(target)[draft_token_ids])
+        head.norm.weight.copy_(norm.weight)
     head.lm_head.weight.requires_grad_(False)
     head.draft_token_ids = draft_token_ids
     return head
@@ -53,7 +56,7 @@ class Eagle3Batch:
     and the row of ``features`` whose distribution it learns (where ``masks[j]``)."""
 
     def __init__(self, sequences: list[Sequence], num_steps: int) -> None:
-        lengths, aux, positions = [], [], []
+        lengths, aux, positions, features = [], [], [], []
         tokens: list[list[torch.Tensor]] = [[] for _ in range(num_steps)]
         rows: list[list[torch.Tensor]] = [[] for _ in range(num_steps)]
         masks: list[list[torch.Tensor]] = [[] for _ in range(num_steps)]
@@ -63,6 +66,7 @@ class Eagle3Batch:
             n = len(seq.token_ids) - 1  # entries p = 0 .. L-2
             lengths.append(n)
             aux.append(seq.aux_features[:n].float())
+            features.append(seq.features)
             positions.append(torch.arange(n))
             padded = torch.cat([seq.token_ids, seq.token_ids.new_zeros(num_steps)])
             for j in range(num_steps):
@@ -74,7 +78,7 @@ class Eagle3Batch:
         self.tokens = [torch.cat(t) for t in tokens]
         self.masks = [torch.cat(m) for m in masks]
         self.rows = [torch.cat(r)[m] for r, m in zip(rows, self.masks)]
-        self.features = torch.cat([seq.features for seq in sequences])  # type: ignore[misc]
+        self.features = torch.cat(features)
         self.metadata = full_sequence_metadata(lengths, self.aux.device)
 
     def unrolled(self, head: Eagle3Head) -> list[torch.Tensor]:
@@ -108,7 +112,7 @@ def train_eagle3(target: CausalLM, sequences: list[Sequence], steps: int, seed: 
     its draft vocabulary the tokens of the training text."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    subset = TokenSubset.of(sequences, target.lm_head.weight.shape[0])
+    subset = TokenSubset.of(sequences, lm_head_weight(target).shape[0])
     head = new_eagle3_head(target, subset.token_ids)
     subset_lm_head = head.lm_head.weight  # the target's rows, frozen
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from octavo.plugin_api import CausalLM
 from octavo_spec_decode.eagle import EagleHead, head_config
+from octavo_spec_decode.projection import lm_head_weight
 from octavo_spec_decode.train.data import Sequence
 from octavo_spec_decode.train.dense_attention import DenseCausalBackend, full_sequence_metadata
 from octavo_spec_decode.train.optimize import optimize
@@ -31,7 +32,7 @@ CLS_WEIGHT = 1.0
 def new_eagle_head(target: CausalLM) -> EagleHead:
     """An untrained head shaped like one of the target's layers (HF's Llama init)."""
     head = EagleHead(head_config(target.config), True, DenseCausalBackend,
-                     target.model.embed_tokens)  # type: ignore[union-attr]
+                     target.model.embed_tokens)
     init_like_llama(head)
     return head
 
@@ -91,7 +92,7 @@ def train_eagle(target: CausalLM, sequences: list[Sequence], steps: int, seed: i
     torch.manual_seed(seed)
     rng = random.Random(seed)
     head = new_eagle_head(target)
-    lm_head = target.lm_head.weight
+    lm_head = lm_head_weight(target)
     subset = TokenSubset.of(sequences, lm_head.shape[0])
 
     def step_loss() -> torch.Tensor:
@@ -119,7 +120,7 @@ def eagle_accuracy(head: EagleHead, target: CausalLM, sequences: list[Sequence],
                    passes: int = 3) -> list[float]:
     """Top-1 accuracy of each unrolled round's token guess on ``sequences`` (round 1 is the
     first draft exactly; later rounds approximate later drafts)."""
-    subset = TokenSubset.of(sequences, target.lm_head.weight.shape[0])
+    subset = TokenSubset.of(sequences, lm_head_weight(target).shape[0])
     batch = EagleBatch(sequences, subset)
     mask = batch.labels != -100
     truth = subset.token_ids[batch.labels[mask]]

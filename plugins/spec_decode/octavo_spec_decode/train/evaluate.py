@@ -36,6 +36,7 @@ def measure_acceptance(model: str | None, method: str, heads: str, k: int,
         "speculative_token_tree": tree})
     llm.chat([[{"role": "user", "content": p}] for p in prompts],
              SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
-    stats = llm.llm_engine.core.scheduler.spec.snapshot()
+    stats = llm.llm_engine.core.scheduler.make_stats().spec_decoding
+    assert stats is not None  # speculative decoding is on
     return Acceptance(method, k, len(prompts), stats.num_drafts,
                       stats.mean_acceptance_length, stats.position_rates(), tree)

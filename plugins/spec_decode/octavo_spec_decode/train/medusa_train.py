@@ -42,10 +42,11 @@ class MedusaExamples:
 
 
 def medusa_examples(sequences: list[Sequence], num_heads: int) -> MedusaExamples:
-    rows, teachers = [], []
+    features, rows, teachers = [], [], []
     offset = 0
     for seq in sequences:
         assert seq.features is not None
+        features.append(seq.features)
         keep = reply_mask(seq, 2) & on_greedy_path(seq, 1)
         positions = torch.arange(len(seq.token_ids)) + offset
         rows.append(positions[keep])
@@ -53,8 +54,7 @@ def medusa_examples(sequences: list[Sequence], num_heads: int) -> MedusaExamples
             [torch.where(reply_mask(seq, 2 + i) & on_greedy_path(seq, 1 + i),
                          positions + 1 + i, -1)[keep] for i in range(num_heads)], dim=1))
         offset += len(seq.token_ids)
-    features = torch.cat([seq.features for seq in sequences])  # type: ignore[misc]
-    return MedusaExamples(features, torch.cat(rows), torch.cat(teachers))
+    return MedusaExamples(torch.cat(features), torch.cat(rows), torch.cat(teachers))
 
 
 def distillation_loss(heads: MedusaHeads, examples: MedusaExamples, batch: torch.Tensor,
@@ -84,8 +84,8 @@ def train_medusa(sequences: list[Sequence], lm_head: torch.Tensor, num_heads: in
     vocab_size, hidden_size = lm_head.shape
     heads = MedusaHeads(MedusaConfig(num_heads, num_layers, hidden_size, vocab_size))
     for head in heads:
-        head[-1].weight.data.copy_(lm_head)
-        head[-1].weight.requires_grad_(False)
+        head.projection.weight.data.copy_(lm_head)
+        head.projection.weight.requires_grad_(False)
     subset = TokenSubset.of(sequences, vocab_size)
     heads.draft_token_ids = subset.token_ids  # drafts pick among the tokens the target used
     subset_lm_head = lm_head[subset.token_ids]

@@ -12,6 +12,7 @@ from octavo.plugin_api import CausalLM
 from octavo_spec_decode.eagle import save_eagle
 from octavo_spec_decode.eagle3 import default_aux_layers, save_eagle3
 from octavo_spec_decode.medusa import save_medusa
+from octavo_spec_decode.projection import lm_head_weight
 from octavo_spec_decode.train import defaults
 from octavo_spec_decode.train.data import (
     Sequence,
@@ -60,7 +61,7 @@ def train_heads(options: TrainOptions) -> str:
     sequences = training_data(options, target, aux_layers)
     train_set, eval_set = split(sequences)
     steps = options.steps or defaults.STEPS[options.method]
-    lm_head = target.lm_head.weight
+    lm_head = lm_head_weight(target)
     if options.method == "medusa":
         heads = train_medusa(train_set, lm_head, options.num_heads, options.medusa_layers, steps,
                              seed=options.seed)
