@@ -100,8 +100,9 @@ def truncated_logits(logits: jax.Array, t: SamplingTensors) -> jax.Array:
     truncated; a random row draws from their softmax. Greedy rows go through unscaled."""
     temperature = jnp.where(t.temperature == 0, 1.0, t.temperature)
     scaled = logits / temperature[:, None]
-    scaled = apply_min_p(scaled, t.min_p)
-    return apply_top_k_top_p(scaled, t.top_k, t.top_p)
+    # jnp.asarray: the settings may still be host (numpy) arrays; under jit it is a no-op.
+    scaled = apply_min_p(scaled, jnp.asarray(t.min_p))
+    return apply_top_k_top_p(scaled, jnp.asarray(t.top_k), jnp.asarray(t.top_p))
 
 
 def row_keys(t: SamplingTensors) -> jax.Array:

@@ -149,7 +149,7 @@ class _Rows:
     def column(self, value: Callable[[SamplingParams], float], neutral: float,
                dtype: type) -> np.ndarray:
         """One setting per row: ``value(params)`` for requests, ``neutral`` for the rest."""
-        out = np.full(self.num_rows, neutral, dtype=dtype)
+        out: np.ndarray = np.full(self.num_rows, neutral, dtype=dtype)
         for row, p in enumerate(self.params):
             if p is not None:
                 out[row] = value(p)
