@@ -18,6 +18,7 @@ from octavo.testing.seeds import draw_seed
 
 from ..embedding_models import mixed_sentences
 from .server import API_KEY, Server
+from .test_serve_vllm_metrics import scrape, total
 
 MIN_COSINE = 0.9999
 NUM_SENTENCES = 64
@@ -119,6 +120,29 @@ def test_refusals_are_400s_and_the_server_serves_on(embed_client: OpenAI, minilm
                                             api_key=API_KEY)
     assert status == 400 and "encoding_format" in body["error"]["message"]
     assert len(embed_client.embeddings.create(model=model, input="still here").data) == 1
+
+
+def test_embeddings_are_counted_under_vllm_metric_names(embed_client: OpenAI,
+                                                        minilm_folder: Path,
+                                                        minilm_server: Server) -> None:
+    """Each input is one pooling request: it stops (vLLM's reason) with its prompt counted;
+    its phases, which its output does not time, are not observed."""
+    before = scrape(minilm_server)
+    answer = embed_client.embeddings.create(model=str(minilm_folder), input=["one", "two"])
+    after = scrape(minilm_server)
+
+    def grew(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    assert grew("vllm:request_success_total", finished_reason="stop") == 2
+    assert grew("vllm:e2e_request_latency_seconds_count") == 2
+    assert grew("vllm:prompt_tokens_total") == answer.usage.prompt_tokens
+    assert grew("vllm:request_prompt_tokens_sum") == answer.usage.prompt_tokens
+    assert grew("vllm:generation_tokens_total") == 0
+    assert grew("vllm:request_queue_time_seconds_count") == 0
+    # The encoder reads prompts whole: its core turned prefix caching off, and says so.
+    assert [dict(labels)["enable_prefix_caching"] for name, labels in after
+            if name == "vllm:cache_config_info"] == ["False"]
 
 
 def test_a_generation_server_refuses_embeddings(client: OpenAI) -> None:

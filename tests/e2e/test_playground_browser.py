@@ -138,10 +138,10 @@ def test_stop_aborts_the_request_and_frees_the_engine(page: WebDriver,
     settings(page, temperature="0.8", max_tokens="1500")
     send_chat(page, "Write a very long story about a lighthouse keeper.")
     wait(page, 60).until(lambda d: len(last_answer(d)[0]) > 20)
-    assert smol_server.metrics()["octavo:num_requests_running"] == 1
+    assert smol_server.metrics()["vllm:num_requests_running"] == 1
     page.find_element(By.ID, "stop").click()
     stopped = time.monotonic()
-    while smol_server.metrics()["octavo:num_requests_running"] != 0:
+    while smol_server.metrics()["vllm:num_requests_running"] != 0:
         assert time.monotonic() - stopped < 1.0, "the engine still runs the stopped request"
         time.sleep(0.05)
     wait(page, 5).until(lambda d: last_answer(d)[1] == "stopped")

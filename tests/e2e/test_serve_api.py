@@ -208,11 +208,11 @@ def test_reset_prefix_cache(client: OpenAI, model: str, tiny_server: Server) -> 
 
     def hits_after_request() -> float:
         client.completions.create(model=model, prompt=prompt, max_tokens=2, **GREEDY)
-        return tiny_server.metrics()["octavo:prefix_cache_hits_total"]
+        return tiny_server.metrics()["vllm:prefix_cache_hits_total"]
 
     first = hits_after_request()
     assert hits_after_request() > first  # the second time its blocks come from the cache
     status, _, _ = tiny_server.request("POST", "/reset_prefix_cache", api_key=API_KEY)
     assert status == 200
-    before = tiny_server.metrics()["octavo:prefix_cache_hits_total"]
+    before = tiny_server.metrics()["vllm:prefix_cache_hits_total"]
     assert hits_after_request() == before  # the cache was emptied

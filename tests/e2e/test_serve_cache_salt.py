@@ -26,9 +26,9 @@ def test_completions_share_blocks_only_under_one_salt(client: OpenAI, tiny_model
     salt_a, salt_b = f"a-{uuid.uuid4()}", f"b-{uuid.uuid4()}"
 
     def new_hits(**salt: str) -> float:
-        before = tiny_server.metrics()["octavo:prefix_cache_hits_total"]
+        before = tiny_server.metrics()["vllm:prefix_cache_hits_total"]
         client.completions.create(model=model, prompt=prompt, extra_body=salt, **GREEDY)
-        return tiny_server.metrics()["octavo:prefix_cache_hits_total"] - before
+        return tiny_server.metrics()["vllm:prefix_cache_hits_total"] - before
 
     assert new_hits(cache_salt=salt_a) == 0
     assert new_hits(cache_salt=salt_b) == 0
@@ -43,11 +43,11 @@ def test_chat_takes_a_salt(client: OpenAI, tiny_model: TinyModel, tiny_server: S
     messages = [{"role": "user", "content": f"a long enough message {run} " * 3}]
     hits = []
     for salt in ("x", "y", "x"):
-        before = tiny_server.metrics()["octavo:prefix_cache_hits_total"]
+        before = tiny_server.metrics()["vllm:prefix_cache_hits_total"]
         client.chat.completions.create(model=model, messages=messages,
                                        extra_body={"cache_salt": f"{salt}-{run}"},
                                        **GREEDY)
-        hits.append(tiny_server.metrics()["octavo:prefix_cache_hits_total"] - before)
+        hits.append(tiny_server.metrics()["vllm:prefix_cache_hits_total"] - before)
     assert hits[0] == hits[1] == 0 and hits[2] > 0
 
 

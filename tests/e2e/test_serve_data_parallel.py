@@ -43,7 +43,7 @@ def requests_per_engine(server: Server) -> dict[str, int]:
     assert status == 200, text
     return {sample.labels["engine"]: int(sample.value)
             for family in text_string_to_metric_families(text) for sample in family.samples
-            if sample.name == "octavo:e2e_request_latency_seconds_count"}
+            if sample.name == "vllm:e2e_request_latency_seconds_count"}
 
 
 def complete_all(server: Server, prompts: list[list[int]], max_tokens: int = MAX_TOKENS,

@@ -162,6 +162,6 @@ def test_refused_requests_leave_nothing_waiting(tiny_model: TinyModel,
             assert server.request("POST", COMPLETIONS, body)[0] == 400, body
         status, _, answer = server.request("POST", COMPLETIONS, OK_COMPLETION)
         assert status == 200, answer
-        assert server.metrics()["octavo:num_requests_waiting"] == 0
+        assert server.metrics()["vllm:num_requests_waiting"] == 0
     finally:
         server.stop()

@@ -109,8 +109,8 @@ def test_restart_engine_serves_again(tiny_model: TinyModel, tmp_path: Path) -> N
     assert stream.errors() and stream.events[-1] == "[DONE]", stream.events[-3:]
     assert status == 503 and body["error"]["code"] == "engine_dead", body
     assert version["engine_pid"] is None and version["engine_running"] is False, version
-    assert gauges["octavo:num_requests_running"] == 0, gauges
-    assert gauges["octavo:kv_cache_usage_perc"] == 0, gauges
+    assert gauges["vllm:num_requests_running"] == 0, gauges
+    assert gauges["vllm:kv_cache_usage_perc"] == 0, gauges
     assert after[0] == 200 and after[2]["usage"]["completion_tokens"] == 3, after
     assert new_pid != old_pid
 

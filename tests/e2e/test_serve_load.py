@@ -58,9 +58,9 @@ def wait_for_idle_engine(server: Server, timeout: float) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         metrics = server.metrics()
-        idle = (metrics["octavo:num_requests_running"] == 0
-                and metrics["octavo:num_requests_waiting"] == 0
-                and metrics["octavo:kv_cache_usage_perc"] == 0)
+        idle = (metrics["vllm:num_requests_running"] == 0
+                and metrics["vllm:num_requests_waiting"] == 0
+                and metrics["vllm:kv_cache_usage_perc"] == 0)
         if idle or time.monotonic() > deadline:
             return metrics
         time.sleep(0.1)
@@ -88,10 +88,10 @@ def test_concurrent_streams_and_disconnects(tiny_server: Server,
     print(f"\n{NUM_STREAMS} concurrent streams, {sum(max_tokens)} tokens: {elapsed:.2f}s")
     assert results == [(n, n, "length") for n in max_tokens], f"model seed {tiny_model.seed}"
     after = tiny_server.metrics()
-    generated = after["octavo:generation_tokens_total"] - before["octavo:generation_tokens_total"]
+    generated = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert generated == sum(max_tokens)
-    ttfts = (after["octavo:time_to_first_token_seconds_count"]
-             - before["octavo:time_to_first_token_seconds_count"])
+    ttfts = (after["vllm:time_to_first_token_seconds_count"]
+             - before["vllm:time_to_first_token_seconds_count"])
     assert ttfts == NUM_STREAMS
 
     async def run_hang_ups() -> list[int]:
@@ -107,9 +107,9 @@ def test_concurrent_streams_and_disconnects(tiny_server: Server,
     metrics = wait_for_idle_engine(tiny_server, timeout=10)
     freed_s = time.monotonic() - start
     print(f"{NUM_DISCONNECTS} clients hung up; engine idle, KV blocks freed after {freed_s:.2f}s")
-    assert metrics["octavo:num_requests_running"] == 0, metrics
-    assert metrics["octavo:num_requests_waiting"] == 0, metrics
-    assert metrics["octavo:kv_cache_usage_perc"] == 0, metrics
+    assert metrics["vllm:num_requests_running"] == 0, metrics
+    assert metrics["vllm:num_requests_waiting"] == 0, metrics
+    assert metrics["vllm:kv_cache_usage_perc"] == 0, metrics
     # Aborted, not run to the end: far fewer tokens than they asked for.
-    generated = metrics["octavo:generation_tokens_total"] - after["octavo:generation_tokens_total"]
+    generated = metrics["vllm:generation_tokens_total"] - after["vllm:generation_tokens_total"]
     assert generated < NUM_DISCONNECTS * DISCONNECT_MAX_TOKENS / 2, generated

@@ -60,8 +60,8 @@ def wait_idle(server: Server, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         m = server.metrics()
-        if m["octavo:num_requests_running"] == m["octavo:num_requests_waiting"] == 0 and \
-                m["octavo:kv_cache_usage_perc"] == 0:
+        if m["vllm:num_requests_running"] == m["vllm:num_requests_waiting"] == 0 and \
+                m["vllm:kv_cache_usage_perc"] == 0:
             return
         time.sleep(0.2)
     raise AssertionError(f"the engine is not idle {timeout} s after the burst")

@@ -175,7 +175,7 @@ def _leave_during_processing(server: Server, body: dict[str, Any], after_s: floa
 
 def _engine_work(server: Server) -> float:
     metrics = server.metrics()
-    return metrics["octavo:num_requests_running"] + metrics["octavo:num_requests_waiting"]
+    return metrics["vllm:num_requests_running"] + metrics["vllm:num_requests_waiting"]
 
 
 @pytest.mark.parametrize("stream", [True, False])

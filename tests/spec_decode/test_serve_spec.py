@@ -50,8 +50,8 @@ def test_served_completions_speculate_and_report(tmp_path: Path) -> None:
     finally:
         torch.set_num_threads(threads)
     assert body["choices"][0]["text"] == offline[0].outputs[0].text, f"seed={seed}"
-    assert metrics["octavo:spec_decode_num_drafts_total"] > 0, f"seed={seed}"
-    drafted = metrics["octavo:spec_decode_num_draft_tokens_total"]
-    accepted = metrics["octavo:spec_decode_num_accepted_tokens_total"]
+    assert metrics["vllm:spec_decode_num_drafts_total"] > 0, f"seed={seed}"
+    drafted = metrics["vllm:spec_decode_num_draft_tokens_total"]
+    accepted = metrics["vllm:spec_decode_num_accepted_tokens_total"]
     assert 0 < accepted <= drafted, f"seed={seed}: {accepted} of {drafted}"
-    assert "octavo:spec_decode_num_accepted_tokens_per_pos_total" in metrics
+    assert "vllm:spec_decode_num_accepted_tokens_per_pos_total" in metrics

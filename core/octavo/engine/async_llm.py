@@ -40,7 +40,7 @@ from octavo.engine.launch import start_engine_client
 from octavo.engine.output_processor import OutputProcessor, ParentState
 from octavo.engine.outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
 from octavo.engine.processor import ProcessedPrompt, PromptType
-from octavo.outputs import EngineCoreOutputs, SchedulerStats
+from octavo.outputs import EngineCoreEventType, EngineCoreOutputs, SchedulerStats
 from octavo.platforms import Platform
 from octavo.plugins import get_registries
 from octavo.pooling_params import PoolingParams
@@ -56,15 +56,55 @@ PROCESSING_THREADS = 4
 
 
 @dataclass
+class FinishedRequestStats:
+    """One finished user request (all its ``n`` samples), for vLLM's per-request
+    histograms. Queue and prefill times are measured on the engine core's clock (its
+    events), decode time on this process's, so no duration mixes two machines' clocks.
+    A pooling request's phases are not measured (its output keeps no events): None."""
+
+    finish_reasons: list[str]  # one per sample
+    e2e_latency: float  # arrival to the last output, as a client sees it
+    queued_time: float | None  # in the scheduler's waiting queue before first scheduled
+    prefill_time: float | None  # first scheduled to first token
+    decode_time: float | None  # first token to last token
+    num_prompt_tokens: int
+    num_generation_tokens: list[int]  # one per sample
+    max_tokens_param: int | None
+
+    @classmethod
+    def pooled(cls, e2e_latency: float, num_prompt_tokens: int) -> FinishedRequestStats:
+        """A pooling request: it stops (vLLM's reason) with its vector and no tokens."""
+        return cls(finish_reasons=["stop"], e2e_latency=e2e_latency, queued_time=None,
+                   prefill_time=None, decode_time=None, num_prompt_tokens=num_prompt_tokens,
+                   num_generation_tokens=[0], max_tokens_param=None)
+
+    @property
+    def inference_time(self) -> float | None:
+        """Time in the running batch: prefill and decode."""
+        if self.prefill_time is None or self.decode_time is None:
+            return None
+        return self.prefill_time + self.decode_time
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        """Decode time over the tokens after the first (vLLM's per-request TPOT)."""
+        longest = max(self.num_generation_tokens, default=0)
+        if self.decode_time is None or longest <= 1:
+            return None
+        return self.decode_time / (longest - 1)
+
+
+@dataclass
 class IterationStats:
     """What one batch of core outputs did, as the API process saw it (its clock includes
     the trip from the core, as a client's would)."""
 
     num_prompt_tokens: int = 0  # prompts of the requests that got their first token
     num_generation_tokens: int = 0
+    num_preempted_reqs: int = 0  # preemptions the core reported with these outputs
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
-    e2e_latencies: list[float] = field(default_factory=list)  # requests that finished
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
 
 
 class StatLogger(Protocol):
@@ -78,8 +118,9 @@ class StatLogger(Protocol):
 class _RequestState:
     """One user request in flight: the newest snapshot for its consumer, and its timing."""
 
-    def __init__(self, arrival_time: float) -> None:
+    def __init__(self, arrival_time: float, max_tokens: int | None = None) -> None:
         self.arrival_time = arrival_time
+        self.max_tokens = max_tokens  # the request's parameter, for the metrics
         self.num_tokens = 0  # output tokens over all n sequences, so far
         self.last_token_time = arrival_time
         self._latest: RequestOutput | EmbeddingRequestOutput | Exception | None = None
@@ -109,7 +150,24 @@ class _RequestState:
             stats.num_generation_tokens += num_tokens - self.num_tokens
             self.num_tokens, self.last_token_time = num_tokens, now
         if output.finished:
-            stats.e2e_latencies.append(now - self.arrival_time)
+            stats.finished_requests.append(self._finished(output, now))
+
+    def _finished(self, output: RequestOutput, now: float) -> FinishedRequestStats:
+        metrics = output.metrics
+        queued = prefill = decode = 0.0
+        if metrics is not None:
+            if metrics.queued_ts is not None and metrics.first_scheduled_time is not None:
+                queued = max(metrics.first_scheduled_time - metrics.queued_ts, 0.0)
+            if metrics.first_token_ts is not None and metrics.first_scheduled_time is not None:
+                prefill = max(metrics.first_token_ts - metrics.first_scheduled_time, 0.0)
+            if metrics.first_token_time is not None and metrics.last_token_time is not None:
+                decode = max(metrics.last_token_time - metrics.first_token_time, 0.0)
+        return FinishedRequestStats(
+            finish_reasons=[c.finish_reason or "abort" for c in output.outputs],
+            e2e_latency=now - self.arrival_time, queued_time=queued, prefill_time=prefill,
+            decode_time=decode, num_prompt_tokens=len(output.prompt_token_ids),
+            num_generation_tokens=[len(c.token_ids) for c in output.outputs],
+            max_tokens_param=self.max_tokens)
 
 
 class AsyncLLM:
@@ -283,7 +341,7 @@ class AsyncLLM:
         self.check_health()
         if request_id in self._states:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        state = _RequestState(children[0].arrival_time)
+        state = _RequestState(children[0].arrival_time, children[0].sampling_params.max_tokens)
         self.output_processor.add_request(request_id, processed.prompt, children)
         self._states[request_id] = state
         try:
@@ -346,15 +404,18 @@ class AsyncLLM:
             self._fail_request(refused.request_id, request_error(refused))
         if message.scheduler_stats is not None:
             self.engine_stats[message.engine_index] = message.scheduler_stats
+        stats = IterationStats(num_preempted_reqs=sum(
+            event.type == EngineCoreEventType.PREEMPTED
+            for out in message.outputs for event in out.events))
         outputs, to_abort = self.output_processor.process_outputs(message.outputs)
-        stats = IterationStats()
         for output in outputs:
             state = self._states.get(output.request_id)
             if state is None:
                 continue
             if isinstance(output, EmbeddingRequestOutput):  # final, and no text to hold back
                 stats.num_prompt_tokens += len(output.prompt_token_ids)
-                stats.e2e_latencies.append(now - state.arrival_time)
+                stats.finished_requests.append(FinishedRequestStats.pooled(
+                    now - state.arrival_time, len(output.prompt_token_ids)))
                 state.put(output)
                 del self._states[output.request_id]
                 continue

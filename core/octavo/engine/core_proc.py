@@ -89,6 +89,8 @@ class EngineReady:
     num_blocks: int
     block_size: int
     max_model_len: int
+    # As the core settled it (a pooling model that reads prompts whole turns it off).
+    enable_prefix_caching: bool
     hf_config: dict[str, Any]  # vocab size, EOS, ... for the front end's Processor
     tokenizer: Any  # the model's tokenizer, so the front end need not load it again
     # More EOS ids and the sampling defaults (octavo.models.generation_config), for the same.
@@ -127,7 +129,9 @@ class EngineCoreProc:
         self.ready = EngineReady(
             pid=os.getpid(), platform=platform.name, model=str(files.source),
             num_blocks=self.core.num_blocks, block_size=config.cache.block_size,
-            max_model_len=max_model_len, hf_config=files.hf_config, tokenizer=files.tokenizer,
+            max_model_len=max_model_len,
+            enable_prefix_caching=config.cache.enable_prefix_caching,
+            hf_config=files.hf_config, tokenizer=files.tokenizer,
             generation_config=generation_config, pooler=pooler_of(config))
         self.inputs: queue.Queue[tuple[RequestKind, Any]] = queue.Queue()
         self.outputs: queue.Queue[Any] = queue.Queue()

@@ -142,7 +142,9 @@ async def _front_end_ready(config: EngineConfig, remote: Ready) -> EngineReady:
                                f"front end's {max_model_len}")
     return EngineReady(pid=remote.pid, platform=remote.platform, model=str(files.source),
                        num_blocks=remote.num_blocks, block_size=config.cache.block_size,
-                       max_model_len=max_model_len, hf_config=files.hf_config,
+                       max_model_len=max_model_len,
+                       enable_prefix_caching=config.cache.enable_prefix_caching,
+                       hf_config=files.hf_config,
                        tokenizer=files.tokenizer,
                        generation_config=read_generation_config(
                            files, config.model.generation_config))

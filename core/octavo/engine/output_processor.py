@@ -208,6 +208,10 @@ class OutputProcessor:
         for event in out.events:
             if event.type == EngineCoreEventType.SCHEDULED and metrics.first_scheduled_time is None:
                 metrics.first_scheduled_time = event.timestamp
+            elif event.type == EngineCoreEventType.QUEUED and metrics.queued_ts is None:
+                metrics.queued_ts = event.timestamp
+            elif event.type == EngineCoreEventType.FIRST_TOKEN and metrics.first_token_ts is None:
+                metrics.first_token_ts = event.timestamp
             elif event.type == EngineCoreEventType.PREEMPTED:
                 metrics.num_preemptions += 1
         if out.spec_decoding is not None:

@@ -21,13 +21,18 @@ SampleLogprobs = list[dict[int, Logprob]]
 
 @dataclass
 class RequestMetrics:
-    """``time.monotonic()`` timestamps of one request's life."""
+    """``time.monotonic()`` timestamps of one request's life. ``arrival_time`` and the
+    ``*_time`` fields are the front end's clock; ``queued_ts``, ``first_scheduled_time`` and
+    ``first_token_ts`` are the engine core's events (its clock), so that durations between
+    them (queue, prefill) never mix two machines' clocks."""
 
     arrival_time: float
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    queued_ts: float | None = None  # the scheduler received it
+    first_token_ts: float | None = None  # the core sampled its first token
     num_preemptions: int = 0
     # Speculative decoding: this request's drafts and acceptance (None when off).
     spec_decoding: SpecDecodingStats | None = None

@@ -23,7 +23,7 @@ from octavo.engine.async_llm import AsyncLLM
 from octavo.engine.core_client import EngineStatus
 from octavo.entrypoints.openai.embeddings import embeddings_router, generation_only
 from octavo.entrypoints.openai.errors import OpenAIError, install_error_handlers
-from octavo.entrypoints.openai.metrics import PrometheusMetrics
+from octavo.entrypoints.openai.metrics import CacheInfo, PrometheusMetrics
 from octavo.entrypoints.openai.openapi_doc import (
     ANY_ROUTE,
     BODY_ROUTE,
@@ -66,8 +66,11 @@ JSON_ONLY = [Depends(require_json)]
 
 def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     """The app serving ``engine``; shutting the app down shuts the engine down."""
+    cache = CacheInfo(engine.ready.block_size, engine.ready.num_blocks,
+                      engine.ready.enable_prefix_caching)
     metrics = PrometheusMetrics(settings.served_model_name,
-                                engine.config.parallel.data_parallel_size)
+                                engine.config.parallel.data_parallel_size,
+                                engine.max_model_len, cache)
     engine.stat_loggers.append(metrics)
 
     @asynccontextmanager

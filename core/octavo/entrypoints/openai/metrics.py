@@ -1,12 +1,15 @@
-"""``/metrics``: the server's Prometheus metrics (vLLM's set, under ``octavo:`` names).
+"""``/metrics``: the server's Prometheus metrics, under vLLM's ``vllm:`` names and buckets,
+so that vLLM's Grafana dashboards and alerts read an Octavo server unchanged.
 
 Every sample carries the labels ``model_name`` and ``engine`` (the data-parallel rank of the
 engine it describes, as vLLM's do), so a server with several engines shows each one's
 waiting and running requests and KV usage; sum over ``engine`` for the server's.
 
 Gauges follow the scheduler's state as each engine core reports it after each step (and
-after aborts, when no step follows); counters and latency histograms are fed from what
-the API process sees of each batch of outputs (``IterationStats``).
+after aborts, when no step follows); counters and histograms are fed from what the API
+process sees of each batch of outputs (``IterationStats``). Two families are Octavo's own,
+with no vLLM counterpart, and keep the ``octavo:`` prefix: ``octavo:prefix_cache_hit_rate``
+and the KV connector's ``octavo:kv_transfer_*`` counters.
 """
 
 from __future__ import annotations
@@ -15,16 +18,20 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from octavo.engine.async_llm import IterationStats
+from octavo.engine.async_llm import FinishedRequestStats, IterationStats
 from octavo.outputs import SchedulerStats
 from octavo.stats import KVTransferStats, SpecDecodingStats
 
+# vLLM's buckets (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0]
-ITL_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-               1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]
-E2E_BUCKETS = [0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-               50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0]
+REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+N_BUCKETS = [1, 2, 5, 10, 20]
+FINISH_REASONS = ("stop", "length", "abort", "error")
 LABELS = ("model_name", "engine")
 KV_TRANSFER_COUNTERS = (
     ("loads", "Requests whose prompt KV a KV connector loaded."),
@@ -33,50 +40,116 @@ KV_TRANSFER_COUNTERS = (
     ("saves", "Requests whose prompt KV a KV connector saved."))
 
 
+def buckets_1_2_5(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's token-count buckets)."""
+    buckets: list[int] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return buckets
+            buckets.append(mantissa * scale)
+        scale *= 10
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What ``vllm:cache_config_info`` shows of the KV cache (label values)."""
+
+    block_size: int
+    num_gpu_blocks: int  # vLLM's label name: the blocks of the KV pool, on any device
+    enable_prefix_caching: bool
+
+
 class _Families:
     """The metric families, registered once; each engine gets its labelled children."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, max_model_len: int) -> None:
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, LABELS, registry=registry)
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, LABELS, registry=registry)
 
-        def histogram(name: str, doc: str, buckets: list[float]) -> Histogram:
+        def histogram(name: str, doc: str, buckets: list[float] | list[int]) -> Histogram:
             return Histogram(name, doc, LABELS, buckets=buckets, registry=registry)
 
-        self.running = gauge("octavo:num_requests_running", "Requests in the running batch.")
-        self.waiting = gauge("octavo:num_requests_waiting", "Requests waiting to be scheduled.")
-        self.kv_usage = gauge("octavo:kv_cache_usage_perc",
+        tokens = buckets_1_2_5(max_model_len)
+        self.running = gauge("vllm:num_requests_running", "Requests in the running batch.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc",
                               "Share of KV-cache blocks held by requests (1 = full).")
         self.prefix_hit_rate = gauge("octavo:prefix_cache_hit_rate",
                                      "Share of prompt tokens served from the prefix cache.")
-        self.prefix_queries = counter("octavo:prefix_cache_queries",
+        self.prefix_queries = counter("vllm:prefix_cache_queries",
                                       "Prompt tokens looked up in the prefix cache.")
-        self.prefix_hits = counter("octavo:prefix_cache_hits",
+        self.prefix_hits = counter("vllm:prefix_cache_hits",
                                    "Prompt tokens found in the prefix cache.")
-        self.prompt_tokens = counter("octavo:prompt_tokens", "Prompt tokens processed.")
-        self.generation_tokens = counter("octavo:generation_tokens", "Tokens generated.")
-        self.ttft = histogram("octavo:time_to_first_token_seconds",
+        self.preemptions = counter("vllm:num_preemptions",
+                                   "Requests preempted (their KV blocks taken back).")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated.")
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total",
+                                          "Prompt and generated tokens per batch of outputs.",
+                                          ITERATION_TOKEN_BUCKETS)
+        self.prompt_len = histogram("vllm:request_prompt_tokens",
+                                    "Prompt tokens of each finished request.", tokens)
+        self.generation_len = histogram("vllm:request_generation_tokens",
+                                        "Tokens generated by each finished sample.", tokens)
+        self.max_generation_len = histogram(
+            "vllm:request_max_num_generation_tokens",
+            "Tokens generated by the longest sample of each finished request.", tokens)
+        self.n_param = histogram("vllm:request_params_n", "The n of each finished request.",
+                                 N_BUCKETS)
+        self.max_tokens_param = histogram("vllm:request_params_max_tokens",
+                                          "The max_tokens of each finished request.", tokens)
+        self.ttft = histogram("vllm:time_to_first_token_seconds",
                               "Time from arrival to the first output token.", TTFT_BUCKETS)
-        self.itl = histogram("octavo:inter_token_latency_seconds",
+        self.itl = histogram("vllm:inter_token_latency_seconds",
                              "Time between consecutive outputs of a request.", ITL_BUCKETS)
-        self.e2e = histogram("octavo:e2e_request_latency_seconds",
-                             "Time from arrival to the last output token.", E2E_BUCKETS)
+        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
+                              "Decode time of a finished request over its tokens after the "
+                              "first.", ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds",
+                             "Time from arrival to the last output token.",
+                             REQUEST_LATENCY_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds",
+                                    "Time a finished request waited to be first scheduled.",
+                                    REQUEST_LATENCY_BUCKETS)
+        self.inference_time = histogram("vllm:request_inference_time_seconds",
+                                        "Time a finished request spent running (prefill and "
+                                        "decode).", REQUEST_LATENCY_BUCKETS)
+        self.prefill_time = histogram("vllm:request_prefill_time_seconds",
+                                      "Time from first scheduled to first token.",
+                                      REQUEST_LATENCY_BUCKETS)
+        self.decode_time = histogram("vllm:request_decode_time_seconds",
+                                     "Time from first token to last token.",
+                                     REQUEST_LATENCY_BUCKETS)
+        self.success = Counter("vllm:request_success", "Finished samples by finish reason.",
+                               [*LABELS, "finished_reason"], registry=registry)
         self.kv_transfer = {name: counter(f"octavo:kv_transfer_{name}", doc)
                             for name, doc in KV_TRANSFER_COUNTERS}
         # Speculative decoding, vLLM's spec_decode_* counters (present, at 0, when off).
-        self.spec_drafts = counter("octavo:spec_decode_num_drafts",
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts",
                                    "Verification steps of requests that had drafts.")
-        self.spec_draft_tokens = counter("octavo:spec_decode_num_draft_tokens",
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens",
                                          "Draft tokens proposed and verified.")
-        self.spec_accepted = counter("octavo:spec_decode_num_accepted_tokens",
+        self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens",
                                      "Draft tokens accepted.")
         self.spec_accepted_per_pos = Counter(
-            "octavo:spec_decode_num_accepted_tokens_per_pos",
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Draft tokens accepted, by position in the draft (0 = first).",
             [*LABELS, "position"], registry=registry)
+        self.cache_info = Gauge("vllm:cache_config_info", "The KV cache's configuration.",
+                                ["engine", "block_size", "num_gpu_blocks",
+                                 "enable_prefix_caching"], registry=registry)
+
+    def per_engine(self) -> list[Gauge | Counter | Histogram]:
+        """The families with one child per engine, labelled by ``LABELS`` alone."""
+        extra = (self.success, self.spec_accepted_per_pos, self.cache_info)
+        return [family for family in vars(self).values()
+                if not isinstance(family, dict) and family not in extra] + \
+            list(self.kv_transfer.values())
 
 
 @dataclass
@@ -92,10 +165,12 @@ class _Seen:
 class PrometheusMetrics:
     """A ``StatLogger`` with its own registry (so servers in one process do not clash)."""
 
-    def __init__(self, model_name: str, num_engines: int = 1) -> None:
+    def __init__(self, model_name: str, num_engines: int = 1, max_model_len: int = 2048,
+                 cache: CacheInfo | None = None) -> None:
         self.registry = CollectorRegistry()
-        self._families = _Families(self.registry)
+        self._families = _Families(self.registry, max_model_len)
         self._model_name = model_name
+        self._cache = cache
         self._seen: dict[int, _Seen] = {}
         for engine_index in range(num_engines):  # each engine's samples exist, at 0, at once
             self._labels(engine_index)
@@ -106,14 +181,16 @@ class PrometheusMetrics:
         families = self._families
         if scheduler_stats is not None:
             self._record_scheduler(scheduler_stats, labels, self._seen[engine_index])
+        families.preemptions.labels(**labels).inc(iteration.num_preempted_reqs)
         families.prompt_tokens.labels(**labels).inc(iteration.num_prompt_tokens)
         families.generation_tokens.labels(**labels).inc(iteration.num_generation_tokens)
-        for histogram, values in ((families.ttft, iteration.time_to_first_tokens),
-                                  (families.itl, iteration.inter_token_latencies),
-                                  (families.e2e, iteration.e2e_latencies)):
-            child = histogram.labels(**labels)
-            for value in values:
-                child.observe(value)
+        iteration_tokens = iteration.num_prompt_tokens + iteration.num_generation_tokens
+        if iteration_tokens:
+            families.iteration_tokens.labels(**labels).observe(iteration_tokens)
+        _observe(families.ttft.labels(**labels), iteration.time_to_first_tokens)
+        _observe(families.itl.labels(**labels), iteration.inter_token_latencies)
+        for finished in iteration.finished_requests:
+            self._record_finished(finished, labels)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -123,11 +200,36 @@ class PrometheusMetrics:
         labels = {"model_name": self._model_name, "engine": str(engine_index)}
         if engine_index not in self._seen:
             self._seen[engine_index] = _Seen()
-            for family in vars(self._families).values():
-                for metric in (family.values() if isinstance(family, dict) else [family]):
-                    if metric is not self._families.spec_accepted_per_pos:
-                        metric.labels(**labels)
+            families = self._families
+            for family in families.per_engine():
+                family.labels(**labels)
+            for reason in FINISH_REASONS:
+                families.success.labels(**labels, finished_reason=reason)
+            if self._cache is not None:
+                families.cache_info.labels(
+                    engine=str(engine_index), block_size=str(self._cache.block_size),
+                    num_gpu_blocks=str(self._cache.num_gpu_blocks),
+                    enable_prefix_caching=str(self._cache.enable_prefix_caching)).set(1)
         return labels
+
+    def _record_finished(self, finished: FinishedRequestStats, labels: dict[str, str]) -> None:
+        families = self._families
+        for reason in finished.finish_reasons:
+            families.success.labels(**labels, finished_reason=reason).inc()
+        for family, value in (
+                (families.e2e, finished.e2e_latency),
+                (families.queue_time, finished.queued_time),
+                (families.prefill_time, finished.prefill_time),
+                (families.decode_time, finished.decode_time),
+                (families.inference_time, finished.inference_time),
+                (families.tpot, finished.time_per_output_token),
+                (families.prompt_len, finished.num_prompt_tokens),
+                (families.max_generation_len, max(finished.num_generation_tokens, default=0)),
+                (families.n_param, len(finished.num_generation_tokens)),
+                (families.max_tokens_param, finished.max_tokens_param)):
+            if value is not None:
+                family.labels(**labels).observe(value)
+        _observe(families.generation_len.labels(**labels), finished.num_generation_tokens)
 
     def _record_scheduler(self, stats: SchedulerStats, labels: dict[str, str],
                           seen: _Seen) -> None:
@@ -160,6 +262,11 @@ class PrometheusMetrics:
         for position, count in enumerate(new.accepted_per_position):
             families.spec_accepted_per_pos.labels(**labels, position=str(position)).inc(count)
         seen.spec = spec
+
+
+def _observe(histogram: Histogram, values: list[float] | list[int]) -> None:
+    for value in values:
+        histogram.observe(value)
 
 
 def _add_total(counter: Counter, total: int, seen: int) -> None:

@@ -363,8 +363,10 @@ function parseMetrics(text) {
 function byEngine(samples) {
   const engines = {};
   for (const { name, labels, value } of samples) {
-    if (!name.startsWith("octavo:")) continue;
-    const key = name.slice("octavo:".length);
+    // vLLM's families are "vllm:*"; Octavo's own (the prefix-cache hit rate) "octavo:*".
+    const prefix = ["vllm:", "octavo:"].find((p) => name.startsWith(p));
+    if (!prefix) continue;
+    const key = name.slice(prefix.length);
     const engine = labels.engine || "0";
     if (key.endsWith("_per_pos_total")) continue;
     engines[engine] = engines[engine] || {};
