@@ -41,6 +41,10 @@ if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
     from octavo.cpu.platform import CpuPlatform as CpuPlatform
     from octavo.distributed.state import RankInfo as RankInfo
     from octavo.engine.llm import LLM as LLM
+    from octavo.entrypoints.openai.reasoning_parsers import ReasoningParser as ReasoningParser
+    from octavo.entrypoints.openai.tool_parsers import CallText as CallText
+    from octavo.entrypoints.openai.tool_parsers import Parsed as Parsed
+    from octavo.entrypoints.openai.tool_parsers import ToolParser as ToolParser
     from octavo.kv.block import KVBlock as KVBlock
     from octavo.kv.interface import KVCacheManagerInterface as KVCacheManagerInterface
     from octavo.kv.manager import KVCacheManager as KVCacheManager
@@ -176,6 +180,11 @@ _EXPORTS: dict[str, str] = {
     "ProposerContext": "octavo.worker.spec_decode.proposer:ProposerContext",
     "ProposeInputs": "octavo.worker.spec_decode.proposer:ProposeInputs",
     "DraftTree": "octavo.spec_decode.tree:DraftTree",
+    # the OpenAI server's tool-call and reasoning parsers
+    "ToolParser": "octavo.entrypoints.openai.tool_parsers:ToolParser",
+    "CallText": "octavo.entrypoints.openai.tool_parsers:CallText",
+    "Parsed": "octavo.entrypoints.openai.tool_parsers:Parsed",
+    "ReasoningParser": "octavo.entrypoints.openai.reasoning_parsers:ReasoningParser",
     # the offline API, for plugins that drive an engine (training, benchmarks)
     "LLM": "octavo.engine.llm:LLM",
     "SamplingParams": "octavo.sampling_params:SamplingParams",

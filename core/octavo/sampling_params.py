@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Protocol
 
-KINDS = ("json", "json_object", "regex", "choice", "grammar")
+KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 # Integers the engine's arrays hold (int64): every integer field must fit.
 INT64_MAX = 2**63 - 1
 
@@ -42,6 +42,9 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: list[str] | None = None  # the output is exactly one of these strings
     grammar: str | None = None  # EBNF (xgrammar's dialect, GBNF-like), start rule ``root``
+    # xgrammar's structural tag (a dict or its JSON text): free text with constrained parts,
+    # e.g. tool calls whose arguments follow their schema once the model opens one.
+    structural_tag: str | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         chosen = [kind for kind in KINDS if getattr(self, kind) not in (None, False)]
@@ -52,6 +55,11 @@ class StructuredOutputsParams:
             raise ValueError(f"structured json_object must be a bool, got {self.json_object!r}")
         if isinstance(self.json, str):
             self.json = _parse_schema_text(self.json)
+        if isinstance(self.structural_tag, str):
+            self.structural_tag = _parse_schema_text(self.structural_tag, "structural_tag")
+        if self.structural_tag is not None and not isinstance(self.structural_tag, dict):
+            raise ValueError("structured structural_tag must be a JSON object (a dict or its "
+                             f"JSON text), got {type(self.structural_tag).__name__}")
         if self.json is not None and not isinstance(self.json, dict):
             raise ValueError(f"structured json must be a JSON schema object (a dict or its "
                              f"JSON text), got {type(self.json).__name__}")
@@ -74,20 +82,20 @@ class StructuredOutputsParams:
     def spec(self) -> str:
         """The constraint as one canonical string: with ``kind``, the grammar cache's key."""
         value = getattr(self, self.kind)
-        if self.kind == "json":
+        if self.kind in ("json", "structural_tag"):
             return json.dumps(value, separators=(",", ":"))  # key order matters: it is the output's
         if self.kind == "choice":
             return json.dumps(value)
         return "" if self.kind == "json_object" else str(value)
 
 
-def _parse_schema_text(text: str) -> Any:
+def _parse_schema_text(text: str, kind: str = "json") -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"structured json is not valid JSON: {exc}") from None
+        raise ValueError(f"structured {kind} is not valid JSON: {exc}") from None
     except RecursionError:  # the client's text, nested deeper than any schema needs
-        raise ValueError("structured json is nested too deeply") from None
+        raise ValueError(f"structured {kind} is nested too deeply") from None
 
 
 class SamplingType(IntEnum):
@@ -123,6 +131,8 @@ class SamplingParams:
     ignore_eos: bool = False
     max_tokens: int | None = 16
     min_tokens: int = 0
+    # Keep only the last k prompt tokens (-1: the last max_model_len - 1); None: all.
+    truncate_prompt_tokens: int | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     detokenize: bool = True
@@ -173,6 +183,10 @@ class SamplingParams:
              f"prompt_logprobs must be non-negative, got {self.prompt_logprobs}"),
             (self.allowed_token_ids is None or len(self.allowed_token_ids) > 0,
              "allowed_token_ids must not be empty"),
+            (self.truncate_prompt_tokens is None or self.truncate_prompt_tokens == -1
+             or self.truncate_prompt_tokens >= 1,
+             f"truncate_prompt_tokens must be -1 or at least 1, got "
+             f"{self.truncate_prompt_tokens}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -182,7 +196,8 @@ class SamplingParams:
     def _check_engine_limits(self) -> None:
         """Values the engine's arrays and encodings can hold: int64 integers (a seed leaves
         room for ``n`` children's ``seed + i``), finite floats, UTF-8 stop strings."""
-        for name in ("top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"):
+        for name in ("top_k", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
+                     "truncate_prompt_tokens"):
             check_int(name, getattr(self, name), low=-1)
         check_int("n", self.n, low=1, high=2**31 - 1)
         check_int("seed", self.seed, high=INT64_MAX - self.n)

@@ -9,6 +9,8 @@ import pytest
 import torch
 from openai import OpenAI
 
+from octavo import LLM
+
 from ..core.tiny_models import TinyModel, fresh_tiny_llama
 from .server import API_KEY, Server
 
@@ -29,6 +31,12 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     return fresh_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def offline(tiny_model: TinyModel) -> LLM:
+    """The offline API on the tiny model: the reference the servers' outputs must equal."""
+    return LLM(model=str(tiny_model.folder), dtype="float32", kv_cache_memory=8 * 2**20)
 
 
 def start_tiny_server(model: TinyModel, log_dir: Path, *args: str) -> Server:

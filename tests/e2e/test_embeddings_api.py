@@ -115,6 +115,8 @@ def test_refusals_are_400s_and_the_server_serves_on(embed_client: OpenAI, minilm
     with pytest.raises(BadRequestError, match="pooling runner"):
         embed_client.chat.completions.create(model=model, max_tokens=2,
                                              messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(BadRequestError, match="pooling runner"):
+        embed_client.responses.create(model=model, input="hi", max_output_tokens=2)
     status, _, body = minilm_server.request("POST", "/v1/embeddings",
                                             {"input": "hi", "encoding_format": "bytes"},
                                             api_key=API_KEY)

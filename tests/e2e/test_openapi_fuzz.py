@@ -2,9 +2,10 @@
 schema-valid and schema-violating requests, must answer as the document says (statuses,
 content types, response and header schemas), never with a 5xx, and leave the engine alive.
 
-The context is 512 tokens (``--max-model-len``) so that a generated request asking for the
-whole context stays cheap. The run is seeded, so a failure reproduces (``st replay`` with
-the case id it prints).
+The context is 128 tokens (``--max-model-len``) so that a generated request asking for the
+whole context stays cheap: most valid chat and Responses requests ask for it (no
+max_tokens), and they are most of the run's time. The run is seeded, so a failure
+reproduces (``st replay`` with the case id it prints).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conform
 def fuzz_server(tiny_model: TinyModel, tmp_path_factory: pytest.TempPathFactory,
                 ) -> Iterator[Server]:
     with start_tiny_server(tiny_model, tmp_path_factory.mktemp("fuzz-server"),
-                           "--max-model-len", "512", "--api-key", API_KEY) as server:
+                           "--max-model-len", "128", "--api-key", API_KEY) as server:
         yield server
 
 

@@ -30,11 +30,6 @@ def tokenizer(tiny_model: TinyModel) -> Any:
     return AutoTokenizer.from_pretrained(tiny_model.folder)
 
 
-@pytest.fixture(scope="module")
-def offline(tiny_model: TinyModel) -> LLM:
-    return LLM(model=str(tiny_model.folder), dtype="float32", kv_cache_memory=8 * 2**20)
-
-
 def test_greedy_completion_matches_offline_and_its_stream(
         client: OpenAI, model: str, tiny_model: TinyModel, tokenizer: Any, offline: LLM) -> None:
     prompt = "The tiny model says"

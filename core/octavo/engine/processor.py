@@ -86,26 +86,33 @@ class Processor:
                 return self._embeds_prompt(prompt["prompt_embeds"])
             if "prompt_token_ids" in prompt:
                 return self._token_prompt(list(prompt["prompt_token_ids"]))
-            if "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
+            if "prompt" not in prompt:
                 raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+            return self._text_prompt(prompt["prompt"], prompt.get("add_special_tokens", True))
         if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequestError("the prompt is empty")
-            try:
-                check_text("the prompt", prompt)
-            except ValueError as exc:
-                raise InvalidRequestError(str(exc)) from None
-            ids = self.tokenizer.encode(prompt)
-            if not ids:
-                raise InvalidRequestError("the prompt has no tokens once tokenized (the "
-                                          "tokenizer drops every character of it)")
-            return ProcessedPrompt(prompt, ids)
+            return self._text_prompt(prompt)
         if isinstance(prompt, list):
             return self._token_prompt(prompt)
         raise InvalidRequestError(f"a prompt must be a string or a list of token ids, "
                                   f"not {type(prompt).__name__}")
+
+    def _text_prompt(self, prompt: Any, add_special_tokens: bool = True) -> ProcessedPrompt:
+        """``add_special_tokens``: the tokenizer's BOS and the like (vLLM's prompt dict key;
+        a rendered chat template already holds them)."""
+        if not isinstance(prompt, str):
+            raise InvalidRequestError(f"a prompt must be a string or a list of token ids, "
+                                      f"not {type(prompt).__name__}")
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty")
+        try:
+            check_text("the prompt", prompt)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        ids = self.tokenizer.encode(prompt, add_special_tokens=bool(add_special_tokens))
+        if not ids:
+            raise InvalidRequestError("the prompt has no tokens once tokenized (the "
+                                      "tokenizer drops every character of it)")
+        return ProcessedPrompt(prompt, ids)
 
     def _token_prompt(self, ids: list[int]) -> ProcessedPrompt:
         if not ids:
@@ -142,6 +149,7 @@ class Processor:
         if isinstance(params, PoolingParams):
             return [self._pooling_request(request_id, prompt, params, priority, arrival_time)]
         self.check_generation()
+        prompt = self._truncated(prompt, params.truncate_prompt_tokens)
         num_prompt = len(prompt.prompt_token_ids)
         if num_prompt >= self.max_model_len:
             raise InvalidRequestError(
@@ -224,6 +232,20 @@ class Processor:
             request_id=request_id, prompt_token_ids=list(prompt.prompt_token_ids),
             sampling_params=SamplingParams(), arrival_time=arrival, priority=priority,
             cache_salt=prompt.cache_salt, pooling_params=settled))
+
+    def _truncated(self, prompt: ProcessedPrompt, keep: int | None) -> ProcessedPrompt:
+        """The prompt's last ``keep`` tokens (vLLM's ``truncate_prompt_tokens``; -1: as many
+        as leave room for one token). The text is dropped: it no longer matches the ids."""
+        if keep is None:
+            return prompt
+        if keep == -1:
+            keep = self.max_model_len - 1
+        if len(prompt.prompt_token_ids) <= keep:
+            return prompt
+        if prompt.prompt_embeds is not None:
+            raise InvalidRequestError("truncate_prompt_tokens is not available with "
+                                      "prompt_embeds")
+        return replace(prompt, prompt=None, prompt_token_ids=prompt.prompt_token_ids[-keep:])
 
     def _request(self, request_id: str, prompt: ProcessedPrompt, params: SamplingParams,
                  priority: int, arrival: float) -> Request:

@@ -103,6 +103,26 @@ class NameList(click.ParamType):
 @click.option("--restart-engine", "restart_engine", is_flag=True, default=False,
               help="Restart the engine core (with backoff) when it dies, instead of exiting "
                    "non-zero for a supervisor to restart the server.")
+@click.option("--chat-template", "chat_template", default=None,
+              help="The chat template: a file, or the template text itself (default: the "
+                   "model's own). Tool-aware templates are in examples/.")
+@click.option("--trust-request-chat-template", is_flag=True, default=False,
+              help="Let requests bring their own chat_template (a template is a program: "
+                   "only for trusted clients).")
+@click.option("--enable-auto-tool-choice", is_flag=True, default=False,
+              help='Serve tool_choice "auto" (the default when tools are given): the reply '
+                   "is free text until the model opens a call, whose arguments then follow "
+                   "the tool's schema. Needs --tool-call-parser.")
+@click.option("--tool-call-parser", default=None,
+              help="The format of the model's tool calls: hermes, llama3_json, mistral, "
+                   "pythonic, or one a plugin registers.")
+@click.option("--reasoning-parser", default=None,
+              help="Split the reply's <think>...</think> off as message.reasoning: "
+                   "deepseek_r1, qwen3, or one a plugin registers.")
+@click.option("--max-stored-responses", type=click.IntRange(min=0), default=1000,
+              show_default=True,
+              help="/v1/responses answers kept for previous_response_id (oldest forgotten "
+                   "first; 0: none).")
 @click.option("--headless", is_flag=True, default=False,
               help="Run this node's data-parallel engines (--data-parallel-size-local, "
                    "--data-parallel-start-rank) for the front end at --data-parallel-address "
@@ -127,6 +147,7 @@ def serve(served_model_name: str | None, headless: bool, data_parallel_secret: s
     if kwargs["restart_engine"] and _has_remote_engines(config):
         raise click.UsageError("--restart-engine restarts the engines of this node; it is not "
                                "available with engines on headless nodes")
+    _check_chat_flags(kwargs)
     # The flags left once the engine's are taken are ServerSettings' fields, by name.
     settings = ServerSettings(
         served_model_name=served_model_name or config.model.model or DEFAULT_MODEL_NAME,
@@ -135,6 +156,29 @@ def serve(served_model_name: str | None, headless: bool, data_parallel_secret: s
         asyncio.run(run_server(config, settings, secret))
     except (EngineStartError, EngineDeadError) as exc:
         raise click.ClickException(str(exc)) from None  # exit code 1
+
+
+def _check_chat_flags(kwargs: dict[str, Any]) -> None:
+    """Fail at start on a chat flag that cannot work; the template becomes its text."""
+    from octavo.entrypoints.openai.chat_template import ChatTemplateError, load_chat_template
+    from octavo.entrypoints.openai.reasoning_parsers import get_reasoning_parser
+    from octavo.entrypoints.openai.tool_parsers import get_tool_parser
+
+    if kwargs["enable_auto_tool_choice"] and not kwargs["tool_call_parser"]:
+        raise click.UsageError("--enable-auto-tool-choice needs --tool-call-parser (the "
+                               "format of the model's tool calls)")
+    for flag, find in (("tool_call_parser", get_tool_parser),
+                       ("reasoning_parser", get_reasoning_parser)):
+        if kwargs[flag] is not None:
+            try:
+                find(kwargs[flag])
+            except ValueError as exc:
+                raise click.BadParameter(str(exc),
+                                         param_hint=f"--{flag.replace('_', '-')}") from None
+    try:
+        kwargs["chat_template"] = load_chat_template(kwargs["chat_template"])
+    except ChatTemplateError as exc:
+        raise click.BadParameter(str(exc), param_hint="--chat-template") from None
 
 
 def _has_remote_engines(config: EngineConfig) -> bool:

@@ -18,7 +18,7 @@ registered before raising is kept out of the registries too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -117,4 +117,22 @@ def octavo_register_cli_commands(registry: Registry[click.Command]) -> None:
 
     Called in the CLI process when ``octavo`` starts; import heavy libraries inside the
     command's function, not where the command is defined.
+    """
+
+
+@hookspec
+def octavo_register_tool_parsers(registry: Registry[type[Any]]) -> None:
+    """Register tool-call parsers for ``octavo serve --tool-call-parser NAME``:
+    ``registry.register("my_format", MyToolParser)``, a subclass of
+    ``octavo.plugin_api.ToolParser`` (the built-ins ``hermes``, ``llama3_json``, ``mistral``
+    and ``pythonic`` cannot be replaced). Called in the API server process.
+    """
+
+
+@hookspec
+def octavo_register_reasoning_parsers(registry: Registry[type[Any]]) -> None:
+    """Register reasoning parsers for ``octavo serve --reasoning-parser NAME``:
+    ``registry.register("my_model", MyReasoningParser)``, a subclass of
+    ``octavo.plugin_api.ReasoningParser`` (the built-ins ``deepseek_r1`` and ``qwen3`` cannot
+    be replaced). Called in the API server process.
     """

@@ -59,6 +59,8 @@ REGISTRY_HOOKS: dict[str, str] = {
     "kv_managers": "octavo_register_kv_managers",
     "models": "octavo_register_models",
     "cli_commands": "octavo_register_cli_commands",
+    "tool_parsers": "octavo_register_tool_parsers",
+    "reasoning_parsers": "octavo_register_reasoning_parsers",
 }
 
 
@@ -89,13 +91,18 @@ class Registries:
     kv_managers: Registry[type[KVCacheManagerInterface]] = field(init=False)
     models: Registry[type[CausalLM]] = field(init=False)
     cli_commands: Registry[click.Command] = field(init=False)
+    # Classes of the OpenAI server's front end (``ToolParser``, ``ReasoningParser``); typed
+    # loosely here, below the entrypoints layer that defines them.
+    tool_parsers: Registry[type[Any]] = field(init=False)
+    reasoning_parsers: Registry[type[Any]] = field(init=False)
 
     def __post_init__(self) -> None:
         kinds = {"platforms": "platform", "attention_backends": "attention backend",
                  "kv_connectors": "KV connector", "proposers": "proposer",
                  "schedulers": "scheduler", "scheduling_policies": "scheduling policy",
                  "kv_managers": "KV manager", "models": "model architecture",
-                 "cli_commands": "CLI command"}
+                 "cli_commands": "CLI command", "tool_parsers": "tool-call parser",
+                 "reasoning_parsers": "reasoning parser"}
         for attr, kind in kinds.items():
             setattr(self, attr, Registry(kind, trace=self.trace))
 

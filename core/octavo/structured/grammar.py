@@ -40,6 +40,8 @@ MAX_SCHEMA_DEPTH = 64
 # The longest constraint, in UTF-8 bytes of its spec (a schema as compact JSON): enough for
 # OpenAI's own budget (120,000 characters of names and enum values) or 128 tools.
 MAX_SPEC_BYTES = 128 * 1024
+# The levels a structural tag may add around the schemas it holds (sequences, tags, ...).
+STRUCTURAL_TAG_DEPTH = 16
 
 
 def choice_ebnf(choices: list[str]) -> str:
@@ -61,9 +63,51 @@ def build_grammar(kind: str, spec: str) -> xgr.Grammar:
             return xgr.Grammar.from_ebnf(choice_ebnf(json.loads(spec)))
         if kind == "grammar":
             return xgr.Grammar.from_ebnf(spec)
-    except RuntimeError as exc:
+        if kind == "structural_tag":
+            return _structural_tag_grammar(json.loads(spec))
+    except RuntimeError as exc:  # xgrammar's errors (structural tags' too) are RuntimeErrors
         raise ValueError(f"structured {kind}: {_clean(exc)}") from None
     raise ValueError(f"unknown kind of structured output {kind!r}")
+
+
+def _structural_tag_grammar(tag: dict[str, object]) -> xgr.Grammar:
+    """xgrammar's structural tag (its ``format`` form, or the older ``structures`` and
+    ``triggers`` form vLLM also takes), each JSON schema in it generated compact as above."""
+    if "structures" in tag:
+        tag = legacy_structural_tag(tag)
+    if not isinstance(tag.get("format"), dict):
+        raise ValueError('structured structural_tag: needs "format" (or "structures" and '
+                         '"triggers")')
+    return xgr.Grammar.from_structural_tag(
+        json.dumps({"type": "structural_tag", "format": _compact_json(tag["format"])}))
+
+
+def legacy_structural_tag(tag: dict[str, object]) -> dict[str, object]:
+    """``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`` in xgrammar's
+    current ``format`` form."""
+    structures = tag.get("structures")
+    if not isinstance(structures, list) or not all(isinstance(s, dict) for s in structures):
+        raise ValueError("structured structural_tag: structures must be a list of objects")
+    tags = [{"type": "tag", "begin": s.get("begin"), "end": s.get("end"),
+             "content": {"type": "json_schema", "json_schema": s.get("schema", True)}}
+            for s in structures]
+    return {"type": "structural_tag",
+            "format": {"type": "triggered_tags", "triggers": tag.get("triggers"), "tags": tags}}
+
+
+def _compact_json(node: object) -> object:
+    """The format tree with each plain JSON-schema part replaced by the EBNF of our compact
+    JSON (xgrammar's own allows any whitespace there)."""
+    if isinstance(node, list):
+        return [_compact_json(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "json_schema" and set(node) <= {"type", "json_schema", "style"} \
+            and node.get("style", "json") == "json":
+        schema = node.get("json_schema")
+        text = _ANY_OBJECT if schema is True else json.dumps(schema)
+        return {"type": "grammar", "grammar": str(_json_schema_grammar(text))}
+    return {key: _compact_json(value) for key, value in node.items()}
 
 
 def _json_schema_grammar(schema: str) -> xgr.Grammar:
@@ -84,9 +128,11 @@ def validate(params: StructuredOutputsParams) -> None:
     (the front end's check, so a bad one never reaches the engine). Cached: a batch with one
     schema checks it once."""
     kind = params.kind
-    if kind == "json" and json_depth(params.json, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
-        raise ValueError(f"structured json: the schema nests JSON objects and arrays more than "
-                         f"{MAX_SCHEMA_DEPTH} levels deep (the limit is {MAX_SCHEMA_DEPTH})")
+    value = params.json if kind == "json" else params.structural_tag
+    limit = MAX_SCHEMA_DEPTH + (STRUCTURAL_TAG_DEPTH if kind == "structural_tag" else 0)
+    if value is not None and json_depth(value, limit) > limit:
+        raise ValueError(f"structured {kind}: the schema nests JSON objects and arrays "
+                         f"more than {limit} levels deep (the limit is {limit})")
     spec = params.spec
     size = len(spec.encode())
     if size > MAX_SPEC_BYTES:

@@ -156,6 +156,30 @@ def test_plugin_api_range_excludes_plugin_before_import(
     assert host.record("custom").loaded  # same site, a compatible range
 
 
+def test_a_plugin_adds_a_tool_call_and_a_reasoning_parser(
+        fixture_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from octavo.entrypoints.openai.parser_registry import find_parser
+    from octavo.entrypoints.openai.reasoning_parsers import BUILTIN_REASONING_PARSERS, Opening
+    from octavo.entrypoints.openai.tool_parsers import BUILTIN_TOOL_PARSERS
+
+    host = host_with(fixture_site, monkeypatch, env={})
+    registries = Registries()
+    host.fill(registries)
+    assert registries.tool_parsers.entry("call_tag").plugin == "custom"
+    tools = find_parser(BUILTIN_TOOL_PARSERS, registries.tool_parsers, "call_tag")()
+    parsed = tools.parse('Sure. <call>get_weather {"city": "Oslo"}</call>', final=True)
+    assert parsed.content == "Sure. "
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("get_weather", '{"city": "Oslo"}')]
+    assert tools.structural_tag([{"name": "f", "parameters": {}}])["format"]["triggers"] == [
+        "<call>"]
+    reasoning = find_parser(BUILTIN_REASONING_PARSERS, registries.reasoning_parsers, "reflect")()
+    split = reasoning.split("<reflect>Hmm.</reflect>Yes.", Opening.MAY_THINK, final=True)
+    assert (split.reasoning, split.content) == ("Hmm.", "Yes.")
+    with pytest.raises(ValueError, match="choose from hermes, llama3_json, mistral, "
+                                         "pythonic, call_tag"):
+        find_parser(BUILTIN_TOOL_PARSERS, registries.tool_parsers, "calltag")
+
+
 def test_in_repo_plugins_declare_the_current_api() -> None:
     host = PluginHost(env={})
     for name in ("triton", "cuda", "rocm", "tpu", "neuron", "connectors", "spec_decode", "hello"):

@@ -31,6 +31,7 @@ from octavo.entrypoints.openai.openapi_doc import (
     errors,
     fix_openapi,
     ok_empty,
+    ok_events,
     ok_json,
     ok_stream,
     ok_text,
@@ -53,9 +54,15 @@ from octavo.entrypoints.openai.protocol import (
     TokenizeResponse,
     VersionResponse,
 )
-from octavo.entrypoints.openai.serving_chat import OpenAIServingChat, apply_chat_template
+from octavo.entrypoints.openai.responses_protocol import (
+    ResponseEvent,
+    ResponseObject,
+    ResponsesRequest,
+)
+from octavo.entrypoints.openai.serving_chat import OpenAIServingChat
 from octavo.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from octavo.entrypoints.openai.serving_engine import OpenAIServing
+from octavo.entrypoints.openai.serving_responses import OpenAIServingResponses
 from octavo.entrypoints.openai.settings import ServerSettings
 from octavo.entrypoints.openai.web_safety import install_web_safety, require_json
 from octavo.outputs import SchedulerStats
@@ -150,6 +157,7 @@ def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
     router = APIRouter()
     completions = OpenAIServingCompletion(engine, settings)
     chat = OpenAIServingChat(engine, settings)
+    responses = OpenAIServingResponses(chat)
     common = OpenAIServing(engine, settings)
     generation = [*JSON_ONLY, Depends(generation_only(engine))]
 
@@ -171,12 +179,22 @@ def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
     async def create_chat_completion(request: ChatCompletionRequest, raw: Request) -> Response:
         return await chat.create(request, raw)
 
+    @router.post("/v1/responses", dependencies=generation, responses={
+        **ok_events(ResponseObject, ResponseEvent), **errors(*BODY_ROUTE, 404, 503)})
+    async def create_response(request: ResponsesRequest, raw: Request) -> Response:
+        return await responses.create(request, raw)
+
+    @router.get("/v1/responses/{response_id}",
+                responses={**ok_json(ResponseObject), **errors(*ANY_ROUTE, 404)})
+    async def retrieve_response(response_id: str) -> JSONResponse:
+        return responses.retrieve(response_id)
+
     @router.post("/tokenize", dependencies=JSON_ONLY,
                  responses={**ok_json(TokenizeResponse), **errors(*BODY_ROUTE, 404)})
     async def tokenize(request: TokenizeRequest) -> JSONResponse:
         common.check_model(request.model)
         # Time that grows with the prompt (tokenizing, writing out the tokens): off the loop.
-        return await engine.run_in_pool(_tokenize, engine, request)
+        return await engine.run_in_pool(_tokenize, engine, chat, request)
 
     @router.post("/detokenize", dependencies=JSON_ONLY,
                  responses={**ok_json(DetokenizeResponse), **errors(*BODY_ROUTE, 404)})
@@ -203,13 +221,15 @@ def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
     return router
 
 
-def _tokenize(engine: AsyncLLM, request: TokenizeRequest) -> JSONResponse:
+def _tokenize(engine: AsyncLLM, chat: OpenAIServingChat, request: TokenizeRequest,
+              ) -> JSONResponse:
     if request.messages is not None:
-        tokens = apply_chat_template(engine.tokenizer, request.messages,
-                                     request.add_generation_prompt)
+        fields = request.model_copy(update={"add_special_tokens": bool(
+            request.add_special_tokens)})
+        _, tokens = chat.render_prompt(request.messages, fields, request.tools)
     else:
-        tokens = list(engine.tokenizer.encode(
-            request.prompt, add_special_tokens=request.add_special_tokens))
+        add_special = request.add_special_tokens is not False
+        tokens = list(engine.tokenizer.encode(request.prompt, add_special_tokens=add_special))
     body = TokenizeResponse(count=len(tokens), max_model_len=engine.max_model_len,
                             tokens=tokens)
     return JSONResponse(body.model_dump())

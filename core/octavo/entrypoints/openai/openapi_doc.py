@@ -27,17 +27,20 @@ from octavo.entrypoints.openai.protocol import (
     CompletionResponse,
     ErrorResponse,
 )
+from octavo.entrypoints.openai.responses_protocol import ResponseEvent
 
 Responses = dict[int | str, dict[str, Any]]
 REF_PREFIX = "#/components/schemas/"
-STREAM_MODELS = (CompletionResponse, ChatCompletionChunk, ErrorResponse)  # what streams send
+# What streams send.
+STREAM_MODELS = (CompletionResponse, ChatCompletionChunk, ErrorResponse, ResponseEvent)
 
 # Why each status is sent (every error body is an ErrorResponse).
 ERROR_REASONS = {
     400: "Invalid request: a field, the JSON body, the Host header (code invalid_host) or a "
          "CORS preflight",
     401: "Missing or wrong API key (when the server has --api-key)",
-    404: "The model is not the one served (code model_not_found)",
+    404: "The model is not the one served (code model_not_found), or no stored response "
+         "has the id (code response_not_found)",
     408: "The request body did not arrive in time",
     413: "The request body is larger than --max-request-body-size",
     415: "Content-Type is not application/json",
@@ -79,6 +82,19 @@ def ok_stream(model: type[BaseModel], chunk: type[BaseModel]) -> Responses:
     return {200: {"model": model, "description": "Success; with stream true, server-sent "
                   f"events of {chunk.__name__}, ending with `data: [DONE]`",
                   "content": {"text/event-stream": {"itemSchema": event}}}}
+
+
+def ok_events(model: type[BaseModel], event: type[BaseModel]) -> Responses:
+    """A JSON ``model``, or with ``"stream": true`` typed server-sent events, as OpenAI's
+    Responses API sends them: an ``event:`` line naming the type, a ``data:`` line with the
+    ``event``; no ``[DONE]``."""
+    json_data = {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": _ref(event)}
+    item = {"type": "object", "required": ["event", "data"],
+            "properties": {"event": {"type": "string"}, "data": json_data}}
+    return {200: {"model": model, "description": "Success; with stream true, server-sent "
+                  f"events of {event.__name__}",
+                  "content": {"text/event-stream": {"itemSchema": item}}}}
 
 
 def ok_empty(description: str) -> Responses:

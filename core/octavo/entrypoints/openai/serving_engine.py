@@ -5,6 +5,7 @@ response, streaming deltas as server-sent events, and aborting on client disconn
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
@@ -17,7 +18,12 @@ from octavo.engine.async_llm import AsyncLLM
 from octavo.engine.outputs import CompletionOutput, EmbeddingRequestOutput, Logprob, RequestOutput
 from octavo.engine.processor import PromptType
 from octavo.entrypoints.openai.errors import OpenAIError
-from octavo.entrypoints.openai.protocol import SamplingRequest, UsageInfo
+from octavo.entrypoints.openai.protocol import (
+    PromptLogprob,
+    PromptLogprobs,
+    SamplingRequest,
+    UsageInfo,
+)
 from octavo.entrypoints.openai.settings import ServerSettings
 from octavo.pooling_params import PoolingParams
 from octavo.sampling_params import SamplingParams, StructuredOutputsParams
@@ -44,6 +50,11 @@ class OpenAIServing:
                                    f"{self.model_name!r}", param="model",
                               code="model_not_found")
 
+    @staticmethod
+    def response_id(prefix: str, request: SamplingRequest) -> str:
+        """``prefix`` and the client's ``request_id`` (vLLM's), else a fresh one."""
+        return f"{prefix}{request.request_id or uuid.uuid4().hex}"
+
     def check_capacity(self) -> None:
         """503 at once when the engine is gone or too many requests wait for it."""
         self.engine.check_health()
@@ -58,7 +69,7 @@ class OpenAIServing:
     def sampling_params(self, request: SamplingRequest, max_tokens: int | None,
                         logprobs: int | None,
                         structured_outputs: StructuredOutputsParams | None = None,
-                        ) -> SamplingParams:
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """The request's sampling params; a field it leaves out takes the model's
         generation-config default where there is one (vLLM's ``default_sampling_params``)."""
         defaults = self.engine.default_sampling_params
@@ -75,16 +86,25 @@ class OpenAIServing:
                 frequency_penalty=request.frequency_penalty, max_tokens=max_tokens,
                 min_tokens=request.min_tokens, ignore_eos=request.ignore_eos,
                 logprobs=logprobs, logit_bias=self._logit_bias(request.logit_bias),
+                stop_token_ids=request.stop_token_ids or [],
+                bad_words=request.bad_words or [],
+                allowed_token_ids=request.allowed_token_ids,
+                include_stop_str_in_output=request.include_stop_str_in_output,
+                skip_special_tokens=request.skip_special_tokens,
+                spaces_between_special_tokens=request.spaces_between_special_tokens,
+                prompt_logprobs=(request.prompt_logprobs if request.prompt_logprobs is not None
+                                 else prompt_logprobs),
+                truncate_prompt_tokens=request.truncate_prompt_tokens,
                 structured_outputs=structured_outputs, **sampling)
         except ValueError as exc:
             raise OpenAIError(400, str(exc)) from None
 
     @staticmethod
     def output_constraint(request: SamplingRequest) -> StructuredOutputsParams | None:
-        """The request's response_format or guided_* constraint (400 when malformed; the
-        engine's Processor then checks the schema, regex or grammar itself)."""
+        """The request's response_format, structured_outputs or guided_* constraint (400
+        when malformed; the engine's Processor then checks the schema, regex or grammar)."""
         try:
-            return request.structured_outputs()
+            return request.structured()
         except ValueError as exc:
             raise OpenAIError(400, str(exc)) from None
 
@@ -196,6 +216,24 @@ def top_logprobs(step: dict[int, Logprob], num: int) -> list[tuple[int, Logprob]
 
 def json_logprob(value: float) -> float:
     return max(value, MIN_LOGPROB)
+
+
+def token_text(token_id: int, logprob: Logprob, as_ids: bool | None) -> str:
+    """A token as logprobs show it: its text, or ``token_id:N`` (vLLM's
+    ``return_tokens_as_token_ids``, for tokens whose text is not valid UTF-8 alone)."""
+    return f"token_id:{token_id}" if as_ids else logprob.decoded_token or ""
+
+
+def prompt_logprobs_json(output: RequestOutput) -> PromptLogprobs | None:
+    """vLLM's ``prompt_logprobs``: per prompt position (None for the first), the prompt's
+    token and the most likely ones, by token id."""
+    if output.prompt_logprobs is None:
+        return None
+    return [None if step is None else
+            {str(token): PromptLogprob(logprob=json_logprob(lp.logprob), rank=lp.rank,
+                                       decoded_token=lp.decoded_token)
+             for token, lp in step.items()}
+            for step in output.prompt_logprobs]
 
 
 async def merge_streams(streams: list[AsyncGenerator[T, None]],

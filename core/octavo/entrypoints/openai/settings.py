@@ -34,3 +34,10 @@ class ServerSettings:
     # After SIGTERM, seconds running requests get to finish before they end with an error.
     shutdown_timeout_s: float = 30.0
     restart_engine: bool = False  # on engine death: restart it (True) or exit non-zero
+    # Chat (see chat_template.py, tool_calls.py, reasoning_parsers.py; vLLM's flags).
+    chat_template: str | None = None  # the template text (--chat-template, read at start)
+    trust_request_chat_template: bool = False  # requests may bring their own template
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" reads and constrains calls
+    tool_call_parser: str | None = None  # the format of the model's tool calls
+    reasoning_parser: str | None = None  # splits <think>...</think> off as reasoning
+    max_stored_responses: int = 1000  # /v1/responses kept for previous_response_id

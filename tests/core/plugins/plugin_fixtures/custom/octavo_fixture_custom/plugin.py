@@ -1,5 +1,6 @@
 """Registers a scheduler and a KV-cache manager that say when they are used: the engine
-must build them when ``--scheduler-cls counting`` / ``--kv-manager counting`` name them."""
+must build them when ``--scheduler-cls counting`` / ``--kv-manager counting`` name them;
+and a tool-call parser and a reasoning parser for the OpenAI server's front end."""
 
 from __future__ import annotations
 
@@ -23,6 +24,20 @@ def octavo_register_kv_managers(registry: Registry[Any]) -> None:
     from octavo_fixture_custom.parts import CountingKVManager
 
     registry.register("counting", CountingKVManager)
+
+
+@hookimpl
+def octavo_register_tool_parsers(registry: Registry[Any]) -> None:
+    from octavo_fixture_custom.parts import CallTagToolParser
+
+    registry.register("call_tag", CallTagToolParser)
+
+
+@hookimpl
+def octavo_register_reasoning_parsers(registry: Registry[Any]) -> None:
+    from octavo_fixture_custom.parts import ReflectReasoningParser
+
+    registry.register("reflect", ReflectReasoningParser)
 
 
 def say(text: str) -> None:
