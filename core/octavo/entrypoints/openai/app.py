@@ -224,9 +224,8 @@ def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
 def _tokenize(engine: AsyncLLM, chat: OpenAIServingChat, request: TokenizeRequest,
               ) -> JSONResponse:
     if request.messages is not None:
-        fields = request.model_copy(update={"add_special_tokens": bool(
-            request.add_special_tokens)})
-        _, tokens = chat.render_prompt(request.messages, fields, request.tools)
+        _, tokens = chat.render_prompt(request.messages, request, request.tools,
+                                       bool(request.add_special_tokens))
     else:
         add_special = request.add_special_tokens is not False
         tokens = list(engine.tokenizer.encode(request.prompt, add_special_tokens=add_special))

@@ -141,6 +141,9 @@ VLLM_REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("vllm_xargs", (None, {}), "no extension reads vllm_xargs"),
     ("mm_processor_kwargs", (None, {}), "multimodal inputs are not supported"),
     ("media_io_kwargs", (None, {}), "multimodal inputs are not supported"),
+    ("max_repetition_pattern_size", (0,), "stopping on repeated patterns is not supported"),
+    ("min_repetition_pattern_size", (0,), "stopping on repeated patterns is not supported"),
+    ("repetition_min_count", (0,), "stopping on repeated patterns is not supported"),
 )
 
 
@@ -199,6 +202,9 @@ class SamplingRequest(OpenAIRequest):
     vllm_xargs: dict[str, Any] | None = None
     mm_processor_kwargs: dict[str, Any] | None = None
     media_io_kwargs: dict[str, Any] | None = None
+    max_repetition_pattern_size: int = 0
+    min_repetition_pattern_size: int = 0
+    repetition_min_count: int = 0
 
     def structured(self) -> StructuredOutputsParams | None:
         """The output constraint the request asks for, if any; ``ValueError`` when it asks
@@ -347,7 +353,6 @@ class ChatTemplateFields(OpenAIRequest):
 
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # the reply continues the last (assistant) message
-    add_special_tokens: bool = False  # the template already writes BOS and the like
     documents: list[dict[str, str]] | None = None  # for retrieval-augmented templates
     chat_template: str | None = None  # needs --trust-request-chat-template
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the template
@@ -371,7 +376,9 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateFields):
     # server's --enable-auto-tool-choice and a --tool-call-parser.
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True  # False: "required" makes exactly one call
+    add_special_tokens: bool = False  # the template already writes BOS and the like
     include_reasoning: bool = True  # False: the reply's reasoning is not sent
+    # A template variable, as vLLM passes it (gpt-oss templates read it).
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
 
     @model_validator(mode="after")
@@ -564,6 +571,7 @@ class ChatStreamChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's, with return_token_ids: this chunk's
 
 
 class ChatCompletionChunk(BaseModel):

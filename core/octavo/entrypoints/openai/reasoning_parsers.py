@@ -108,12 +108,13 @@ def answer_format(constraint: StructuredOutputsParams) -> dict[str, Any]:
     if kind == "choice":
         return {"type": "or", "elements": [{"type": "const_string", "value": choice}
                                            for choice in json.loads(constraint.spec)]}
-    tag = constraint.structural_tag or {}
+    tag = constraint.structural_tag if isinstance(constraint.structural_tag, dict) else {}
     if "structures" in tag:
         from octavo.structured.grammar import legacy_structural_tag  # xgrammar: when needed
 
         tag = legacy_structural_tag(tag)
-    return dict(tag.get("format") or {})
+    answer = tag.get("format")
+    return dict(answer) if isinstance(answer, dict) else {}
 
 
 BUILTIN_REASONING_PARSERS: dict[str, type[ReasoningParser]] = {

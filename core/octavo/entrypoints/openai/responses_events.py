@@ -83,9 +83,10 @@ class EventWriter:
         if not isinstance(self._open, kind):
             part: OutputText | ReasoningText = (ReasoningText(text="") if kind is OutputReasoning
                                                 else OutputText(text=""))
-            yield from self._open_item(kind(content=[part]))  # type: ignore[list-item]
+            opened = kind(content=[part])  # type: ignore[list-item]
+            yield from self._open_item(opened)
             if kind is OutputMessage:
-                yield self.event("response.content_part.added", item_id=self._open.id,
+                yield self.event("response.content_part.added", item_id=opened.id,
                                  output_index=len(self.items) - 1, content_index=0,
                                  part=part.model_dump())
         item = self._open

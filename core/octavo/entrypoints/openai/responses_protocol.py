@@ -28,6 +28,11 @@ class InputText(OpenAIRequest):
     logprobs: list[Any] | None = None
 
 
+def joined(content: str | list[InputText]) -> str:
+    """Text given as a string or as parts."""
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
 class MessageItem(OpenAIRequest):
     type: Literal["message"] | None = None  # OpenAI's easy input form has no type
     role: Literal["user", "system", "developer", "assistant"]
@@ -37,9 +42,7 @@ class MessageItem(OpenAIRequest):
 
     @property
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        return joined(self.content)
 
 
 class FunctionCallItem(OpenAIRequest):
@@ -60,9 +63,7 @@ class FunctionCallOutputItem(OpenAIRequest):
 
     @property
     def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(part.text for part in self.output)
+        return joined(self.output)
 
 
 class ReasoningItem(OpenAIRequest):

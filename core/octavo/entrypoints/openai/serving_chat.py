@@ -101,7 +101,8 @@ class OpenAIServingChat(OpenAIServing):
     async def begin(self, request: ChatCompletionRequest, id_prefix: str) -> ChatJob:
         """Render the conversation and start generating (also for ``/v1/responses``)."""
         prompt, prompt_ids = await self.engine.run_in_pool(
-            self.render_prompt, request.messages, request, request.tools)
+            self.render_prompt, request.messages, request, request.tools,
+            request.add_special_tokens, request.reasoning_effort)
         self.check_capacity()
         opening = (self.reasoning_parser.opening(prompt) if self.reasoning_parser is not None
                    else Opening.ANSWER)
@@ -116,7 +117,8 @@ class OpenAIServingChat(OpenAIServing):
         return ChatJob(request_id, reader, streams[0])
 
     def render_prompt(self, messages: list[ChatMessage], fields: ChatTemplateFields,
-                      tools: list[ChatTool] | None) -> tuple[str, list[int]]:
+                      tools: list[ChatTool] | None, add_special_tokens: bool = False,
+                      reasoning_effort: str | None = None) -> tuple[str, list[int]]:
         """The conversation as prompt text and token ids (on a processing thread)."""
         if fields.chat_template is not None and not self.settings.trust_request_chat_template:
             raise OpenAIError(400, "chat_template: this server takes no chat template from "
@@ -126,11 +128,13 @@ class OpenAIServingChat(OpenAIServing):
             tools=[tool.model_dump(exclude_none=True) for tool in tools] if tools else None,
             documents=fields.documents, add_generation_prompt=fields.add_generation_prompt,
             continue_final_message=fields.continue_final_message,
-            kwargs=fields.chat_template_kwargs or {}, template=fields.chat_template)
+            kwargs={**({"reasoning_effort": reasoning_effort} if reasoning_effort else {}),
+                    **(fields.chat_template_kwargs or {})},
+            template=fields.chat_template)
         tokenizer = self.engine.tokenizer
         text = render(tokenizer, self.settings.chat_template,
                       template_messages([m.template_dict() for m in messages]), how)
-        ids = tokenizer.encode(text, add_special_tokens=bool(fields.add_special_tokens))
+        ids = tokenizer.encode(text, add_special_tokens=add_special_tokens)
         return text, list(ids)
 
     def _constraint(self, request: ChatCompletionRequest,
@@ -174,9 +178,12 @@ class OpenAIServingChat(OpenAIServing):
                     finish = reader.finish_reason(c, reply.called) if c.finished() else None
                     if message == DeltaMessage() and finish is None and logprobs is None:
                         continue
+                    token_ids = (c.token_ids[delta.first_new_token:]
+                                 if request.return_token_ids else None)
                     yield chunk([ChatStreamChoice(index=delta.index, delta=message,
                                                   logprobs=logprobs, finish_reason=finish,
-                                                  stop_reason=c.stop_reason)])
+                                                  stop_reason=c.stop_reason,
+                                                  token_ids=token_ids)])
         except (EngineDeadError, EngineStepError) as exc:
             error = stream_error(exc)
             yield sse(error_body(error.status, error.message, code=error.code))

@@ -15,7 +15,7 @@ import json
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -150,7 +150,7 @@ class OpenAIServingResponses:
                   completion: CompletionOutput | None,
                   output: RequestOutput | None) -> ResponseObject:
         """The response object; without ``completion``, as it starts (in progress)."""
-        status = "in_progress"
+        status: Literal["in_progress", "completed", "incomplete"] = "in_progress"
         incomplete = None
         if completion is not None:
             status = "incomplete" if completion.finish_reason == "length" else "completed"

@@ -27,14 +27,15 @@ class MistralToolParser(ToolParser):
         calls: list[CallText] = []
         index = start
         while (index := text.find(TOOL_CALLS, index)) >= 0:
-            index = skip_space(text, index + len(TOOL_CALLS))
-            if index >= len(text):
+            body = skip_space(text, index + len(TOOL_CALLS))
+            if body >= len(text):
                 return [*calls, CallText(None)]
-            read = _array if text[index] == "[" else _named
-            found, index = read(text, index)
+            read = _array if text[body] == "[" else _named
+            found, end = read(text, body)
             calls.extend(found)
-            if index is None:
+            if end is None:
                 break
+            index = end
         return calls
 
     def new_call_id(self) -> str:
