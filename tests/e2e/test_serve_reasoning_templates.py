@@ -4,13 +4,16 @@ whose tokenizer has no chat template: requests bring their own
 
 What the model writes is known: ``scripted_scheduler`` replaces its first output tokens
 with the text between two ``<|pad|>`` tokens in the prompt (the tiny tokenizer has a token
-per byte, so one per character here).
+per byte, so one per character here). The server also schedules by ``priority`` one request
+at a time, for the test of that parameter.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
@@ -32,6 +35,7 @@ TEMPLATE = (
     "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
     "{% endif %}")
 REASONING, ANSWER = "I add 2 and 2.", "It is 4."
+WAITING_TOKENS = 32  # of each request queued behind the running one in the priority test
 REPLY = f"<think>{REASONING}</think>{ANSWER}"
 
 
@@ -52,7 +56,8 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
 def server(qwen3: TinyModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     args = ["--model", str(qwen3.folder), "--dtype", "float32", "--kv-cache-memory", "16MiB",
             "--reasoning-parser", "qwen3", "--trust-request-chat-template",
-            "--scheduler-cls", "tests.e2e.scripted_scheduler.ScriptedScheduler"]
+            "--scheduler-cls", "tests.e2e.scripted_scheduler.ScriptedScheduler",
+            "--scheduling-policy", "priority", "--max-num-seqs", "1"]
     with Server(args, tmp_path_factory.mktemp("qwen3-server") / "server.log") as server:
         yield server
 
@@ -187,3 +192,38 @@ def test_hostile_tools_are_400_never_500(client: OpenAI, server: Server, model: 
         extra_body={"chat_template": "{{ tools | tojson }}" + TEMPLATE})
     assert reply.choices[0].finish_reason in ("length", "stop")
     assert server.request("GET", "/health")[0] == 200
+
+
+def test_priority_decides_which_waiting_request_runs_first(client: OpenAI, model: str,
+                                                           server: Server) -> None:
+    """One request runs (--max-num-seqs 1); of the two that wait behind it, the one sent
+    later with the lower priority value runs first. The order is the order in which the
+    client threads hear back, so each request behind the first runs for WAITING_TOKENS
+    steps: long beside a thread's wake-up, even on a busy machine (with 4, a run there saw
+    the first request's thread append after the second request had finished)."""
+    finished: list[str] = []
+
+    def send(name: str, max_tokens: int, priority: int) -> threading.Thread:
+        def run() -> None:
+            client.completions.create(model=model, prompt=name, max_tokens=max_tokens,
+                                      extra_body={"ignore_eos": True, "priority": priority})
+            finished.append(name)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    def until(condition: Callable[[dict[str, float]], bool], what: str) -> None:
+        deadline = time.monotonic() + 60
+        while not condition(server.metrics()):
+            assert time.monotonic() < deadline, f"not within 60 s: {what}"
+            time.sleep(0.02)
+
+    threads = [send("running", 400, 0)]
+    until(lambda m: m["vllm:num_requests_running"] == 1, "the first request runs")
+    threads += [send("later", WAITING_TOKENS, 5), send("sooner", WAITING_TOKENS, -1)]
+    until(lambda m: m["vllm:num_requests_waiting"] == 2, "two requests wait")
+    assert finished == [], "the first request ended before the others queued behind it"
+    for thread in threads:
+        thread.join(timeout=120)
+    assert finished == ["running", "sooner", "later"]

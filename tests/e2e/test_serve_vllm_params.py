@@ -1,8 +1,8 @@
 """vLLM's request parameters through ``octavo serve`` (tiny random model, greedy): each one
 changes what it says it does, on completions and chat alike, and equals the offline API
-where there is one to compare with. (``top_k``, ``min_p``, ``min_tokens``, ``ignore_eos``
-and ``priority``: test_serve_api.py; ``cache_salt``: test_serve_cache_salt.py;
-``best_of`` and the refused ones: test_serve_errors.py.)"""
+where there is one to compare with. (``top_k``, ``min_p`` and ``ignore_eos``:
+test_serve_api.py; ``priority``: test_serve_reasoning_templates.py; ``cache_salt``:
+test_serve_cache_salt.py; ``best_of`` and the refused ones: test_serve_errors.py.)"""
 
 from __future__ import annotations
 
