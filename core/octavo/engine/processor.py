@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 PromptType = str | list[int] | dict[str, Any]
 
 
-
-
 @dataclass
 class ProcessedPrompt:
     prompt: str | None
