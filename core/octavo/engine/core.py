@@ -130,8 +130,6 @@ class EngineCore:
         return StepError(request_ids, cause)
 
 
-
-
 def check_kv_groups_supported(config: EngineConfig, kv_groups: list[KVCacheGroup]) -> None:
     """Refuse what KV groups (sliding-window layers) do not work with yet: the draft and
     EAGLE caches and the KV connectors lay their data out by one block table, and a

@@ -46,10 +46,6 @@ logger = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 5.0
 
 
-
-
-
-
 def request_error(output: EngineCoreOutput) -> Exception:
     """What a request the core ended with ``output.error`` fails with: ``EngineStepError``
     when a step it was in failed, else ``InvalidRequestError`` (the core refused it)."""

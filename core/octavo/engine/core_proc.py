@@ -107,8 +107,6 @@ class UndecodableRequest:
     reason: str
 
 
-
-
 class EngineCoreProc:
     def __init__(self, config: EngineConfig, endpoint: CoreEndpoint) -> None:
         # Imported here, in the core process only: the server imports this module to spawn

@@ -88,8 +88,6 @@ class Envelope:
     seal: str = ""  # HMAC-SHA256 of kind, body and the salt, hex
 
 
-
-
 def new_nonce() -> str:
     return secrets.token_hex(16)
 
