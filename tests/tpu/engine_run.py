@@ -95,6 +95,7 @@ def main(model: str, backend: str, engine: dict[str, Any], tp: int = 1,
         report |= sampler_paths(llm)
     if sampling and backend == "tpu":
         report["refusals"] = refusals(llm)
+    if backend == "tpu":
         runner = executor.worker.runner
         report["compiles_while_serving"] = runner.guard.compiles_while_serving
         report["startup_compile_seconds"] = runner.startup_compile_seconds
