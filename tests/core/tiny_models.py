@@ -126,13 +126,18 @@ def make_tiny_model(arch: str, seed: int, **overrides: object) -> PreTrainedMode
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides),
                                              attn_implementation="eager")
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            elif name.endswith("bias"):
-                param.copy_(0.1 * torch.randn_like(param))
+    randomize_norms_and_biases(model)
     return model.eval()
+
+
+@torch.no_grad()
+def randomize_norms_and_biases(model: torch.nn.Module) -> None:
+    """Random norm weights around 1 and biases around 0, from torch's global generator."""
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.copy_(1.0 + 0.2 * torch.randn_like(param))
+        elif name.endswith("bias"):
+            param.copy_(0.1 * torch.randn_like(param))
 
 
 def save_tiny_model(arch: str, folder: Path, seed: int, **overrides: object) -> PreTrainedModel:

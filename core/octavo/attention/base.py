@@ -49,6 +49,10 @@ class AttentionMetadata:
     # Speculative token trees verified this step (None: none). Only backends with
     # ``supports_token_trees`` get one.
     token_trees: TokenTrees | None = None
+    # int64 [T]: each token's max(prompt length, position + 1), the sequence length HF's
+    # length-dependent RoPE scalings (longrope, dynamic) see; filled only for models whose
+    # RoPE needs it (``CausalLM.uses_rope_lengths``), None otherwise.
+    rope_lengths: torch.Tensor | None = None
     # What a backend derives from this metadata once per step (index tensors, masks) and
     # reuses in every layer, keyed by the backend; starts empty each step.
     backend_state: dict[str, Any] = field(default_factory=dict)
@@ -75,6 +79,11 @@ class TokenTrees:
 
 class AttentionImpl(ABC):
     """One attention layer's computation, built by :meth:`AttentionBackend.make_impl`."""
+
+    # Scores soft-capped as ``cap * tanh(score / cap)`` before the softmax (Gemma 2's
+    # attn_logit_softcapping; vLLM's name); set by make_impl, only on backends that
+    # ``supports_logits_soft_cap``.
+    logits_soft_cap: float | None = None
 
     def __init__(
         self,
@@ -118,6 +127,8 @@ class AttentionBackend(ABC):
     supported_block_sizes: ClassVar[tuple[int, ...] | None] = None
     # Whether the backend attends ``AttentionMetadata.token_trees`` (tree speculation).
     supports_token_trees: ClassVar[bool] = False
+    # Whether its impls soft-cap attention scores (``AttentionImpl.logits_soft_cap``).
+    supports_logits_soft_cap: ClassVar[bool] = False
 
     @staticmethod
     def kv_cache_shape(
@@ -133,10 +144,18 @@ class AttentionBackend(ABC):
         scale: float,
         num_kv_heads: int,
         sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> AttentionImpl:
         """One layer's attention; backends that need more than the impl's constructor
-        (workspace buffers, tuned launch parameters) override this."""
-        return cls.impl_cls(num_heads, head_dim, scale, num_kv_heads, sliding_window)
+        (workspace buffers, tuned launch parameters) override this. A soft cap is refused,
+        naming the backend, unless it ``supports_logits_soft_cap``."""
+        if logits_soft_cap is not None and not cls.supports_logits_soft_cap:
+            raise ValueError(f"the {cls.name} attention backend does not soft-cap attention "
+                             f"scores (attn_logit_softcapping={logits_soft_cap}); use "
+                             "--attention-backend torch")
+        impl = cls.impl_cls(num_heads, head_dim, scale, num_kv_heads, sliding_window)
+        impl.logits_soft_cap = logits_soft_cap
+        return impl
 
     @staticmethod
     def move_kv(kv_cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor,

@@ -237,10 +237,20 @@ class TorchAttentionImpl(AttentionImpl):
                 2, n, s_len, self.num_kv_heads, self.head_dim).transpose(2, 3)
             keys, values = context[0], context[1]
         mask = self._prefill_mask(q_len, s_len, query.device, plan)
-        out = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=mask, is_causal=mask is None, scale=self.scale,
-            enable_gqa=self.num_heads != self.num_kv_heads)
+        out = self._attention(queries, keys, values, mask, causal=mask is None)
         return out.transpose(1, 2).reshape(n * q_len, self.num_heads, self.head_dim)
+
+    def _attention(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+        """SDPA over ``[n, heads, q, d]`` queries and ``[n, kv_heads, s, d]`` keys/values,
+        ``mask`` bool ``[.., q, s]`` or ``causal``; with a soft cap, which SDPA lacks, the
+        same product written out as HF's eager attention computes it."""
+        if self.logits_soft_cap is None:
+            return F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=mask, is_causal=causal, scale=self.scale,
+                enable_gqa=queries.shape[1] != keys.shape[1])
+        return soft_capped_attention(queries, keys, values, mask, causal, self.scale,
+                                     self.logits_soft_cap)
 
     def _prefill_mask(self, query_len: int, seq_len: int, device: torch.device,
                       plan: StepPlan) -> torch.Tensor | None:
@@ -297,9 +307,8 @@ class TorchAttentionImpl(AttentionImpl):
         context = cache_rows.index_select(1, decode.slots).view(
             2, batch, decode.max_len, self.num_kv_heads, self.head_dim).transpose(2, 3)
         queries = query.view(batch, self.num_kv_heads, group, self.head_dim)
-        out = F.scaled_dot_product_attention(queries, context[0], context[1],
-                                             attn_mask=self._decode_mask(decode, plan),
-                                             scale=self.scale)
+        out = self._attention(queries, context[0], context[1],
+                              self._decode_mask(decode, plan), causal=False)
         return out.view(batch, self.num_heads, self.head_dim)
 
     def _decode_mask(self, decode: DecodeBatch, plan: StepPlan) -> torch.Tensor | None:
@@ -316,6 +325,26 @@ class TorchAttentionImpl(AttentionImpl):
                 allowed &= key_pos >= decode.seq_lens - window
             plan.masks[cache_key] = allowed[:, None, None, :]
         return plan.masks[cache_key]
+
+
+def soft_capped_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                          mask: torch.Tensor | None, causal: bool, scale: float, cap: float,
+                          ) -> torch.Tensor:
+    """Attention with scores ``cap * tanh(q.k * scale / cap)`` (Gemma 2), shapes and
+    ``mask``/``causal`` as SDPA's (a bool mask is True where allowed), grouped-query heads
+    included. Softmax in fp32, as HF's eager attention."""
+    if keys.shape[1] != queries.shape[1]:
+        group = queries.shape[1] // keys.shape[1]
+        keys = keys.repeat_interleave(group, dim=1)
+        values = values.repeat_interleave(group, dim=1)
+    scores = torch.matmul(queries, keys.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / cap) * cap
+    if causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype)
+    return torch.matmul(weights, values)
 
 
 def write_kv(
@@ -339,3 +368,4 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     impl_cls = TorchAttentionImpl
     supports_token_trees = True
+    supports_logits_soft_cap = True

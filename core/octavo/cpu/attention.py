@@ -10,7 +10,8 @@ attention done by the fused C kernels (``octavo.cpu.kernels``) straight from the
   one prompt-sized product, and each row's own positions by the decode kernel, which
   merges the two (FlashInfer's and vLLM's cascade attention).
 
-Sliding windows and fp32 stay on the portable path, which computes the same attention.
+Sliding windows, soft-capped scores and fp32 stay on the portable path, which computes the
+same attention.
 """
 
 from __future__ import annotations
@@ -106,8 +107,9 @@ def decode_rows(decode: DecodeBatch, plan: StepPlan, head_dim: int, cache_rows: 
 
 class CpuAttentionImpl(TorchAttentionImpl):
     def _native(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-        """bf16 on the CPU, no window, and the kernels built here."""
-        return self.sliding_window is None and kernels.usable(query, kv_cache)
+        """bf16 on the CPU, no window, no soft cap, and the kernels built here."""
+        return (self.sliding_window is None and self.logits_soft_cap is None
+                and kernels.usable(query, kv_cache))
 
     def _write_kv_native(self, cache_rows: torch.Tensor, keys: torch.Tensor,
                          values: torch.Tensor, slots: torch.Tensor) -> None:

@@ -40,8 +40,10 @@ class CpuRotaryEmbedding(RotaryEmbedding):
     inv_freq: torch.Tensor
 
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+        lengths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        del lengths  # the plain frequencies do not depend on them
         if not kernels.usable(q, k) or q.stride(-1) != 1 or k.stride(-1) != 1:
             return super().forward(positions, q, k)
         cos, sin = self.cos_sin(positions, q.dtype)

@@ -13,7 +13,7 @@ from octavo.engine.core import EngineCore
 from octavo.engine.output_processor import OutputProcessor
 from octavo.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from octavo.engine.processor import Processor, PromptType
-from octavo.models.config import eos_token_ids
+from octavo.models.config import context_length, eos_token_ids
 from octavo.models.generation_config import (
     GenerationConfig,
     log_sampling_defaults,
@@ -31,11 +31,11 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_max_model_len(config: EngineConfig, files: ModelFiles) -> int:
-    """The context length: the model's own unless the user asks for less. A
-    sentence-transformers folder's ``max_seq_length`` caps it (as in vLLM): its model was
-    trained to that length, and sentence-transformers truncates there."""
-    limits = {"max_position_embeddings": int(files.hf_config.get("max_position_embeddings",
-                                                                 2048))}
+    """The context length: the model's own (``context_length``) unless the user asks for
+    less. A sentence-transformers folder's ``max_seq_length`` caps it (as in vLLM): its model
+    was trained to that length, and sentence-transformers truncates there."""
+    limits = {"context (max_position_embeddings, stretched by its RoPE scaling where that "
+              "extends it)": context_length(files.hf_config)}
     if files.source.is_dir() and (seq_len := folder_max_seq_length(files.source)):
         limits["sentence_bert_config.json's max_seq_length"] = seq_len
     name, model_max = min(limits.items(), key=lambda item: item[1])
@@ -43,8 +43,8 @@ def resolve_max_model_len(config: EngineConfig, files: ModelFiles) -> int:
     if wanted is None:
         return model_max
     if wanted > model_max:
-        raise ConfigError(f"max_model_len={wanted} exceeds the model's "
-                          f"{name}={model_max} ({files.source})")
+        raise ConfigError(f"max_model_len={wanted} exceeds the model's {name} of "
+                          f"{model_max} tokens ({files.source})")
     return wanted
 
 

@@ -1,4 +1,5 @@
-"""``check_model_fits``: whether a model splits over the configured ranks, checked in the
+"""``check_model_fits``: whether a model splits over the configured ranks, and
+``check_model_features``: whether the engine's features work with it - both checked in the
 engine process before any worker starts (a worker finding out after its load would cost
 every rank a model load, and say less)."""
 
@@ -35,3 +36,14 @@ def check_model_fits(config: EngineConfig, hf_config: dict, source: str | Path) 
     if problems:
         raise ConfigError(f"{source}: the model cannot be split over the workers: "
                           + "; ".join(problems))
+
+
+def check_model_features(config: EngineConfig, hf_config: dict, source: str | Path) -> None:
+    """Raise ``ConfigError`` naming a feature the model cannot be run with."""
+    arch = ArchConfig.from_hf(hf_config, source)
+    ropes = [rope for rope in (arch.rope, arch.local_rope) if rope is not None]
+    length_dependent = [rope.rope_type for rope in ropes if rope.length_dependent]
+    if length_dependent and config.speculative is not None:
+        raise ConfigError(f"{source}: speculative decoding (--speculative-config) does not "
+                          f"support the {length_dependent[0]} RoPE scaling (its frequencies "
+                          "depend on each sequence's length, which drafts do not carry)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from octavo.models.base import CausalLM
 from octavo.models.bert import BertModel
+from octavo.models.gemma2 import Gemma2ForCausalLM
 from octavo.models.gemma3 import Gemma3ForCausalLM
 from octavo.models.llama import (
     LlamaForCausalLM,
@@ -13,9 +14,11 @@ from octavo.models.llama import (
     Qwen3ForCausalLM,
 )
 from octavo.models.mixtral import MixtralForCausalLM
+from octavo.models.phi3 import Phi3ForCausalLM
 
 BUILTIN_ARCHITECTURES: dict[str, type[CausalLM]] = {
     model.__name__: model for model in (LlamaForCausalLM, MistralForCausalLM,
                                          Qwen2ForCausalLM, Qwen3ForCausalLM,
-                                         MixtralForCausalLM, Gemma3ForCausalLM, BertModel)
+                                         MixtralForCausalLM, Gemma3ForCausalLM,
+                                         Gemma2ForCausalLM, Phi3ForCausalLM, BertModel)
 }

@@ -166,6 +166,13 @@ class CausalLM(nn.Module):
     def head_dim(self) -> int:
         return self.config.head_dim
 
+    @property
+    def uses_rope_lengths(self) -> bool:
+        """Whether the model reads ``AttentionMetadata.rope_lengths`` (a length-dependent
+        RoPE scaling), which the model runner then fills each step."""
+        ropes = (self.config.rope, self.config.local_rope)
+        return any(rope is not None and rope.length_dependent for rope in ropes)
+
     def forward(
         self,
         input_ids: torch.Tensor,  # int64 [T]

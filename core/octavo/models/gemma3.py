@@ -9,9 +9,12 @@ A Llama-shaped decoder with Gemma's differences, each as HF transformers compute
   applied as ``1 + w`` in fp32;
 - the embedding is scaled by ``sqrt(hidden_size)``, rounded to the model dtype as HF does;
 - queries are scaled by ``query_pre_attn_scalar ** -0.5``; a GeGLU MLP (tanh GELU);
-- final logits soft-capped where the config sets ``final_logit_softcapping``; soft-capped
-  attention scores (``attn_logit_softcapping``, null in every released Gemma 3) are refused,
-  the attention backends having no soft-capping.
+- final logits soft-capped where the config sets ``final_logit_softcapping``. A config's
+  ``attn_logit_softcapping`` (null in every released Gemma 3) is ignored, with a warning,
+  as HF's Gemma 3 ignores it: its attention takes no soft cap.
+
+Gemma 2 (``gemma2.py``) is this model without the q/k norms, with one RoPE for both kinds
+and soft-capped attention scores.
 
 Parameter names follow HF's with q/k/v and gate/up fused, as in ``llama.py``; tensor and
 pipeline parallelism work as there (each stage builds only its layers).
@@ -19,6 +22,7 @@ pipeline parallelism work as there (each stage builds only its layers).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -36,8 +40,10 @@ from octavo.models.layers.linear import (
     RowParallelLinear,
 )
 from octavo.models.layers.norm import GemmaRMSNorm
-from octavo.models.layers.rotary import RotaryEmbedding
+from octavo.models.layers.rotary import RotaryEmbedding, rotary_embedding
 from octavo.models.llama import LlamaModel
+
+logger = logging.getLogger(__name__)
 
 # HF activation names -> torch's GELU approximation.
 GELU_APPROXIMATIONS = {"gelu_pytorch_tanh": "tanh"}
@@ -45,8 +51,11 @@ GELU_APPROXIMATIONS = {"gelu_pytorch_tanh": "tanh"}
 
 class Gemma3Attention(nn.Module):
     def __init__(self, config: ArchConfig, attn_backend: type[AttentionBackend],
-                 sliding_window: int | None, rotary_emb: RotaryEmbedding) -> None:
-        """``rotary_emb``: the model's one for this layer's kind (local or global)."""
+                 sliding_window: int | None, rotary_emb: RotaryEmbedding, qk_norm: bool,
+                 soft_cap: float | None) -> None:
+        """``rotary_emb``: the model's one for this layer's kind (local or global);
+        ``qk_norm``: whether each head of q and k is normalised before RoPE; ``soft_cap``:
+        of the attention scores (None: none)."""
         super().__init__()
         head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, config.num_attention_heads,
@@ -56,12 +65,13 @@ class Gemma3Attention(nn.Module):
         self.head_dim = head_dim
         self.o_proj = RowParallelLinear(config.num_attention_heads * head_dim, config.hidden_size,
                                         bias=config.attention_bias)
-        self.q_norm = GemmaRMSNorm(head_dim, config.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(head_dim, config.rms_norm_eps)
+        self.q_norm = GemmaRMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = GemmaRMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
         self.rotary_emb = rotary_emb
         scalar = config.query_pre_attn_scalar or head_dim
         self.attn = attn_backend.make_impl(self.num_heads, head_dim, scalar**-0.5,
-                                           self.num_kv_heads, sliding_window)
+                                           self.num_kv_heads, sliding_window,
+                                           logits_soft_cap=soft_cap)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: AttentionMetadata) -> torch.Tensor:
@@ -69,10 +79,12 @@ class Gemma3Attention(nn.Module):
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
-        q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
-        k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, q, k)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k, attn_metadata.rope_lengths)
         out = self.attn.forward(q, k, v, kv_cache, attn_metadata)
         return self.o_proj(out.reshape(num_tokens, q_size))
 
@@ -147,6 +159,9 @@ class Gemma3Model(LlamaModel):
 class Gemma3ForCausalLM(CausalLM):
     model: Gemma3Model
     supports_pp = True
+    qk_norm: ClassVar[bool] = True
+    # Whether the config's attn_logit_softcapping caps the scores (HF: Gemma 2's, not 3's).
+    caps_attention: ClassVar[bool] = False
     activations = tuple(GELU_APPROXIMATIONS)
     stacked_params: ClassVar[tuple[tuple[str, str, object], ...]] = (
         (".qkv_proj.", ".q_proj.", "q"),
@@ -159,14 +174,15 @@ class Gemma3ForCausalLM(CausalLM):
     def __init__(
         self, config: ArchConfig, attn_backend: type[AttentionBackend], dtype: torch.dtype
     ) -> None:
-        if config.attn_logit_softcapping is not None:
-            raise ValueError(f"attn_logit_softcapping ({config.attn_logit_softcapping}) is not "
-                             "supported: the attention backends do not soft-cap scores")
         super().__init__(config, attn_backend, dtype)
+        self.attention_soft_cap = config.attn_logit_softcapping if self.caps_attention else None
+        if config.attn_logit_softcapping is not None and not self.caps_attention:
+            logger.warning("%s ignores attn_logit_softcapping=%s, as HF transformers does",
+                           type(self).__name__, config.attn_logit_softcapping)
         with default_dtype(dtype):
             # One per layer kind, shared by the layers of that kind (cos/sin once a step).
-            self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope)
-            self.local_rotary_emb = (RotaryEmbedding(config.head_dim, config.local_rope)
+            self.rotary_emb = rotary_embedding(config.head_dim, config.rope)
+            self.local_rotary_emb = (rotary_embedding(config.head_dim, config.local_rope)
                                      if config.local_rope is not None else self.rotary_emb)
             layers = [self.make_layer(index) if index in self.layer_range else PPMissingLayer()
                       for index in range(config.num_hidden_layers)]
@@ -183,7 +199,8 @@ class Gemma3ForCausalLM(CausalLM):
         config = self.config
         window = config.sliding_windows[index]
         rotary = self.rotary_emb if window is None else self.local_rotary_emb
-        attention = Gemma3Attention(config, self.attn_backend, window, rotary)
+        attention = Gemma3Attention(config, self.attn_backend, window, rotary, self.qk_norm,
+                                    self.attention_soft_cap)
         mlp = Gemma3MLP(config.hidden_size, config.intermediate_size,
                         GELU_APPROXIMATIONS[config.hidden_act])
         return Gemma3DecoderLayer(config, attention, mlp)

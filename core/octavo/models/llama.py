@@ -30,7 +30,7 @@ from octavo.models.layers.linear import (
     RowParallelLinear,
 )
 from octavo.models.layers.norm import RMSNorm
-from octavo.models.layers.rotary import RotaryEmbedding
+from octavo.models.layers.rotary import RotaryEmbedding, rotary_embedding
 
 
 class LlamaAttention(nn.Module):
@@ -58,7 +58,7 @@ class LlamaAttention(nn.Module):
                                         bias=config.attention_bias)
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
-        self.rotary_emb = rotary_emb or RotaryEmbedding(head_dim, config.rope)
+        self.rotary_emb = rotary_emb or rotary_embedding(head_dim, config.rope)
         self.attn = attn_backend.make_impl(self.num_heads, head_dim, head_dim**-0.5,
                                            self.num_kv_heads, sliding_window)
 
@@ -78,7 +78,7 @@ class LlamaAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self.rotary_emb(positions, q, k, attn_metadata.rope_lengths)
         out = self.attn.forward(q, k, v, kv_cache, attn_metadata)
         return self.o_proj(out.reshape(num_tokens, q_size))
 
@@ -246,7 +246,7 @@ class LlamaForCausalLM(CausalLM):
         super().__init__(config, attn_backend, dtype)
         with default_dtype(dtype):
             # One for all layers: it computes each step's cos/sin once (see RotaryEmbedding).
-            self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope)
+            self.rotary_emb = rotary_embedding(config.head_dim, config.rope)
             layers = [self.make_layer(index) if index in self.layer_range else PPMissingLayer()
                       for index in range(config.num_hidden_layers)]
             first, last = self.ranks.is_first_stage, self.ranks.is_last_stage

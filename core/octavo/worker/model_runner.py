@@ -115,7 +115,7 @@ class ModelRunner:
         if drafts:
             SpecVerifier.place_drafts(self.batch, drafts)
         step = prepare_step(self.batch, scheduler_output.num_scheduled_tokens, self.block_size,
-                            self.device)
+                            self.device, rope_lengths=self.model.uses_rope_lengths)
         if drafts:
             assert self.spec is not None, "drafts were scheduled without a proposer"
             verify_mask = SpecVerifier.draft_mask(step, self.batch, drafts)

@@ -32,7 +32,7 @@ class PoolingModelRunner(ModelRunner):
         if not scheduler_output.total_num_scheduled_tokens:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         step = prepare_step(self.batch, scheduler_output.num_scheduled_tokens, self.block_size,
-                            self.device)
+                            self.device, rope_lengths=self.model.uses_rope_lengths)
         hidden = self.run_model(step)
         assert hidden is not None, "the pooling runner runs one pipeline stage"
         starts = step.metadata.query_start_loc_cpu

@@ -79,8 +79,11 @@ class StepInputs:
 
 
 def prepare_step(
-    batch: InputBatch, num_scheduled: dict[str, int], block_size: int, device: torch.device
+    batch: InputBatch, num_scheduled: dict[str, int], block_size: int, device: torch.device,
+    rope_lengths: bool = False,
 ) -> StepInputs:
+    """``rope_lengths``: fill ``AttentionMetadata.rope_lengths`` (a model whose RoPE
+    depends on the sequence length)."""
     rows = np.sort(np.fromiter((batch.req_index[r] for r in num_scheduled), dtype=np.int64,
                                count=len(num_scheduled)))
     counts = np.fromiter((num_scheduled[batch.req_ids[r]] for r in rows), dtype=np.int64,
@@ -115,6 +118,9 @@ def prepare_step(
         query_start_loc_cpu=torch.from_numpy(query_start_loc),
         seq_lens_cpu=torch.from_numpy(seq_lens.astype(np.int32)),
     )
+    if rope_lengths:
+        metadata.rope_lengths = on_device(
+            np.maximum(batch.num_prompt_tokens[token_row], positions + 1))
     if len(batch.block_tables) > 1:
         metadata.kv_groups = _group_metadata(metadata, batch, rows, token_row, positions,
                                              block_size, max_blocks, device)

@@ -22,6 +22,7 @@ from octavo.plugin_api import (
     ModelFiles,
     ModelRunnerOutput,
     Platform,
+    RotaryEmbedding,
     SchedulerOutput,
     WorkerClasses,
     WorkerInterface,
@@ -66,6 +67,10 @@ class TpuWorker(WorkerInterface):
         if not isinstance(model, LlamaForCausalLM) or model.config.num_experts:
             raise ValueError(f"the tpu backend runs the Llama family (Llama, Mistral, Qwen2, "
                              f"Qwen3); {type(model).__name__} is not built for it yet")
+        if type(model.rotary_emb) is not RotaryEmbedding:  # it reads inv_freq only
+            raise ValueError(f"the tpu backend computes plain RoPE; {type(model).__name__}'s "
+                             f"{model.config.rope.rope_type} RoPE (partial rotary factor "
+                             f"{model.config.rope.partial_rotary_factor}) is not built for it")
         spec = spec_from_torch(model)
         placement = self._placement(config.parallel.tensor_parallel_size)
         placement.check_model(spec.num_heads, spec.num_kv_heads, model.config.intermediate_size)

@@ -30,8 +30,10 @@ class TritonRotaryEmbedding(RotaryEmbedding):
     inv_freq: torch.Tensor  # the buffer of the portable layer
 
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+        lengths: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        del lengths  # the plain frequencies do not depend on them
         return rotary_embedding(positions, q, k, self.inv_freq)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from octavo.config import ConfigError, EngineConfig
-from octavo.executor.fits import check_model_fits
+from octavo.executor.fits import check_model_features, check_model_fits
 
 SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_size": 576,
            "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
@@ -45,3 +45,16 @@ def test_expert_parallel_needs_whole_experts_not_sliced_features() -> None:
 def test_splits_that_do_not_fit_are_named(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=f"cannot be split over the workers: .*{message}"):
         check_model_fits(EngineConfig.from_kwargs(**kwargs), SMOLLM2, "model.gguf")
+
+
+def test_length_dependent_rope_refuses_speculative_decoding() -> None:
+    longrope = {"type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 32}
+    phi3 = {**SMOLLM2, "architectures": ["Phi3ForCausalLM"],
+            "original_max_position_embeddings": 4096, "rope_scaling": longrope}
+    check_model_features(EngineConfig.from_kwargs(), phi3, "m")
+    spec = EngineConfig.from_kwargs(speculative_config={"method": "ngram",
+                                                        "num_speculative_tokens": 2})
+    check_model_features(spec, SMOLLM2, "m")
+    with pytest.raises(ConfigError, match="speculative decoding .* does not support the "
+                                          "longrope RoPE scaling"):
+        check_model_features(spec, phi3, "m")

@@ -132,12 +132,19 @@ def test_tensor_by_pipeline_matches_one_rank(tiny) -> None:  # type: ignore[no-u
     assert max_logprob_gap(parallel, reference) < 1e-4, where
 
 
-def test_attention_softcapping_is_refused(tiny) -> None:  # type: ignore[no-untyped-def]
-    folder, _, _ = tiny
-    files = load_model_files(folder)
-    files.hf_config = {**files.hf_config, "attn_logit_softcapping": 50.0}
-    with pytest.raises(ModelLoadError, match="attn_logit_softcapping"):
-        build_model(files, torch.float32, TorchAttentionBackend)
+def test_attention_softcapping_matches_hf(tmp_path: Path) -> None:
+    """A Gemma 3 config that sets attn_logit_softcapping (none released does) is no longer
+    refused: it computes what HF computes, whose Gemma 3 attention ignores the field (every
+    position of a prompt past the window)."""
+    seed = draw_seed()
+    hf_model = save_tiny_model("gemma3", tmp_path, seed, attn_logit_softcapping=2.0)
+    ours = build_model(load_model_files(tmp_path), torch.float32, TorchAttentionBackend)
+    (prompt,) = random_prompts(VOCAB_SIZE, [40], seed)
+    got = PagedDriver(ours, seed).step({0: prompt})[0]
+    with torch.inference_mode():
+        expected = hf_model(torch.tensor([prompt])).logits[0]
+    diff = (got - expected).abs().max().item()
+    assert diff < ATOL, f"weights seed={seed}: diff {diff:.2e}"
 
 
 def test_llama_refuses_gemma_activation(tmp_path: Path) -> None:

@@ -97,7 +97,8 @@ def test_unexpected_weight_is_named(tmp_path):
     (lambda config: config.update(num_attention_heads=0), "num_attention_heads"),
     (lambda config: config.update(hidden_act="gelu"), "hidden_act"),
     (lambda config: config.update(model_type=["llama"]), "model_type"),  # was a TypeError
-    (lambda config: config.update(rope_parameters={"rope_type": "yarn", "factor": 4.0}),
+    (lambda config: config.update(rope_parameters={"rope_type": "proportional",
+                                                   "factor": 4.0}),
      "rope_parameters"),
 ])
 def test_bad_config_field_is_named(tmp_path, edit, field):

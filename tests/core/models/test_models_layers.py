@@ -18,7 +18,7 @@ from octavo.models.layers.linear import (
     RowParallelLinear,
 )
 from octavo.models.layers.moe import FusedMoE
-from octavo.models.layers.rotary import rope_inv_freq
+from octavo.models.layers.rotary import rope_attention_factor, rope_inv_freq, rotary_embedding
 from octavo.models.layers.weights import WeightShapeError
 from octavo.testing.seeds import draw_seed
 
@@ -48,6 +48,73 @@ def test_rope_inv_freq_matches_hf(rope_scaling):
     assert torch.equal(ours, expected)
 
 
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0 + i / 64 for i in range(64)],
+            "long_factor": [2.0 + i / 8 for i in range(64)],
+            "original_max_position_embeddings": 1024}
+
+
+@pytest.mark.parametrize(("rope_scaling", "seq_len"), [
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}, None),
+    ({"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 100,
+      "beta_fast": 16, "beta_slow": 2, "mscale": 0.707, "mscale_all_dim": 0.707}, None),
+    ({"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512,
+      "mscale": 1.0, "mscale_all_dim": 0.5, "truncate": False}, None),
+    (LONGROPE, None),
+    (LONGROPE, 1025),
+    ({**LONGROPE, "attention_factor": 1.25}, 1025),
+    ({"rope_type": "dynamic", "factor": 2.0}, None),
+    ({"rope_type": "dynamic", "factor": 2.0}, 6000),
+])
+def test_scaled_rope_matches_hf(rope_scaling, seq_len):
+    """yarn, longrope (short and long factors) and dynamic NTK (within and past the
+    context): the frequencies HF's functions give at that sequence length, and the factor
+    cos/sin are multiplied by."""
+    hf = LlamaConfig(hidden_size=256, num_attention_heads=2, rope_theta=500000.0,
+                     max_position_embeddings=4096, rope_scaling=rope_scaling)
+    rope = ArchConfig.from_hf(hf.to_dict()).rope
+    expected, attention_factor = ROPE_INIT_FUNCTIONS[rope_scaling["rope_type"]](
+        hf, seq_len=None if seq_len is None else torch.tensor(seq_len))
+    assert torch.equal(rope_inv_freq(128, rope, seq_len), expected)
+    assert rope_attention_factor(rope) == attention_factor
+
+
+def test_length_dependent_rope_uses_each_tokens_length():
+    """One step mixing tokens of a short and a long sequence: each rotated as HF rotates a
+    sequence of its length (the long one with longrope's long factors)."""
+    hf = LlamaConfig(hidden_size=256, num_attention_heads=2, max_position_embeddings=4096,
+                     rope_scaling=LONGROPE)
+    rope = ArchConfig.from_hf(hf.to_dict()).rope
+    rotary = rotary_embedding(128, rope)
+    positions, lengths = torch.tensor([3, 700, 1500]), torch.tensor([10, 1024, 1600])
+    q = torch.randn(3, 2, 128)
+    got, _ = rotary(positions, q, q[:, :1], lengths)
+    for i in range(3):
+        inv_freq, factor = ROPE_INIT_FUNCTIONS["longrope"](hf, seq_len=int(lengths[i]))
+        angles = torch.cat([positions[i] * inv_freq] * 2)
+        half = torch.cat([-q[i, :, 64:], q[i, :, :64]], dim=-1)
+        expected = q[i] * angles.cos() * factor + half * angles.sin() * factor
+        assert torch.allclose(got[i], expected, atol=1e-5), i
+    with pytest.raises(ValueError, match="needs each token's sequence length"):
+        rotary(positions.clone(), q, q[:, :1])
+
+
+def test_partial_rotary_rotates_the_leading_dims():
+    """partial_rotary_factor 0.5: the first half of each head rotated by its own
+    frequencies, the second half passed through."""
+    rope = ArchConfig.from_hf({**SMALL, "partial_rotary_factor": 0.5}).rope
+    rotary = rotary_embedding(16, rope)
+    full = rotary_embedding(8, ArchConfig.from_hf(SMALL).rope)
+    positions, q = torch.tensor([0, 5, 9]), torch.randn(3, 2, 16)
+    got, _ = rotary(positions, q, q)
+    expected, _ = full(positions, q[..., :8].contiguous(), q[..., :8].contiguous())
+    assert torch.equal(got[..., 8:], q[..., 8:])
+    assert torch.allclose(got[..., :8], expected)
+
+
+SMALL = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1,
+         "vocab_size": 8, "intermediate_size": 8, "rope_theta": 1234.0}
+
+
 def test_old_style_rope_config_is_read():
     hf = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1,
           "vocab_size": 8, "intermediate_size": 8, "rope_theta": 1234.0,
@@ -73,6 +140,21 @@ def test_qkv_shards_split_heads(gen):
         for shard, out in zip("qkv", (q, k, v)):
             expected = F.linear(x, *full[shard]).chunk(TP, dim=-1)[rank]
             assert torch.allclose(out, expected, atol=1e-5), (rank, shard)
+
+
+def test_fused_checkpoint_tensors_load_whole(gen):
+    """Phi-3's checkpoints hold q/k/v and gate/up fused (shard id None): each rank takes
+    its slice of every projection, as from the separate tensors."""
+    q, k, v = (torch.randn(n * 8, 32, generator=gen) for n in (4, 2, 2))
+    for rank in range(TP):
+        fused = QKVParallelLinear(32, 8, 4, 2, tp_rank=rank, tp_size=TP)
+        fused.weight.weight_loader(fused.weight, torch.cat([q, k, v]), None)
+        parts = QKVParallelLinear(32, 8, 4, 2, tp_rank=rank, tp_size=TP)
+        for shard, tensor in zip("qkv", (q, k, v)):
+            parts.weight.weight_loader(parts.weight, tensor, shard)
+        assert torch.equal(fused.weight, parts.weight)
+        with pytest.raises(WeightShapeError):
+            fused.weight.weight_loader(fused.weight, torch.cat([q, k]), None)
 
 
 def test_merged_column_shards_each_projection(gen):

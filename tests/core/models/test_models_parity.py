@@ -57,15 +57,21 @@ class PagedDriver:
         return [table[pos // self.block_size] * self.block_size + pos % self.block_size
                 for pos in range(start, end)]
 
-    def step(self, chunks: dict[int, list[int]]) -> dict[int, torch.Tensor]:
-        """Compute the new tokens ``chunks[seq]`` of each sequence; returns their logits."""
+    def step(self, chunks: dict[int, list[int]], prompt_lens: dict[int, int] | None = None,
+             ) -> dict[int, torch.Tensor]:
+        """Compute the new tokens ``chunks[seq]`` of each sequence; returns their logits.
+        ``prompt_lens``: each sequence's prompt length, for a model whose RoPE depends on
+        it (``AttentionMetadata.rope_lengths``)."""
         ids, positions, slots, starts, seq_lens = [], [], [], [0], []
+        lengths: list[int] = []
         for seq, tokens in chunks.items():
             start = self.num_computed[seq]
             end = start + len(tokens)
             slots += self._slots(seq, start, end)
             ids += tokens
             positions += range(start, end)
+            if prompt_lens is not None:
+                lengths += [max(prompt_lens[seq], pos + 1) for pos in range(start, end)]
             starts.append(end - start + starts[-1])
             seq_lens.append(end)
             self.num_computed[seq] = end
@@ -82,6 +88,7 @@ class PagedDriver:
             slot_mapping=torch.tensor(slots),
             max_query_len=max(map(len, chunks.values())),
             max_seq_len=max(seq_lens),
+            rope_lengths=torch.tensor(lengths) if prompt_lens is not None else None,
         )
         with torch.inference_mode():
             hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv_caches,

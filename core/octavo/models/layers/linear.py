@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from octavo.models.layers.parallel import all_reduce, check_divisible, kv_head_shards, resolve_tp
-from octavo.models.layers.weights import copy_shard, new_parameter
+from octavo.models.layers.weights import check_shape, copy_shard, new_parameter
 
 
 class LinearBase(nn.Module):
@@ -78,7 +78,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections of the same input stacked in one weight.
 
     ``shard_id`` (an index into ``output_sizes``) says which projection an HF tensor is;
-    each rank stores its slice of every projection, back to back.
+    each rank stores its slice of every projection, back to back. Shard id None is a
+    checkpoint that fused them already (Phi-3's ``gate_up_proj``, ``qkv_proj``): the
+    projections stacked whole, which are split and loaded one by one.
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         tp_rank: int | None = None, tp_size: int | None = None,
     ) -> None:
         tp_rank, tp_size = resolve_tp(tp_rank, tp_size)
+        self.output_sizes = list(output_sizes)
         self.local_sizes = self.split_sizes(output_sizes, tp_rank, tp_size)
         # LinearBase's, not ColumnParallelLinear's: the local rows are computed here.
         LinearBase.__init__(self, input_size, sum(self.local_sizes), bias, tp_rank, tp_size)
@@ -95,6 +98,11 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         return [check_divisible("output features", size, tp_size) for size in output_sizes]
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        if shard_id is None:
+            check_shape(loaded, (sum(self.output_sizes), *param.shape[1:]))
+            for shard, part in zip(self.shard_ids(), loaded.split(self.output_sizes)):
+                self.weight_loader(param, part, shard)
+            return
         index = self.shard_index(shard_id)
         offset = sum(self.local_sizes[:index])
         dst = param.data.narrow(0, offset, self.local_sizes[index])
@@ -104,6 +112,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         """(shard index, number of shards) of projection ``index`` on this rank."""
         del index
         return self.tp_rank, self.tp_size
+
+    def shard_ids(self) -> list:
+        """The shard ids of the projections, in their order in the weight."""
+        return list(range(len(self.local_sizes)))
 
     def shard_index(self, shard_id) -> int:
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.local_sizes):
@@ -142,6 +154,9 @@ class QKVParallelLinear(MergedColumnParallelLinear):
         if index == 0:
             return self.tp_rank, self.tp_size
         return self.kv_shard[0], self.kv_shard[1]
+
+    def shard_ids(self) -> list:
+        return list(self.SHARDS)
 
     def shard_index(self, shard_id) -> int:
         if shard_id not in self.SHARDS:

@@ -1,0 +1,170 @@
+"""The checks each architecture of issue 49 passes against HF transformers, fp32, on a tiny
+random model built from HF's own config class.
+
+- ``check_every_position``: the prompts flattened together in chunks (chunked prefill: each
+  step advances every prompt by a chunk, over a paged cache with randomly placed blocks):
+  the logits of every prompt position within ``ATOL`` of HF's one forward pass;
+- ``check_engine``: the whole engine (``LLM``), greedy, prompts prefilled in chunks of a
+  small token budget while others decode, a KV budget too small for all of them so requests
+  are preempted and recomputed: tokens identical to HF's greedy run (a divergence only at
+  a numerical tie), every step's logits within ``ATOL``;
+- ``check_tensor_parallel``: the same at ``tensor_parallel_size=2`` (two worker processes),
+  prompt logprobs against HF's.
+
+HF's reference (``hf_reference``: the prompt's logits and the greedy continuation with its
+KV cache) is computed once per model, by the test module's fixture, and shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+from octavo import LLM
+from octavo.attention.torch_backend import TorchAttentionBackend
+from octavo.models.base import CausalLM
+from octavo.request import Request
+from octavo.worker.model_runner import ModelRunner
+
+from ..parallel.engines import generate
+from .models.test_models_parity import PagedDriver
+from .parity import TIE_GAP, compare, engine_greedy
+from .tiny_models import randomize_norms_and_biases, tiny_tokenizer
+
+ATOL = 1e-4
+BLOCK_SIZE = 16
+KV_BYTES_TP = 1 << 25  # per rank
+
+
+def save_hf_model(config: PretrainedConfig, folder: Path, seed: int) -> PreTrainedModel:
+    """The HF model of ``config`` with random weights drawn from ``seed`` - norms and biases
+    too (HF's ones and zeros would hide one loaded into the wrong place) - saved to
+    ``folder`` with the tiny byte tokenizer; eval mode, eager attention."""
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    randomize_norms_and_biases(model)
+    model.eval().save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return model
+
+
+def random_prompts(vocab_size: int, lengths: list[int], seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab_size, size=n).tolist() for n in lengths]
+
+
+@dataclass
+class Reference:
+    """HF's run of one prompt: every prompt position's logits, then its greedy tokens and
+    each step's logits (fp32)."""
+
+    prompt_logits: torch.Tensor  # [P, vocab]
+    tokens: list[int]
+    step_logits: list[torch.Tensor]
+
+
+@torch.inference_mode()
+def hf_reference(model: PreTrainedModel, prompt: list[int], max_tokens: int,
+                 before: Callable[[PreTrainedModel], None] | None = None) -> Reference:
+    """One prompt through HF: a forward pass over it, then greedy steps on its KV cache.
+    ``before``: called with the model first (to reset its per-generation state)."""
+    if before is not None:
+        before(model)
+    out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+    prompt_logits = out.logits[0].float()
+    tokens, logits = [], []
+    for _ in range(max_tokens):
+        step = out.logits[0, -1].float()
+        tokens.append(int(step.argmax()))
+        logits.append(step)
+        out = model(input_ids=torch.tensor([[tokens[-1]]]), cache=out.past_key_values,
+                    use_cache=True)
+    return Reference(prompt_logits, tokens, logits)
+
+
+def check_every_position(ours: CausalLM, prompts: list[list[int]],
+                         references: list[Reference], chunk: int, seed: int,
+                         label: str, num_blocks: int = 128) -> float:
+    """Prompts advanced ``chunk`` tokens a step, flattened together; returns the largest
+    logit difference from HF over every position."""
+    driver = PagedDriver(ours, seed, BLOCK_SIZE, num_blocks)
+    prompt_lens = {i: len(p) for i, p in enumerate(prompts)}
+    logits: dict[int, list[torch.Tensor]] = {i: [] for i in range(len(prompts))}
+    for start in range(0, max(prompt_lens.values()), chunk):
+        chunks = {i: p[start:start + chunk] for i, p in enumerate(prompts) if start < len(p)}
+        for i, out in driver.step(chunks, prompt_lens).items():
+            logits[i].append(out)
+    worst = 0.0
+    for i, reference in enumerate(references):
+        diff = (torch.cat(logits[i]) - reference.prompt_logits).abs().max().item()
+        worst = max(worst, diff)
+        assert diff < ATOL, f"{label}: prompt {i} (len {len(prompts[i])}): {diff:.2e}"
+    return worst
+
+
+def bytes_per_block(ours: CausalLM, max_model_len: int) -> int:
+    """What the worker's KV budget pays for one block of this model (fp32)."""
+    runner = ModelRunner(ours, TorchAttentionBackend, block_size=BLOCK_SIZE, max_num_reqs=1,
+                         max_model_len=max_model_len, vocab_size=1, eos_token_ids=frozenset(),
+                         device=torch.device("cpu"))
+    return runner.kv_cache_bytes_per_block()
+
+
+def check_engine(folder: Path, prompts: list[list[int]], references: list[Reference],
+                 label: str, *, kv_cache_memory: int, max_model_len: int,
+                 max_num_batched_tokens: int = 64, **engine: object) -> LLM:
+    """The engine's greedy run against HF's; returns the engine (for more checks)."""
+    max_tokens = len(references[0].tokens)
+    llm = LLM(model=str(folder), dtype="float32", max_num_batched_tokens=max_num_batched_tokens,
+              max_num_seqs=len(prompts), max_model_len=max_model_len,
+              kv_cache_memory=kv_cache_memory, **engine)
+    scheduler = llm.llm_engine.core.scheduler
+    preempted: list[str] = []
+    original = scheduler._preempt
+
+    def counting(request: Request) -> None:
+        preempted.append(request.request_id)
+        original(request)
+
+    scheduler._preempt = counting  # type: ignore[method-assign]
+    ours = engine_greedy(llm, prompts, max_tokens)
+    report = compare(prompts, ours, [(r.tokens, r.step_logits) for r in references])
+    print(f"\n{label}: engine max logit diff {report.max_logit_diff:.2e}, "
+          f"{len(preempted)} preemptions, ties: {report.divergences or 'none'}")
+    assert not report.failures, f"{label}: divergences beyond a tie: {report.failures}"
+    assert report.max_logit_diff < ATOL, f"{label}: logit diff {report.max_logit_diff:.2e}"
+    assert preempted, f"{label}: the KV budget was meant to force preemption"
+    return llm
+
+
+def check_tensor_parallel(folder: Path, prompts: list[list[int]],
+                          references: list[Reference], label: str, max_model_len: int) -> None:
+    """Two tensor-parallel ranks: greedy tokens as HF's (a divergence only at a tie), the
+    prompt logprobs of HF's top tokens within ``ATOL``."""
+    max_tokens = len(references[0].tokens)
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory=KV_BYTES_TP, seed=0,
+              max_model_len=max_model_len, tensor_parallel_size=2)
+    try:
+        result = generate(llm, prompts, max_tokens)
+    finally:
+        llm.shutdown()
+    gap = 0.0
+    for i, reference in enumerate(references):
+        tokens = result.tokens[i]
+        if tokens != reference.tokens:
+            step = next(s for s, (a, b) in enumerate(zip(tokens, reference.tokens)) if a != b)
+            top2 = reference.step_logits[step].topk(2).values
+            assert (top2[0] - top2[1]).item() < TIE_GAP, (
+                f"{label} TP=2: prompt {i} diverges at step {step} beyond a tie")
+        logprobs = torch.log_softmax(reference.prompt_logits, dim=-1)
+        for position, top in enumerate(result.prompt_logprobs[i]):
+            gap = max(gap, max(abs(value - logprobs[position, token].item())
+                               for token, value in top.items()))
+    print(f"\n{label} TP=2: prompt logprob gap {gap:.2e}")
+    assert gap < ATOL, f"{label} TP=2: prompt logprobs {gap:.2e} from HF's"
+

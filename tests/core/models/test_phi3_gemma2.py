@@ -1,0 +1,166 @@
+"""Phi-3 (fused projections, longrope) and Gemma 2 (soft-capped attention and logits,
+alternating local and global layers), and the RoPE scalings dynamic and yarn on the Llama
+family, against HF transformers on tiny random models (``arch_parity``'s checks).
+
+Lengths are chosen so every path runs: Phi-3's prompts reach past its original context of
+256 (long factors), one of them only while decoding; Gemma 2's past its window of 8; the
+dynamic model's past its max_position_embeddings of 128, one only while decoding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Gemma2Config, LlamaConfig, Phi3Config, Qwen2Config
+
+from octavo.attention.torch_backend import TorchAttentionBackend
+from octavo.models.build import build_model
+from octavo.models.layers.rotary import ScaledRotaryEmbedding
+from octavo.models.loader import ModelLoadError, load_model_files
+from octavo.testing.seeds import draw_seed
+from tests.core.arch_parity import (
+    bytes_per_block,
+    check_engine,
+    check_every_position,
+    check_tensor_parallel,
+    hf_reference,
+    random_prompts,
+    save_hf_model,
+)
+from tests.core.tiny_models import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+MAX_TOKENS = 32
+PHI3_ORIGINAL_CONTEXT = 256
+PHI3_WINDOW = 300
+COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+              initializer_range=0.1, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+              pad_token_id=PAD_ID, tie_word_embeddings=False)
+HALF_HEAD = 8  # longrope factors: one per rotated frequency of a 16-dim head
+
+
+def phi3_config() -> Phi3Config:
+    return Phi3Config(
+        **{**COMMON, "max_position_embeddings": 1024}, sliding_window=PHI3_WINDOW,
+        original_max_position_embeddings=PHI3_ORIGINAL_CONTEXT,
+        rope_scaling={"type": "longrope",
+                      "short_factor": [1.0 + 0.1 * i for i in range(HALF_HEAD)],
+                      "long_factor": [1.5 + 0.5 * i for i in range(HALF_HEAD)]})
+
+
+def gemma2_config() -> Gemma2Config:
+    # Caps small enough to bite on random weights (the released ones: 50 and 30).
+    return Gemma2Config(**{**COMMON, "num_hidden_layers": 3, "tie_word_embeddings": True},
+                        head_dim=32, query_pre_attn_scalar=24, sliding_window=8,
+                        attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+
+
+class Tiny:
+    """A tiny model's folder, HF model, our fp32 model and HF's reference runs."""
+
+    def __init__(self, name: str, config, tmp_path_factory, lengths: list[int],  # type: ignore[no-untyped-def]
+                 before=None) -> None:  # type: ignore[no-untyped-def]
+        self.name = name
+        self.seed = draw_seed()
+        self.folder = tmp_path_factory.mktemp(name)
+        self.hf = save_hf_model(config, self.folder, self.seed)
+        self.ours = build_model(load_model_files(self.folder), torch.float32,
+                                TorchAttentionBackend)
+        self.prompts = random_prompts(VOCAB_SIZE, lengths, self.seed)
+        self.references = [hf_reference(self.hf, p, MAX_TOKENS, before) for p in self.prompts]
+        self.label = f"tiny {name} (seed {self.seed})"
+
+
+@pytest.fixture(scope="module")
+def phi3(tmp_path_factory) -> Tiny:  # type: ignore[no-untyped-def]
+    return Tiny("phi3", phi3_config(), tmp_path_factory,
+                [5, 77, PHI3_ORIGINAL_CONTEXT - 10, 700])
+
+
+@pytest.fixture(scope="module")
+def gemma2(tmp_path_factory) -> Tiny:  # type: ignore[no-untyped-def]
+    return Tiny("gemma2", gemma2_config(), tmp_path_factory, [5, 77, 700])
+
+
+def reset_dynamic_rope(hf) -> None:  # type: ignore[no-untyped-def]
+    """HF's dynamic RoPE keeps the frequencies of the longest sequence it has seen until a
+    shorter-than-original one resets them; each reference prompt starts afresh."""
+    rotary = hf.model.rotary_emb
+    rotary.inv_freq = rotary.original_inv_freq.clone()
+    rotary.max_seq_len_cached = rotary.original_max_seq_len
+
+
+@pytest.fixture(scope="module")
+def llama_dynamic(tmp_path_factory) -> Tiny:  # type: ignore[no-untyped-def]
+    config = LlamaConfig(**{**COMMON, "max_position_embeddings": 128},
+                         rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    return Tiny("llama_dynamic", config, tmp_path_factory, [5, 110, 400],
+                before=reset_dynamic_rope)
+
+
+# -- Phi-3 --------------------------------------------------------------------------------
+
+
+def test_phi3_every_position_matches_hf(phi3: Tiny) -> None:
+    assert isinstance(phi3.ours.rotary_emb, ScaledRotaryEmbedding)
+    diff = check_every_position(phi3.ours, phi3.prompts, phi3.references, 64, phi3.seed,
+                                phi3.label)
+    print(f"\n{phi3.label}: every position within {diff:.2e}")
+
+
+def test_phi3_engine_with_chunks_and_preemption_matches_hf(phi3: Tiny) -> None:
+    max_model_len = 736
+    # A request holds at most its window and a chunk, 24 blocks; all four need 48.
+    blocks = 35
+    check_engine(phi3.folder, phi3.prompts, phi3.references, phi3.label,
+                 kv_cache_memory=blocks * bytes_per_block(phi3.ours, max_model_len),
+                 max_model_len=max_model_len)
+
+
+def test_phi3_tensor_parallel_matches_hf(phi3: Tiny) -> None:
+    check_tensor_parallel(phi3.folder, phi3.prompts, phi3.references, phi3.label, 736)
+
+
+# -- Gemma 2 ------------------------------------------------------------------------------
+
+
+def test_gemma2_every_position_matches_hf(gemma2: Tiny) -> None:
+    diff = check_every_position(gemma2.ours, gemma2.prompts, gemma2.references, 64,
+                                gemma2.seed, gemma2.label)
+    print(f"\n{gemma2.label}: every position within {diff:.2e}")
+
+
+def test_gemma2_engine_with_chunks_and_preemption_matches_hf(gemma2: Tiny) -> None:
+    max_model_len = 736
+    check_engine(gemma2.folder, gemma2.prompts, gemma2.references, gemma2.label,
+                 kv_cache_memory=60 * bytes_per_block(gemma2.ours, max_model_len),
+                 max_model_len=max_model_len)
+
+
+def test_soft_cap_is_refused_by_a_backend_without_it(gemma2: Tiny) -> None:
+    class NoCapBackend(TorchAttentionBackend):
+        name = "nocap"
+        supports_logits_soft_cap = False
+
+    with pytest.raises(ModelLoadError, match="the nocap attention backend does not soft-cap"):
+        build_model(load_model_files(gemma2.folder), torch.float32, NoCapBackend)
+
+
+# -- RoPE scalings on the Llama family ----------------------------------------------------
+
+
+def test_dynamic_rope_engine_matches_hf(llama_dynamic: Tiny) -> None:
+    tiny = llama_dynamic
+    check_every_position(tiny.ours, tiny.prompts, tiny.references, 48, tiny.seed, tiny.label)
+    check_engine(tiny.folder, tiny.prompts, tiny.references, tiny.label,
+                 kv_cache_memory=30 * bytes_per_block(tiny.ours, 448), max_model_len=448)
+
+
+def test_yarn_rope_every_position_matches_hf(tmp_path_factory) -> None:  # type: ignore[no-untyped-def]
+    config = Qwen2Config(**{**COMMON, "max_position_embeddings": 512},
+                         rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                       "original_max_position_embeddings": 128})
+    tiny = Tiny("qwen2_yarn", config, tmp_path_factory, [5, 300])
+    check_every_position(tiny.ours, tiny.prompts, tiny.references, 100, tiny.seed, tiny.label)
