@@ -28,16 +28,32 @@ from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from octavo import LLM
 from octavo.attention.torch_backend import TorchAttentionBackend
 from octavo.models.base import CausalLM
+from octavo.models.build import build_model
+from octavo.models.loader import load_model_files
 from octavo.request import Request
+from octavo.testing.seeds import draw_seed
 from octavo.worker.model_runner import ModelRunner
 
 from ..parallel.engines import generate
 from .models.test_models_parity import PagedDriver
 from .parity import TIE_GAP, compare, engine_greedy
-from .tiny_models import randomize_norms_and_biases, tiny_tokenizer
+from .tiny_models import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    VOCAB_SIZE,
+    randomize_norms_and_biases,
+    tiny_tokenizer,
+)
 
 ATOL = 1e-4
 BLOCK_SIZE = 16
+MAX_TOKENS = 32
+# The tiny models' shared sizes (each test module adds its architecture's own fields).
+COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+              initializer_range=0.1, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+              pad_token_id=PAD_ID, tie_word_embeddings=False)
 KV_BYTES_TP = 1 << 25  # per rank
 
 
@@ -143,12 +159,13 @@ def check_engine(folder: Path, prompts: list[list[int]], references: list[Refere
 
 
 def check_tensor_parallel(folder: Path, prompts: list[list[int]],
-                          references: list[Reference], label: str, max_model_len: int) -> None:
+                          references: list[Reference], label: str, max_model_len: int,
+                          **engine: object) -> None:
     """Two tensor-parallel ranks: greedy tokens as HF's (a divergence only at a tie), the
     prompt logprobs of HF's top tokens within ``ATOL``."""
     max_tokens = len(references[0].tokens)
     llm = LLM(str(folder), dtype="float32", kv_cache_memory=KV_BYTES_TP, seed=0,
-              max_model_len=max_model_len, tensor_parallel_size=2)
+              max_model_len=max_model_len, tensor_parallel_size=2, **engine)
     try:
         result = generate(llm, prompts, max_tokens)
     finally:
@@ -168,3 +185,19 @@ def check_tensor_parallel(folder: Path, prompts: list[list[int]],
     print(f"\n{label} TP=2: prompt logprob gap {gap:.2e}")
     assert gap < ATOL, f"{label} TP=2: prompt logprobs {gap:.2e} from HF's"
 
+
+class Tiny:
+    """A tiny model's folder, HF model, our fp32 model, prompts and HF's reference runs,
+    built once per test module (its fixture)."""
+
+    def __init__(self, name: str, config: PretrainedConfig, folder: Path, lengths: list[int],
+                 before: Callable[[PreTrainedModel], None] | None = None) -> None:
+        """``lengths``: of the prompts; ``before``: ``hf_reference``'s."""
+        self.name = name
+        self.seed = draw_seed()
+        self.folder = folder
+        self.hf = save_hf_model(config, folder, self.seed)
+        self.ours = build_model(load_model_files(folder), torch.float32, TorchAttentionBackend)
+        self.prompts = random_prompts(VOCAB_SIZE, lengths, self.seed)
+        self.references = [hf_reference(self.hf, p, MAX_TOKENS, before) for p in self.prompts]
+        self.label = f"tiny {name} (seed {self.seed})"

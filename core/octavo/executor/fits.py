@@ -19,8 +19,14 @@ def check_model_fits(config: EngineConfig, hf_config: dict, source: str | Path) 
         return
     arch = ArchConfig.from_hf(hf_config, source)
     sliced = [(arch.num_attention_heads, "attention heads")]
-    if not (parallel.enable_expert_parallel and arch.num_experts):  # EP: whole experts
+    moe = arch.moe
+    if moe is None or not all(moe.layers):  # dense MLPs
         sliced.append((arch.intermediate_size, "MLP features"))
+    if moe is not None:
+        if not parallel.enable_expert_parallel:  # EP: whole experts
+            sliced.append((moe.intermediate_size, "expert MLP features"))
+        if moe.shared_intermediate_size:
+            sliced.append((moe.shared_intermediate_size, "shared-expert MLP features"))
     problems = [f"its {count} {what} do not divide by tensor_parallel_size={tp}"
                 for count, what in sliced if count % tp]
     kv = arch.num_key_value_heads

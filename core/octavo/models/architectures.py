@@ -15,10 +15,12 @@ from octavo.models.llama import (
 )
 from octavo.models.mixtral import MixtralForCausalLM
 from octavo.models.phi3 import Phi3ForCausalLM
+from octavo.models.qwen_moe import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 
 BUILTIN_ARCHITECTURES: dict[str, type[CausalLM]] = {
     model.__name__: model for model in (LlamaForCausalLM, MistralForCausalLM,
                                          Qwen2ForCausalLM, Qwen3ForCausalLM,
                                          MixtralForCausalLM, Gemma3ForCausalLM,
-                                         Gemma2ForCausalLM, Phi3ForCausalLM, BertModel)
+                                         Gemma2ForCausalLM, Phi3ForCausalLM,
+                                         Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, BertModel)
 }

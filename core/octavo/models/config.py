@@ -30,6 +30,9 @@ MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
         "rope_local_base_freq": 10_000.0, "sliding_window": 4096, "sliding_window_pattern": 6,
         "query_pre_attn_scalar": 256, "tie_word_embeddings": True,
     },
+    # Qwen's MoE configs (and HF's classes) leave the top-k weights as they are by default.
+    "qwen2_moe": {"norm_topk_prob": False, "qkv_bias": True, "decoder_sparse_step": 1},
+    "qwen3_moe": {"norm_topk_prob": False, "decoder_sparse_step": 1},
     # Phi3Config's pre-training context, which its longrope reads.
     "phi3": {"original_max_position_embeddings": 4096},
     # Gemma2Config: every other layer local (the first one), both kinds soft-capped.
@@ -78,6 +81,28 @@ class RopeConfig:
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """A mixture of experts' shape and routing, in every family's dialect (Mixtral's
+    ``num_local_experts``; Qwen's ``num_experts``, shared expert and sparse steps;
+    DeepSeek's ``n_routed_experts``, shared experts, dense first layers and groups)."""
+
+    num_experts: int
+    top_k: int  # num_experts_per_tok
+    intermediate_size: int  # of each routed expert (moe_intermediate_size)
+    layers: tuple[bool, ...]  # per decoder layer: whether its MLP is the mixture
+    renormalize: bool = True  # the top-k weights divided by their sum (norm_topk_prob)
+    # Experts every token runs (Qwen: one of shared_expert_intermediate_size; DeepSeek:
+    # n_shared_experts of moe_intermediate_size, as one MLP); 0: none.
+    shared_intermediate_size: int = 0
+    shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(gate(x)) scales the shared one
+    # DeepSeek's group-limited top-k: experts in num_groups groups, the top_k chosen among
+    # the topk_groups groups with the best expert; and a factor on the routing weights.
+    num_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+
+
+@dataclass(frozen=True)
 class ArchConfig:
     """The fields of an HF config that the Llama-family, Mixtral, Gemma 3 and BERT models
     read."""
@@ -97,10 +122,13 @@ class ArchConfig:
     # Per layer: the attention window in tokens (a token sees itself and the window - 1
     # tokens before it, as HF's sliding-window mask), or None for full attention.
     sliding_windows: tuple[int | None, ...]
-    # Mixture of experts; num_experts == 0 for dense models.
+    # Mixture of experts (None: a dense model); num_experts == 0 for dense models.
     num_experts: int = 0
     num_experts_per_tok: int = 0
+    moe: MoEConfig | None = None
     hidden_act: str = "silu"
+    # Qwen2-MoE's q/k/v biases (its config says qkv_bias, o_proj has none).
+    qkv_bias: bool = False
     # The sliding-window layers' own RoPE where it differs from ``rope`` (Gemma 3's local
     # base frequency); None: every layer uses ``rope``.
     local_rope: RopeConfig | None = None
@@ -142,10 +170,12 @@ class ArchConfig:
             raise reader.error("position_embedding_type", f"{position_type!r} is not "
                                                           "supported (only 'absolute')")
         rope, local_rope = _ropes(reader)
+        intermediate_size = reader.positive_int("intermediate_size")
+        moe = _moe(reader, num_layers, intermediate_size)
         return cls(
             vocab_size=reader.positive_int("vocab_size"),
             hidden_size=hidden_size,
-            intermediate_size=reader.positive_int("intermediate_size"),
+            intermediate_size=intermediate_size,
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=reader.optional("num_key_value_heads", None) or num_heads,
@@ -156,9 +186,11 @@ class ArchConfig:
             attention_bias=bool(reader.optional("attention_bias", False)),
             mlp_bias=bool(reader.optional("mlp_bias", False)),
             sliding_windows=_sliding_windows(reader, num_layers),
-            num_experts=int(reader.optional("num_local_experts", 0)),
-            num_experts_per_tok=int(reader.optional("num_experts_per_tok", 0)),
+            num_experts=0 if moe is None else moe.num_experts,
+            num_experts_per_tok=0 if moe is None else moe.top_k,
+            moe=moe,
             hidden_act=activation,
+            qkv_bias=bool(reader.optional("qkv_bias", False)),
             local_rope=local_rope,
             query_pre_attn_scalar=reader.optional_float("query_pre_attn_scalar"),
             attn_logit_softcapping=reader.optional_float("attn_logit_softcapping"),
@@ -271,6 +303,51 @@ def _longrope_factors(reader: _Reader, key: str, params: dict[str, Any],
     if len(factors["short_factor"]) != len(factors["long_factor"]):
         raise reader.error(key, "longrope's short_factor and long_factor differ in length")
     return factors
+
+
+def _moe(reader: _Reader, num_layers: int, intermediate_size: int) -> MoEConfig | None:
+    """The mixture of experts a config describes, None for a dense model. Which layers are
+    sparse, as each family's HF modelling decides: DeepSeek's from first_k_dense_replace on;
+    Qwen's every decoder_sparse_step-th but mlp_only_layers; Jamba's every
+    expert_layer_period-th from expert_layer_offset; Mixtral's all."""
+    key = next((k for k in ("n_routed_experts", "num_local_experts", "num_experts")
+                if reader.optional(k, 0)), None)
+    if key is None:
+        return None
+    num_experts = int(reader.raw[key])
+    top_k = int(reader.optional("num_experts_per_tok", 0))
+    if not 1 <= top_k <= num_experts:
+        raise reader.error("num_experts_per_tok", f"must be in 1..{num_experts} ({key}), "
+                                                  f"got {top_k}")
+    layers = range(num_layers)
+    moe_size = int(reader.optional("moe_intermediate_size", 0)) or intermediate_size
+    if key == "n_routed_experts":  # DeepSeek
+        first_sparse = int(reader.optional("first_k_dense_replace", 0))
+        groups = (int(reader.optional("n_group", 1)), int(reader.optional("topk_group", 1)))
+        if reader.optional("topk_method", "greedy") == "greedy":
+            groups = (1, 1)
+        if num_experts % groups[0] or not 1 <= groups[1] <= groups[0]:
+            raise reader.error("n_group", f"{num_experts} experts in {groups[0]} groups, "
+                                          f"top {groups[1]} of them: not a valid split")
+        # HF's DeepSeek-V2 router never renormalises (whatever norm_topk_prob says).
+        return MoEConfig(num_experts, top_k, moe_size, tuple(i >= first_sparse for i in layers),
+                         renormalize=False, num_groups=groups[0], topk_groups=groups[1],
+                         shared_intermediate_size=moe_size * int(
+                             reader.optional("n_shared_experts", 0)),
+                         routed_scaling_factor=float(
+                             reader.optional("routed_scaling_factor", 1.0)))
+    if "expert_layer_period" in reader.raw:  # Jamba
+        period = int(reader.raw["expert_layer_period"])
+        offset = int(reader.optional("expert_layer_offset", 0))
+        return MoEConfig(num_experts, top_k, moe_size,
+                         tuple(i % period == offset for i in layers), renormalize=False)
+    dense = set(reader.optional("mlp_only_layers", []))
+    step = int(reader.optional("decoder_sparse_step", 1))
+    shared = int(reader.optional("shared_expert_intermediate_size", 0))
+    return MoEConfig(num_experts, top_k, moe_size,
+                     tuple(i not in dense and (i + 1) % step == 0 for i in layers),
+                     renormalize=bool(reader.optional("norm_topk_prob", True)),
+                     shared_intermediate_size=shared, shared_expert_gate=shared > 0)
 
 
 def _sliding_windows(reader: _Reader, num_layers: int) -> tuple[int | None, ...]:

@@ -262,11 +262,13 @@ class LlamaForCausalLM(CausalLM):
         config = self.config
         return LlamaDecoderLayer.build(
             config, self.attn_backend, sliding_window=config.sliding_windows[index],
-            qkv_bias=self.qkv_bias or config.attention_bias, qk_norm=self.qk_norm,
-            rotary_emb=self.rotary_emb, mlp=self.make_mlp())
+            qkv_bias=self.qkv_bias or config.qkv_bias or config.attention_bias,
+            qk_norm=self.qk_norm, rotary_emb=self.rotary_emb, mlp=self.make_mlp(index))
 
-    def make_mlp(self) -> nn.Module:
-        """The feed-forward block of a layer (a mixture of experts in MoE subclasses)."""
+    def make_mlp(self, index: int) -> nn.Module:
+        """The feed-forward block of layer ``index`` (a mixture of experts in MoE
+        subclasses)."""
+        del index  # every layer's is the same
         return LlamaMLP.of(self.config)
 
     def forward(

@@ -29,7 +29,7 @@ def test_splits_that_fit(hf: dict, kwargs: dict) -> None:
 
 def test_expert_parallel_needs_whole_experts_not_sliced_features() -> None:
     sliced = EngineConfig.from_kwargs(tensor_parallel_size=4)
-    with pytest.raises(ConfigError, match="98 MLP features do not divide"):
+    with pytest.raises(ConfigError, match="98 expert MLP features do not divide"):
         check_model_fits(sliced, MIXTRAL, "m")
     whole = EngineConfig.from_kwargs(tensor_parallel_size=4, enable_expert_parallel=True)
     with pytest.raises(ConfigError, match="6 experts do not divide") as refused:

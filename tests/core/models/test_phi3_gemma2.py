@@ -17,27 +17,19 @@ from octavo.attention.torch_backend import TorchAttentionBackend
 from octavo.models.build import build_model
 from octavo.models.layers.rotary import ScaledRotaryEmbedding
 from octavo.models.loader import ModelLoadError, load_model_files
-from octavo.testing.seeds import draw_seed
 from tests.core.arch_parity import (
+    COMMON,
+    Tiny,
     bytes_per_block,
     check_engine,
     check_every_position,
     check_tensor_parallel,
-    hf_reference,
-    random_prompts,
-    save_hf_model,
 )
-from tests.core.tiny_models import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-MAX_TOKENS = 32
 PHI3_ORIGINAL_CONTEXT = 256
 PHI3_WINDOW = 300
-COMMON = dict(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-              initializer_range=0.1, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
-              pad_token_id=PAD_ID, tie_word_embeddings=False)
 HALF_HEAD = 8  # longrope factors: one per rotated frequency of a 16-dim head
 
 
@@ -57,31 +49,15 @@ def gemma2_config() -> Gemma2Config:
                         attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
 
 
-class Tiny:
-    """A tiny model's folder, HF model, our fp32 model and HF's reference runs."""
-
-    def __init__(self, name: str, config, tmp_path_factory, lengths: list[int],  # type: ignore[no-untyped-def]
-                 before=None) -> None:  # type: ignore[no-untyped-def]
-        self.name = name
-        self.seed = draw_seed()
-        self.folder = tmp_path_factory.mktemp(name)
-        self.hf = save_hf_model(config, self.folder, self.seed)
-        self.ours = build_model(load_model_files(self.folder), torch.float32,
-                                TorchAttentionBackend)
-        self.prompts = random_prompts(VOCAB_SIZE, lengths, self.seed)
-        self.references = [hf_reference(self.hf, p, MAX_TOKENS, before) for p in self.prompts]
-        self.label = f"tiny {name} (seed {self.seed})"
-
-
 @pytest.fixture(scope="module")
 def phi3(tmp_path_factory) -> Tiny:  # type: ignore[no-untyped-def]
-    return Tiny("phi3", phi3_config(), tmp_path_factory,
+    return Tiny("phi3", phi3_config(), tmp_path_factory.mktemp("phi3"),
                 [5, 77, PHI3_ORIGINAL_CONTEXT - 10, 700])
 
 
 @pytest.fixture(scope="module")
 def gemma2(tmp_path_factory) -> Tiny:  # type: ignore[no-untyped-def]
-    return Tiny("gemma2", gemma2_config(), tmp_path_factory, [5, 77, 700])
+    return Tiny("gemma2", gemma2_config(), tmp_path_factory.mktemp("gemma2"), [5, 77, 700])
 
 
 def reset_dynamic_rope(hf) -> None:  # type: ignore[no-untyped-def]
@@ -96,8 +72,8 @@ def reset_dynamic_rope(hf) -> None:  # type: ignore[no-untyped-def]
 def llama_dynamic(tmp_path_factory) -> Tiny:  # type: ignore[no-untyped-def]
     config = LlamaConfig(**{**COMMON, "max_position_embeddings": 128},
                          rope_scaling={"rope_type": "dynamic", "factor": 4.0})
-    return Tiny("llama_dynamic", config, tmp_path_factory, [5, 110, 400],
-                before=reset_dynamic_rope)
+    return Tiny("llama_dynamic", config, tmp_path_factory.mktemp("llama_dynamic"),
+                [5, 110, 400], before=reset_dynamic_rope)
 
 
 # -- Phi-3 --------------------------------------------------------------------------------
@@ -162,5 +138,5 @@ def test_yarn_rope_every_position_matches_hf(tmp_path_factory) -> None:  # type:
     config = Qwen2Config(**{**COMMON, "max_position_embeddings": 512},
                          rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                        "original_max_position_embeddings": 128})
-    tiny = Tiny("qwen2_yarn", config, tmp_path_factory, [5, 300])
+    tiny = Tiny("qwen2_yarn", config, tmp_path_factory.mktemp("qwen2_yarn"), [5, 300])
     check_every_position(tiny.ours, tiny.prompts, tiny.references, 100, tiny.seed, tiny.label)

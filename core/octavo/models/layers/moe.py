@@ -34,14 +34,48 @@ ExpertKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                         torch.Tensor]
 
 
-def select_experts(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mixtral routing: softmax over all experts (fp32), keep the top ``k``, renormalise.
+@dataclass(frozen=True)
+class Routing:
+    """How a router's scores become each token's experts and weights."""
+
+    top_k: int
+    renormalize: bool = True  # divide the top-k weights by their sum (Mixtral, norm_topk_prob)
+    # Group-limited top-k (DeepSeek-V2): the experts form num_groups equal groups; a token
+    # picks its top_k among the topk_groups groups whose best expert scores highest.
+    num_groups: int = 1
+    topk_groups: int = 1
+    scaling: float = 1.0  # the weights' factor (DeepSeek's routed_scaling_factor)
+
+
+def select_experts(router_logits: torch.Tensor, routing: Routing | int,
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over all experts (fp32), keep the top ``k`` (within the best groups where
+    ``routing`` has groups), renormalise and scale as ``routing`` says; an int is Mixtral's
+    routing with that ``k``.
 
     Returns ``(weights [T, k] fp32, expert_ids [T, k])``.
     """
+    if isinstance(routing, int):
+        routing = Routing(routing)
     probs = torch.softmax(router_logits.float(), dim=-1)
-    weights, expert_ids = torch.topk(probs, top_k, dim=-1)
-    return weights / weights.sum(dim=-1, keepdim=True), expert_ids
+    if routing.num_groups > 1:
+        probs = _keep_best_groups(probs, routing.num_groups, routing.topk_groups)
+    weights, expert_ids = torch.topk(probs, routing.top_k, dim=-1)
+    if routing.renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if routing.scaling != 1.0:
+        weights = weights * routing.scaling
+    return weights, expert_ids
+
+
+def _keep_best_groups(probs: torch.Tensor, num_groups: int, keep: int) -> torch.Tensor:
+    """``probs [T, E]`` with every expert outside each token's ``keep`` best groups (by
+    their best expert) zeroed, as HF's DeepSeek-V2 router masks them."""
+    grouped = probs.view(len(probs), num_groups, -1)
+    best = torch.topk(grouped.amax(dim=-1), keep, dim=-1).indices
+    mask = torch.zeros(len(probs), num_groups, dtype=torch.bool, device=probs.device)
+    mask.scatter_(1, best, True)
+    return grouped.masked_fill(~mask[:, :, None], 0.0).view_as(probs)
 
 
 @dataclass(frozen=True)
