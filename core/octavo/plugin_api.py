@@ -28,6 +28,8 @@ if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
     from octavo.attention.base import AttentionBackend as AttentionBackend
     from octavo.attention.base import AttentionImpl as AttentionImpl
     from octavo.attention.base import AttentionMetadata as AttentionMetadata
+    from octavo.attention.base import MLADims as MLADims
+    from octavo.attention.base import MLAImpl as MLAImpl
     from octavo.attention.base import TokenTrees as TokenTrees
     from octavo.attention.torch_backend import TorchAttentionBackend as TorchAttentionBackend
     from octavo.attention.torch_backend import TorchAttentionImpl as TorchAttentionImpl
@@ -134,6 +136,8 @@ _EXPORTS: dict[str, str] = {
     "AttentionImpl": "octavo.attention.base:AttentionImpl",
     "AttentionMetadata": "octavo.attention.base:AttentionMetadata",
     "TokenTrees": "octavo.attention.base:TokenTrees",
+    "MLAImpl": "octavo.attention.base:MLAImpl",  # a backend's latent attention (DeepSeek)
+    "MLADims": "octavo.attention.base:MLADims",
     "TorchAttentionBackend": "octavo.attention.torch_backend:TorchAttentionBackend",
     "TorchAttentionImpl": "octavo.attention.torch_backend:TorchAttentionImpl",
     # models

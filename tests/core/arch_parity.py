@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
@@ -29,7 +30,7 @@ from octavo import LLM
 from octavo.attention.torch_backend import TorchAttentionBackend
 from octavo.models.base import CausalLM
 from octavo.models.build import build_model
-from octavo.models.loader import load_model_files
+from octavo.models.loader import ModelLoadError, load_model_files
 from octavo.request import Request
 from octavo.testing.seeds import draw_seed
 from octavo.worker.model_runner import ModelRunner
@@ -182,8 +183,8 @@ def check_tensor_parallel(folder: Path, prompts: list[list[int]],
         for position, top in enumerate(result.prompt_logprobs[i]):
             gap = max(gap, max(abs(value - logprobs[position, token].item())
                                for token, value in top.items()))
-    print(f"\n{label} TP=2: prompt logprob gap {gap:.2e}")
-    assert gap < ATOL, f"{label} TP=2: prompt logprobs {gap:.2e} from HF's"
+    print(f"\n{label} TP=2 {engine or ''}: prompt logprob gap {gap:.2e}")
+    assert gap < ATOL, f"{label} TP=2 {engine or ''}: prompt logprobs {gap:.2e} from HF's"
 
 
 class Tiny:
@@ -201,3 +202,12 @@ class Tiny:
         self.prompts = random_prompts(VOCAB_SIZE, lengths, self.seed)
         self.references = [hf_reference(self.hf, p, MAX_TOKENS, before) for p in self.prompts]
         self.label = f"tiny {name} (seed {self.seed})"
+
+
+def check_backend_refuses(folder: Path, lacking: dict[str, object], message: str) -> None:
+    """Building the model on the torch backend without a capability (``lacking``: the
+    class attributes that say so) fails with ``message``, naming the backend."""
+    backend = type("LackingBackend", (TorchAttentionBackend,), {"name": "lacking", **lacking})
+    with pytest.raises(ModelLoadError, match=f"the lacking attention backend {message}"):
+        build_model(load_model_files(folder), torch.float32, backend)
+

@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 
 from octavo import LLM, SamplingParams
+from octavo.models.layers.rotary import ScaledRotaryEmbedding
 from octavo.testing.seeds import draw_seed
 from octavo_triton.layers import TritonRMSNorm, TritonRotaryEmbedding, use_triton_layers
+from tests.core.arch_parity import save_hf_model
+from tests.core.models.test_deepseek_v2 import MODELS as DEEPSEEK_V2
 from tests.core.tiny_models import save_tiny_model
 
 from .helpers import DEVICE
@@ -41,7 +44,8 @@ def generate(folder: Path, attention_backend: str) -> list[list[int]]:
         model = llm.llm_engine.core.executor.worker.runner.model
         use_triton_layers(model)
         assert any(isinstance(m, TritonRMSNorm) for m in model.modules())
-        assert any(isinstance(m, TritonRotaryEmbedding) for m in model.modules())
+        assert any(isinstance(m, TritonRotaryEmbedding | ScaledRotaryEmbedding)
+                   for m in model.modules())
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
     return [list(out.outputs[0].token_ids) for out in outputs]
 
@@ -55,6 +59,16 @@ def test_same_greedy_tokens_as_torch_backend(tmp_path: Path, arch: str) -> None:
     want = generate(tmp_path, "torch")
     got = generate(tmp_path, "triton")
     assert got == want, f"{arch} seed {seed}"
+
+
+def test_latent_attention_same_greedy_tokens_as_torch_backend(tmp_path: Path) -> None:
+    """DeepSeek-V2's latent attention on the paged kernel (absorbed queries over the latent
+    rows): prompt chunks, decodes and prefix hits as above."""
+    seed = draw_seed()
+    save_hf_model(DEEPSEEK_V2["deepseek_v2"], tmp_path, seed)
+    want = generate(tmp_path, "torch")
+    got = generate(tmp_path, "triton")
+    assert got == want, f"deepseek_v2 seed {seed}"
 
 
 @pytest.mark.skipif(DEVICE.type == "cuda", reason="the interpreter is for machines without GPU")

@@ -115,6 +115,60 @@ class AttentionImpl(ABC):
         every query token's attention over its request's context (module docstring)."""
 
 
+@dataclass(frozen=True)
+class MLADims:
+    """One multi-head latent attention layer's sizes on this rank (``num_heads``: its share
+    of the heads; the latent is whole on every rank)."""
+
+    num_heads: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    kv_lora_rank: int
+
+    @property
+    def latent_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+
+class MLAImpl(ABC):
+    """One multi-head latent attention layer's computation (DeepSeek-V2), built by
+    :meth:`AttentionBackend.make_mla_impl`. Its KV cache holds one latent row per token
+    (``[num_blocks, block_size, kv_lora_rank + qk_rope_head_dim]``: the normalised latent,
+    then the rotated key part); ``kv_b_proj`` maps a latent to each head's key part without
+    position (``qk_nope_head_dim``) and value (``v_head_dim``), heads one after another.
+    Keys are ``[k_nope, k_pe]`` per head, ``k_pe`` shared by all heads."""
+
+    def __init__(self, dims: MLADims, scale: float, kv_b_proj: torch.nn.Module) -> None:
+        self.dims = dims
+        self.scale = scale
+        self.kv_b_proj = kv_b_proj
+
+    def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kv_b_proj``'s weight as each head's key block ``[heads, qk_nope_head_dim,
+        kv_lora_rank]`` and value block ``[heads, v_head_dim, kv_lora_rank]`` (views): what
+        the absorbed form multiplies queries and latent outputs by."""
+        dims = self.dims
+        weight = self.kv_b_proj.weight
+        assert isinstance(weight, torch.Tensor)
+        weight = weight.view(dims.num_heads, -1, dims.kv_lora_rank)
+        w_uk, w_uv = weight.split([dims.qk_nope_head_dim, dims.v_head_dim], dim=1)
+        return w_uk, w_uv
+
+    @abstractmethod
+    def forward(
+        self,
+        q_nope: torch.Tensor,  # [T, heads, qk_nope_head_dim]
+        q_pe: torch.Tensor,  # [T, heads, qk_rope_head_dim], rotated
+        latent: torch.Tensor,  # [T, kv_lora_rank], normalised
+        k_pe: torch.Tensor,  # [T, qk_rope_head_dim], rotated
+        kv_cache: torch.Tensor,  # [num_blocks, block_size, latent_dim]
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, heads, v_head_dim]
+        """Write the step's latent rows into their slots, then return every query token's
+        attention over its request's context, as the module docstring's contract says."""
+
+
 class AttentionBackend(ABC):
     """A family of attention kernels, registered by name through
     ``octavo_register_attention_backends``. The contract is the module docstring's; the
@@ -129,6 +183,8 @@ class AttentionBackend(ABC):
     supports_token_trees: ClassVar[bool] = False
     # Whether its impls soft-cap attention scores (``AttentionImpl.logits_soft_cap``).
     supports_logits_soft_cap: ClassVar[bool] = False
+    # What make_mla_impl builds; None: the backend has no latent attention.
+    mla_impl_cls: ClassVar[type[MLAImpl] | None] = None
 
     @staticmethod
     def kv_cache_shape(
@@ -156,6 +212,22 @@ class AttentionBackend(ABC):
         impl = cls.impl_cls(num_heads, head_dim, scale, num_kv_heads, sliding_window)
         impl.logits_soft_cap = logits_soft_cap
         return impl
+
+    @staticmethod
+    def mla_kv_cache_shape(num_blocks: int, block_size: int, latent_dim: int,
+                           ) -> tuple[int, ...]:
+        """One latent attention layer's cache: a latent row per slot."""
+        return (num_blocks, block_size, latent_dim)
+
+    @classmethod
+    def make_mla_impl(cls, dims: MLADims, scale: float, kv_b_proj: torch.nn.Module,
+                      ) -> MLAImpl:
+        """One latent attention layer's impl, refused (naming the backend) where it has
+        none."""
+        if cls.mla_impl_cls is None:
+            raise ValueError(f"the {cls.name} attention backend has no multi-head latent "
+                             "attention (MLA); use --attention-backend torch")
+        return cls.mla_impl_cls(dims, scale, kv_b_proj)
 
     @staticmethod
     def move_kv(kv_cache: torch.Tensor, src_slots: torch.Tensor, dst_slots: torch.Tensor,

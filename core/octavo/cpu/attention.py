@@ -11,7 +11,8 @@ attention done by the fused C kernels (``octavo.cpu.kernels``) straight from the
   merges the two (FlashInfer's and vLLM's cascade attention).
 
 Sliding windows, soft-capped scores and fp32 stay on the portable path, which computes the
-same attention.
+same attention. Latent attention (``CpuMLAImpl``) decodes on the same decode kernel, its
+latent rows serving as keys and values.
 """
 
 from __future__ import annotations
@@ -21,13 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from octavo.attention.base import AttentionMetadata
-from octavo.attention.torch_backend import (
-    DecodeBatch,
-    StepPlan,
-    TorchAttentionBackend,
-    TorchAttentionImpl,
-    context_slots,
-)
+from octavo.attention.step_plan import DecodeBatch, StepPlan, context_slots
+from octavo.attention.torch_backend import TorchAttentionBackend, TorchAttentionImpl
+from octavo.attention.torch_mla import TorchMLAImpl
 from octavo.cpu import kernels
 
 # Cascade attention pays off when many rows share a long prefix: it replaces one pass over
@@ -140,6 +137,20 @@ class CpuAttentionImpl(TorchAttentionImpl):
                                   self.scale)
 
 
+class CpuMLAImpl(TorchMLAImpl):
+    """bf16 latent attention with the decode rows on the fused decode kernel: multi-query
+    attention over the latent rows as keys and values (``TorchMLAImpl``'s docstring)."""
+
+    def _latent_decode(self, queries: torch.Tensor, rows: torch.Tensor, decode: DecodeBatch,
+                       plan: StepPlan) -> torch.Tensor:
+        if not kernels.usable(queries, rows):
+            return super()._latent_decode(queries, rows, decode, plan)
+        return kernels.decode_attention(queries.contiguous(), rows, decode.slots,
+                                        decode.seq_lens.view(-1).contiguous(), decode.max_len,
+                                        1, self.scale, values_are_keys=True)
+
+
 class CpuAttentionBackend(TorchAttentionBackend):
     name = "cpu"
     impl_cls = CpuAttentionImpl
+    mla_impl_cls = CpuMLAImpl

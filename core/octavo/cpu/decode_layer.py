@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from octavo.attention.base import AttentionMetadata
-from octavo.attention.torch_backend import build_plan
+from octavo.attention.step_plan import build_plan
 from octavo.cpu import kernels
 from octavo.cpu.attention import CpuAttentionImpl, decode_rows
 from octavo.cpu.gemm import CpuGemm

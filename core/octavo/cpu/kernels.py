@@ -319,11 +319,15 @@ class PrefixState:
 
 def decode_attention(q: torch.Tensor, cache_rows: torch.Tensor, slots: torch.Tensor,
                      seq_lens: torch.Tensor, max_len: int, num_kv_heads: int,
-                     scale: float, prefix: PrefixState | None = None) -> torch.Tensor:
+                     scale: float, prefix: PrefixState | None = None,
+                     values_are_keys: bool = False) -> torch.Tensor:
     """One query token per request (``q`` [B, heads, D]) over its context in the paged
     cache (``cache_rows`` [2, slots, kv_heads * D]); ``slots`` [B * max_len] int64,
     ``seq_lens`` [B] int64. With ``prefix``, the positions given follow a prefix the rows
-    share, whose part ``prefix`` holds: both parts make the output."""
+    share, whose part ``prefix`` holds: both parts make the output. ``values_are_keys``:
+    ``cache_rows`` is one plane [slots, kv_heads * D] whose rows are the values too (a
+    latent attention cache): the kernel finds the values ``num_slots`` rows after the keys,
+    and is told 0."""
     batch, num_heads, head_dim = q.shape
     assert q.stride()[1:] == (head_dim, 1) and cache_rows.is_contiguous()
     assert slots.is_contiguous() and seq_lens.is_contiguous()
@@ -331,7 +335,8 @@ def decode_attention(q: torch.Tensor, cache_rows: torch.Tensor, slots: torch.Ten
     shared = (None, None, None) if prefix is None else (
         prefix.maxes.data_ptr(), prefix.sums.data_ptr(), prefix.outputs.data_ptr())
     library().octavo_decode_attention(out.data_ptr(), q.data_ptr(), cache_rows.data_ptr(),
-                                      cache_rows.shape[1], slots.data_ptr(),
+                                      0 if values_are_keys else cache_rows.shape[1],
+                                      slots.data_ptr(),
                                       seq_lens.data_ptr(), batch, max_len, num_heads,
                                       num_kv_heads, head_dim, q.stride(0), scale, *shared)
     return out

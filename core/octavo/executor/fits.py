@@ -53,3 +53,12 @@ def check_model_features(config: EngineConfig, hf_config: dict, source: str | Pa
         raise ConfigError(f"{source}: speculative decoding (--speculative-config) does not "
                           f"support the {length_dependent[0]} RoPE scaling (its frequencies "
                           "depend on each sequence's length, which drafts do not carry)")
+    if arch.mla is not None:
+        # Drafts' caches and the connectors move keys and values by KV head.
+        for what, used in (("speculative decoding (--speculative-config)",
+                            config.speculative is not None),
+                           ("a KV connector (--kv-transfer-config)",
+                            config.kv_transfer is not None)):
+            if used:
+                raise ConfigError(f"{source}: multi-head latent attention (its KV cache "
+                                  f"holds one latent per token) does not support {what}")

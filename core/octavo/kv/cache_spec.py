@@ -50,6 +50,30 @@ KVCacheSpec = FullAttentionSpec | SlidingWindowSpec
 
 
 @dataclass(frozen=True)
+class MLASpec:
+    """A multi-head latent attention layer (DeepSeek-V2/V3): each token keeps one latent of
+    ``kv_lora_rank + qk_rope_head_dim`` values for all its heads - the compressed keys and
+    values and the rotated key part - instead of a key and a value per KV head. Its blocks
+    are allocated as full attention's (every token needs its slot); only the page differs,
+    which is what the KV budget buys: ``page_bytes`` a block."""
+
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+
+    @property
+    def latent_dim(self) -> int:
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    def page_bytes(self, block_size: int, dtype_bytes: int) -> int:
+        """One layer's page of one block."""
+        return block_size * self.latent_dim * dtype_bytes
+
+    def describe(self) -> str:
+        return (f"multi-head latent attention, {self.kv_lora_rank} + {self.qk_rope_head_dim} "
+                "values per token")
+
+
+@dataclass(frozen=True)
 class KVCacheGroup:
     """Layers (model-wide indices, ascending) with one spec; ``layers[j]`` uses KV tensor j."""
 

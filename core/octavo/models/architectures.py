@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from octavo.models.base import CausalLM
 from octavo.models.bert import BertModel
+from octavo.models.deepseek_v2 import DeepseekV2ForCausalLM
 from octavo.models.gemma2 import Gemma2ForCausalLM
 from octavo.models.gemma3 import Gemma3ForCausalLM
 from octavo.models.llama import (
@@ -22,5 +23,6 @@ BUILTIN_ARCHITECTURES: dict[str, type[CausalLM]] = {
                                          Qwen2ForCausalLM, Qwen3ForCausalLM,
                                          MixtralForCausalLM, Gemma3ForCausalLM,
                                          Gemma2ForCausalLM, Phi3ForCausalLM,
-                                         Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, BertModel)
+                                         Qwen2MoeForCausalLM, Qwen3MoeForCausalLM,
+                                         DeepseekV2ForCausalLM, BertModel)
 }

@@ -36,6 +36,7 @@ from torch import nn
 
 from octavo.attention.base import AttentionBackend, AttentionMetadata
 from octavo.distributed.state import RankInfo, get_parallel_state
+from octavo.kv.cache_spec import MLASpec
 from octavo.models.config import ArchConfig
 from octavo.models.layers.embedding import ParallelLMHead
 from octavo.models.layers.norm import RMSNorm
@@ -165,6 +166,22 @@ class CausalLM(nn.Module):
     @property
     def head_dim(self) -> int:
         return self.config.head_dim
+
+    @property
+    def mla_spec(self) -> MLASpec | None:
+        """The latent a multi-head latent attention model caches per token (its layers'
+        ``MLAImpl``), None for key/value heads."""
+        return None
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """One layer's KV tensor on this rank: the backend's shape for this rank's key/value
+        heads, or for a latent attention model for its latent."""
+        spec = self.mla_spec
+        if spec is not None:
+            return self.attn_backend.mla_kv_cache_shape(num_blocks, block_size,
+                                                        spec.latent_dim)
+        return self.attn_backend.kv_cache_shape(num_blocks, block_size, self.num_kv_heads,
+                                                self.head_dim)
 
     @property
     def uses_rope_lengths(self) -> bool:

@@ -103,6 +103,24 @@ class MoEConfig:
 
 
 @dataclass(frozen=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3): keys and values come from one latent
+    per token, ``kv_lora_rank`` wide, through ``kv_b_proj``; a ``qk_rope_head_dim`` key part
+    carries the position, shared by every head. Queries are projected directly
+    (``q_lora_rank`` None, V2-Lite) or through a low-rank ``q_a_proj``/``q_b_proj`` pair."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
 class ArchConfig:
     """The fields of an HF config that the Llama-family, Mixtral, Gemma 3 and BERT models
     read."""
@@ -129,6 +147,9 @@ class ArchConfig:
     hidden_act: str = "silu"
     # Qwen2-MoE's q/k/v biases (its config says qkv_bias, o_proj has none).
     qkv_bias: bool = False
+    # Multi-head latent attention (None: q/k/v heads). ``head_dim`` is then its rotated
+    # key part, as HF's DeepSeek config sets it.
+    mla: MLAConfig | None = None
     # The sliding-window layers' own RoPE where it differs from ``rope`` (Gemma 3's local
     # base frequency); None: every layer uses ``rope``.
     local_rope: RopeConfig | None = None
@@ -172,6 +193,7 @@ class ArchConfig:
         rope, local_rope = _ropes(reader)
         intermediate_size = reader.positive_int("intermediate_size")
         moe = _moe(reader, num_layers, intermediate_size)
+        mla = _mla(reader)
         return cls(
             vocab_size=reader.positive_int("vocab_size"),
             hidden_size=hidden_size,
@@ -179,7 +201,8 @@ class ArchConfig:
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=reader.optional("num_key_value_heads", None) or num_heads,
-            head_dim=reader.optional("head_dim", None) or hidden_size // num_heads,
+            head_dim=(mla.qk_rope_head_dim if mla is not None else
+                      reader.optional("head_dim", None) or hidden_size // num_heads),
             rms_norm_eps=float(reader.optional("rms_norm_eps", 1e-6)),
             rope=rope,
             tie_word_embeddings=bool(reader.optional("tie_word_embeddings", False)),
@@ -191,6 +214,7 @@ class ArchConfig:
             moe=moe,
             hidden_act=activation,
             qkv_bias=bool(reader.optional("qkv_bias", False)),
+            mla=mla,
             local_rope=local_rope,
             query_pre_attn_scalar=reader.optional_float("query_pre_attn_scalar"),
             attn_logit_softcapping=reader.optional_float("attn_logit_softcapping"),
@@ -303,6 +327,19 @@ def _longrope_factors(reader: _Reader, key: str, params: dict[str, Any],
     if len(factors["short_factor"]) != len(factors["long_factor"]):
         raise reader.error(key, "longrope's short_factor and long_factor differ in length")
     return factors
+
+
+def _mla(reader: _Reader) -> MLAConfig | None:
+    """The latent attention of a DeepSeek config (it has ``kv_lora_rank``), else None."""
+    if reader.optional("kv_lora_rank", None) is None:
+        return None
+    q_lora_rank = reader.optional("q_lora_rank", None)
+    return MLAConfig(kv_lora_rank=reader.positive_int("kv_lora_rank"),
+                     qk_nope_head_dim=reader.positive_int("qk_nope_head_dim"),
+                     qk_rope_head_dim=reader.positive_int("qk_rope_head_dim"),
+                     v_head_dim=reader.positive_int("v_head_dim"),
+                     q_lora_rank=None if q_lora_rank is None else
+                     reader.positive_int("q_lora_rank"))
 
 
 def _moe(reader: _Reader, num_layers: int, intermediate_size: int) -> MoEConfig | None:

@@ -229,6 +229,7 @@ class LlamaForCausalLM(CausalLM):
     # Traits of the family members (subclasses below).
     qkv_bias: ClassVar[bool] = False  # q/k/v biases even when the config has no attention_bias
     qk_norm: ClassVar[bool] = False  # RMSNorm of each head of q and k before RoPE
+    rope_neox_style: ClassVar[bool] = True  # RoPE on halves (else adjacent pairs) of a head
     supports_pp = True
     model: LlamaModel
 
@@ -246,7 +247,8 @@ class LlamaForCausalLM(CausalLM):
         super().__init__(config, attn_backend, dtype)
         with default_dtype(dtype):
             # One for all layers: it computes each step's cos/sin once (see RotaryEmbedding).
-            self.rotary_emb = rotary_embedding(config.head_dim, config.rope)
+            self.rotary_emb = rotary_embedding(config.head_dim, config.rope,
+                                               self.rope_neox_style)
             layers = [self.make_layer(index) if index in self.layer_range else PPMissingLayer()
                       for index in range(config.num_hidden_layers)]
             first, last = self.ranks.is_first_stage, self.ranks.is_last_stage
@@ -258,7 +260,7 @@ class LlamaForCausalLM(CausalLM):
             self.lm_head = (ParallelLMHead(config.vocab_size, config.hidden_size, tie_to=tie_to)
                             if last else PPMissingLayer())
 
-    def make_layer(self, index: int) -> LlamaDecoderLayer:
+    def make_layer(self, index: int) -> nn.Module:
         config = self.config
         return LlamaDecoderLayer.build(
             config, self.attn_backend, sliding_window=config.sliding_windows[index],

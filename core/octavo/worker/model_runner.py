@@ -71,8 +71,7 @@ class ModelRunner:
 
     # -- KV cache ---------------------------------------------------------------------
     def kv_cache_bytes_per_block(self) -> int:
-        shape = self.attn_backend.kv_cache_shape(1, self.block_size, self.model.num_kv_heads,
-                                                 self.model.head_dim)
+        shape = self.model.kv_cache_shape(1, self.block_size)
         per_layer = int(np.prod(shape)) * torch.finfo(self.model.dtype).bits // 8
         proposer = self.spec.proposer.kv_cache_bytes_per_block() if self.spec else 0
         return per_layer * self.num_kv_tensors + proposer
@@ -84,8 +83,7 @@ class ModelRunner:
         return max(self.kv_tensor_index, default=-1) + 1
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        shape = self.attn_backend.kv_cache_shape(num_blocks, self.block_size,
-                                                 self.model.num_kv_heads, self.model.head_dim)
+        shape = self.model.kv_cache_shape(num_blocks, self.block_size)
         # Zeroed (written) now, so the OS commits every page at start-up: the memory the
         # process holds from the start is what it holds under full load. Lazily committed
         # pages would grow the RSS by the whole cache over the first hours of traffic (the

@@ -14,11 +14,35 @@ from __future__ import annotations
 
 import torch
 
-from octavo.plugin_api import AttentionBackend, AttentionImpl, AttentionMetadata
+from octavo.plugin_api import (
+    AttentionBackend,
+    AttentionImpl,
+    AttentionMetadata,
+    MLADims,
+    MLAImpl,
+)
 from octavo_triton.interpret import interpreting, patch_interpreter
 
 # Cache blocks are the attention kernel's key tiles: a power of two, and tl.dot needs >= 16.
 SUPPORTED_BLOCK_SIZES = (16, 32, 64, 128)
+
+
+def check_device() -> None:
+    """Models are built under ``torch.device(device)``: refuse a CPU model at once, with
+    what to do, rather than at its first step."""
+    if torch.get_default_device().type == "cpu":
+        if not interpreting():
+            raise ValueError(
+                "the triton attention backend runs on the CPU only under Triton's "
+                "interpreter: start Octavo with TRITON_INTERPRET=1 in the environment "
+                "(or use --attention-backend torch)")
+        patch_interpreter()
+
+
+def check_block_size(block_size: int) -> None:
+    if block_size not in SUPPORTED_BLOCK_SIZES:
+        raise ValueError(f"the triton attention backend needs a block size in "
+                         f"{SUPPORTED_BLOCK_SIZES}; got {block_size} (--block-size)")
 
 
 class TritonAttentionImpl(AttentionImpl):
@@ -29,15 +53,7 @@ class TritonAttentionImpl(AttentionImpl):
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int,
                  sliding_window: int | None = None) -> None:
         super().__init__(num_heads, head_dim, scale, num_kv_heads, sliding_window)
-        # Models are built under ``torch.device(device)``: refuse a CPU model at once, with
-        # what to do, rather than at its first step.
-        if torch.get_default_device().type == "cpu":
-            if not interpreting():
-                raise ValueError(
-                    "the triton attention backend runs on the CPU only under Triton's "
-                    "interpreter: start Octavo with TRITON_INTERPRET=1 in the environment "
-                    "(or use --attention-backend torch)")
-            patch_interpreter()
+        check_device()
 
     def forward(
         self,
@@ -47,10 +63,7 @@ class TritonAttentionImpl(AttentionImpl):
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
-        block_size = kv_cache.shape[2]
-        if block_size not in SUPPORTED_BLOCK_SIZES:
-            raise ValueError(f"the triton attention backend needs a block size in "
-                             f"{SUPPORTED_BLOCK_SIZES}; got {block_size} (--block-size)")
+        check_block_size(kv_cache.shape[2])
         from octavo_triton.kernels.attention import paged_attention
         from octavo_triton.kernels.kv_cache import reshape_and_cache
 
@@ -65,7 +78,39 @@ class TritonAttentionImpl(AttentionImpl):
         return output
 
 
+class TritonMLAImpl(MLAImpl):
+    """Latent attention (DeepSeek-V2) on the paged attention kernel, every token in the
+    absorbed form: queries times each head's key block of ``kv_b_proj`` are queries in
+    latent space, attended as one key head over the cache's latent rows, those rows the
+    values too (the output's first ``kv_lora_rank`` values are the latent sum); that times
+    each head's value block is the output. One launch serves prompt chunks and decodes, as
+    for other models; the latent rows are written with one index copy."""
+
+    def __init__(self, dims: MLADims, scale: float, kv_b_proj: torch.nn.Module) -> None:
+        super().__init__(dims, scale, kv_b_proj)
+        check_device()
+
+    def forward(self, q_nope: torch.Tensor, q_pe: torch.Tensor, latent: torch.Tensor,
+                k_pe: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata,
+                ) -> torch.Tensor:
+        check_block_size(kv_cache.shape[1])
+        from octavo_triton.kernels.attention import paged_attention
+
+        dims, num_tokens = self.dims, metadata.num_actual_tokens
+        rows = kv_cache.view(-1, dims.latent_dim)
+        rows.index_copy_(0, metadata.slot_mapping[:num_tokens],
+                         torch.cat([latent, k_pe], dim=-1)[:num_tokens])
+        w_uk, w_uv = self.absorbed_weights()
+        queries = torch.cat([torch.einsum("thn,hnc->thc", q_nope, w_uk), q_pe], dim=-1)
+        out = torch.zeros_like(queries)  # padding tokens a runner may add get zeros
+        latent_cache = kv_cache.view(*kv_cache.shape[:2], 1, dims.latent_dim)
+        paged_attention(out, queries.contiguous(), latent_cache, latent_cache, metadata,
+                        self.scale)
+        return torch.einsum("thc,hvc->thv", out[..., :dims.kv_lora_rank], w_uv)
+
+
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
     impl_cls = TritonAttentionImpl
+    mla_impl_cls = TritonMLAImpl
     supported_block_sizes = SUPPORTED_BLOCK_SIZES

@@ -8,7 +8,7 @@ from typing import Any
 from octavo.plugin_api import Registry, hookimpl
 
 # The plugin API range this plugin is written for (see octavo.plugin_api).
-OCTAVO_PLUGIN_API = ">=1.4,<2"  # 1.4: num_kv_blocks
+OCTAVO_PLUGIN_API = ">=1.4,<2"  # 1.4: num_kv_blocks, MLAImpl and MLADims (latent attention)
 
 
 @hookimpl

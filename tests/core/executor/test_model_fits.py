@@ -58,3 +58,15 @@ def test_length_dependent_rope_refuses_speculative_decoding() -> None:
     with pytest.raises(ConfigError, match="speculative decoding .* does not support the "
                                           "longrope RoPE scaling"):
         check_model_features(spec, phi3, "m")
+
+
+def test_latent_attention_refuses_drafts_and_connectors() -> None:
+    deepseek = {**SMOLLM2, "architectures": ["DeepseekV2ForCausalLM"], "kv_lora_rank": 32,
+                "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}
+    check_model_features(EngineConfig.from_kwargs(), deepseek, "m")
+    for kwargs in ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
+                   {"kv_transfer_config": {"kv_connector": "SharedStorageConnector",
+                                           "kv_role": "kv_both"}}):
+        with pytest.raises(ConfigError, match="multi-head latent attention .* does not "
+                                              "support"):
+            check_model_features(EngineConfig.from_kwargs(**kwargs), deepseek, "m")

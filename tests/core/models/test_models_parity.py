@@ -40,8 +40,7 @@ class PagedDriver:
                  num_blocks: int = 64) -> None:
         self.model = model
         self.block_size = block_size
-        shape = model.attn_backend.kv_cache_shape(num_blocks, block_size, model.num_kv_heads,
-                                                  model.head_dim)
+        shape = model.kv_cache_shape(num_blocks, block_size)
         gen = torch.Generator().manual_seed(seed)
         self.kv_caches = [torch.randn(shape, generator=gen, dtype=model.dtype)
                           for _ in range(model.num_layers)]

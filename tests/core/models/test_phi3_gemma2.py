@@ -10,17 +10,14 @@ dynamic model's past its max_position_embeddings of 128, one only while decoding
 from __future__ import annotations
 
 import pytest
-import torch
 from transformers import Gemma2Config, LlamaConfig, Phi3Config, Qwen2Config
 
-from octavo.attention.torch_backend import TorchAttentionBackend
-from octavo.models.build import build_model
 from octavo.models.layers.rotary import ScaledRotaryEmbedding
-from octavo.models.loader import ModelLoadError, load_model_files
 from tests.core.arch_parity import (
     COMMON,
     Tiny,
     bytes_per_block,
+    check_backend_refuses,
     check_engine,
     check_every_position,
     check_tensor_parallel,
@@ -116,12 +113,8 @@ def test_gemma2_engine_with_chunks_and_preemption_matches_hf(gemma2: Tiny) -> No
 
 
 def test_soft_cap_is_refused_by_a_backend_without_it(gemma2: Tiny) -> None:
-    class NoCapBackend(TorchAttentionBackend):
-        name = "nocap"
-        supports_logits_soft_cap = False
-
-    with pytest.raises(ModelLoadError, match="the nocap attention backend does not soft-cap"):
-        build_model(load_model_files(gemma2.folder), torch.float32, NoCapBackend)
+    check_backend_refuses(gemma2.folder, {"supports_logits_soft_cap": False},
+                          "does not soft-cap")
 
 
 # -- RoPE scalings on the Llama family ----------------------------------------------------

@@ -119,11 +119,15 @@ def rope_attention_factor(rope: RopeConfig) -> float:
     return 1.0
 
 
-def rotary_embedding(head_dim: int, rope: RopeConfig) -> RotaryEmbedding:
-    """The rotary embedding for ``rope``: the plain kind where it computes it."""
+def rotary_embedding(head_dim: int, rope: RopeConfig, neox_style: bool = True,
+                     ) -> RotaryEmbedding:
+    """The rotary embedding for ``rope``: the plain kind where it computes it.
+    ``neox_style`` False rotates adjacent pairs of dims instead of halves (GPT-J's, and
+    DeepSeek's complex-number form; vLLM's name)."""
     plain = (rotary_dim(head_dim, rope) == head_dim and not rope.length_dependent
-             and rope_attention_factor(rope) == 1.0)
-    return RotaryEmbedding(head_dim, rope) if plain else ScaledRotaryEmbedding(head_dim, rope)
+             and rope_attention_factor(rope) == 1.0 and neox_style)
+    return (RotaryEmbedding(head_dim, rope) if plain
+            else ScaledRotaryEmbedding(head_dim, rope, neox_style))
 
 
 class RotaryEmbedding(nn.Module):
@@ -191,13 +195,15 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 class ScaledRotaryEmbedding(RotaryEmbedding):
     """The scalings the fused kernels do not compute (module docstring): cos/sin times the
-    attention factor, a partial rotation, and length-dependent frequencies."""
+    attention factor, a partial rotation, length-dependent frequencies, and pairs of
+    adjacent dims rotated (``neox_style`` False) - in fp32, as HF's complex-number form."""
 
     long_inv_freq: torch.Tensor
 
-    def __init__(self, head_dim: int, rope: RopeConfig) -> None:
+    def __init__(self, head_dim: int, rope: RopeConfig, neox_style: bool = True) -> None:
         super().__init__(head_dim, rope)
         self.rope = rope
+        self.neox_style = neox_style
         self.dim = rotary_dim(head_dim, rope)
         self.attention_factor = rope_attention_factor(rope)
         # longrope's frequencies past the original context (its short ones are inv_freq).
@@ -228,3 +234,24 @@ class ScaledRotaryEmbedding(RotaryEmbedding):
         if self.attention_factor == 1.0:
             return cos, sin
         return cos * self.attention_factor, sin * self.attention_factor
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+        lengths: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.neox_style:
+            return super().forward(positions, q, k, lengths)
+        angles = self.angles(positions, lengths)[:, None, :]  # [T, 1, rotated dims / 2]
+        cos, sin = self.scale_cos_sin(angles.cos(), angles.sin())
+        return _rotate_pairs(q, cos, sin), _rotate_pairs(k, cos, sin)
+
+
+def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x`` with each pair of dims ``(2i, 2i + 1)`` of its first ``2 * cos.shape[-1]``
+    rotated by angle ``i``, in fp32 (HF: ``x`` as complex numbers times ``cos + i sin``)."""
+    dims = 2 * cos.shape[-1]
+    pairs = x[..., :dims].float().unflatten(-1, (-1, 2))
+    even, odd = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+    rotated = rotated.flatten(-2).to(x.dtype)
+    return rotated if dims == x.shape[-1] else torch.cat((rotated, x[..., dims:]), dim=-1)
