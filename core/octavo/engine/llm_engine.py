@@ -13,7 +13,8 @@ from octavo.engine.core import EngineCore
 from octavo.engine.output_processor import OutputProcessor
 from octavo.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from octavo.engine.processor import Processor, PromptType
-from octavo.models.config import context_length, eos_token_ids
+from octavo.models.config import eos_token_ids
+from octavo.models.config_rope import context_length
 from octavo.models.generation_config import (
     GenerationConfig,
     log_sampling_defaults,

@@ -4,6 +4,8 @@ HF configs come in several dialects (transformers 5 writes ``rope_parameters``, 
 for Gemma 3, older files ``rope_theta`` + ``rope_scaling``; Qwen marks sliding-window layers
 differently from Mistral, Gemma 3 with ``layer_types`` or ``sliding_window_pattern``).
 Reading them once here, with errors that name the field, keeps the models free of dict lookups.
+The RoPE (``config_rope``), the mixture of experts and latent attention (``config_moe``) are
+read in modules of their own, through the same ``ConfigReader``.
 """
 
 from __future__ import annotations
@@ -12,15 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from octavo.models.config_moe import MLAConfig, MoEConfig, read_mla, read_moe
+from octavo.models.config_reader import ConfigReader
+from octavo.models.config_rope import RopeConfig, read_ropes
 from octavo.models.generation_config import GenerationConfig, read_generation_config
 from octavo.models.loader import ModelFiles, ModelLoadError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
-# Older names HF configs still carry: Phi-3's first long-context files said "su".
-ROPE_TYPE_ALIASES = {"su": "longrope"}
-# RoPE scalings whose frequencies depend on the length of the sequence (HF recomputes them
-# from the longest position of each forward pass): see ``RopeConfig.length_dependent``.
-LENGTH_DEPENDENT_ROPE_TYPES = ("longrope", "dynamic")
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
 # What HF's config classes assume for keys a config.json may leave out, where it matters and
 # differs from the Llama family's defaults below (transformers' Gemma3TextConfig).
@@ -42,82 +41,6 @@ MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
         "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
     },
 }
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    """Rotary embedding parameters; ``rope_type`` is one of ``SUPPORTED_ROPE_TYPES``, the
-    other fields HF's ``rope_parameters`` of that name (``octavo.models.layers.rotary`` says
-    what each scaling does with them)."""
-
-    theta: float = 10000.0
-    rope_type: str = "default"
-    factor: float = 1.0
-    # llama3 only: the frequency band that is smoothly interpolated.
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    # The pre-training context (llama3, yarn, longrope); dynamic scales past max_position.
-    original_max_position_embeddings: int = 8192
-    max_position_embeddings: int = 8192
-    # The share of each head that is rotated (its first dims); the rest passes unrotated.
-    partial_rotary_factor: float = 1.0
-    # yarn and longrope: what cos/sin are multiplied by (None: derived from the factor).
-    attention_factor: float | None = None
-    # yarn: the ramp between extrapolated and interpolated frequencies, DeepSeek's mscales.
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
-    truncate: bool = True
-    # longrope: per-frequency divisors up to (short) and past (long) the original context.
-    short_factor: tuple[float, ...] = ()
-    long_factor: tuple[float, ...] = ()
-
-    @property
-    def length_dependent(self) -> bool:
-        """Whether a token's frequencies depend on its sequence's length (longrope, dynamic):
-        the model then needs each token's ``AttentionMetadata.rope_lengths``."""
-        return self.rope_type in LENGTH_DEPENDENT_ROPE_TYPES
-
-
-@dataclass(frozen=True)
-class MoEConfig:
-    """A mixture of experts' shape and routing, in every family's dialect (Mixtral's
-    ``num_local_experts``; Qwen's ``num_experts``, shared expert and sparse steps;
-    DeepSeek's ``n_routed_experts``, shared experts, dense first layers and groups)."""
-
-    num_experts: int
-    top_k: int  # num_experts_per_tok
-    intermediate_size: int  # of each routed expert (moe_intermediate_size)
-    layers: tuple[bool, ...]  # per decoder layer: whether its MLP is the mixture
-    renormalize: bool = True  # the top-k weights divided by their sum (norm_topk_prob)
-    # Experts every token runs (Qwen: one of shared_expert_intermediate_size; DeepSeek:
-    # n_shared_experts of moe_intermediate_size, as one MLP); 0: none.
-    shared_intermediate_size: int = 0
-    shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(gate(x)) scales the shared one
-    # DeepSeek's group-limited top-k: experts in num_groups groups, the top_k chosen among
-    # the topk_groups groups with the best expert; and a factor on the routing weights.
-    num_groups: int = 1
-    topk_groups: int = 1
-    routed_scaling_factor: float = 1.0
-
-
-@dataclass(frozen=True)
-class MLAConfig:
-    """Multi-head latent attention (DeepSeek-V2/V3): keys and values come from one latent
-    per token, ``kv_lora_rank`` wide, through ``kv_b_proj``; a ``qk_rope_head_dim`` key part
-    carries the position, shared by every head. Queries are projected directly
-    (``q_lora_rank`` None, V2-Lite) or through a low-rank ``q_a_proj``/``q_b_proj`` pair."""
-
-    kv_lora_rank: int
-    qk_nope_head_dim: int
-    qk_rope_head_dim: int
-    v_head_dim: int
-    q_lora_rank: int | None = None
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -172,7 +95,7 @@ class ArchConfig:
             raise ModelLoadError(f"{source}: config field 'model_type': must be a string, got "
                                  f"{model_type!r}")
         defaults = MODEL_TYPE_DEFAULTS.get(model_type or "", {})
-        reader = _Reader({**defaults, **hf_config}, str(source))
+        reader = ConfigReader({**defaults, **hf_config}, str(source))
         hidden_size = reader.positive_int("hidden_size")
         num_heads = reader.positive_int("num_attention_heads")
         num_layers = reader.positive_int("num_hidden_layers")
@@ -190,10 +113,10 @@ class ArchConfig:
         if position_type != "absolute":
             raise reader.error("position_embedding_type", f"{position_type!r} is not "
                                                           "supported (only 'absolute')")
-        rope, local_rope = _ropes(reader)
+        rope, local_rope = read_ropes(reader)
         intermediate_size = reader.positive_int("intermediate_size")
-        moe = _moe(reader, num_layers, intermediate_size)
-        mla = _mla(reader)
+        moe = read_moe(reader, num_layers, intermediate_size)
+        mla = read_mla(reader)
         return cls(
             vocab_size=reader.positive_int("vocab_size"),
             hidden_size=hidden_size,
@@ -225,169 +148,7 @@ class ArchConfig:
         )
 
 
-class _Reader:
-    """Field access on the raw dict with errors that say which file and field are wrong."""
-
-    def __init__(self, raw: dict[str, Any], source: str) -> None:
-        self.raw = raw
-        self.source = source
-
-    def error(self, key: str, problem: str) -> ModelLoadError:
-        return ModelLoadError(f"{self.source}: config field {key!r}: {problem}")
-
-    def positive_int(self, key: str) -> int:
-        if key not in self.raw:
-            raise self.error(key, "is missing")
-        value = self.raw[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise self.error(key, f"must be a positive integer, got {value!r}")
-        return value
-
-    def optional(self, key: str, default: Any) -> Any:
-        value = self.raw.get(key)
-        return default if value is None else value
-
-    def optional_float(self, key: str) -> float | None:
-        """A positive number, or None where the config leaves it out or sets it null."""
-        value = self.raw.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise self.error(key, f"must be a positive number or null, got {value!r}")
-        return float(value)
-
-
-def _ropes(reader: _Reader) -> tuple[RopeConfig, RopeConfig | None]:
-    """The RoPE of the model (of its full-attention layers) and that of its sliding-window
-    layers where they have their own (None otherwise).
-
-    transformers 5 writes Gemma 3's ``rope_parameters`` per layer type (``full_attention``,
-    ``sliding_attention``); older Gemma 3 files give the local base as
-    ``rope_local_base_freq``, ``rope_theta`` + ``rope_scaling`` being the global layers'.
-    """
-    params = reader.raw.get("rope_parameters")
-    if isinstance(params, dict) and {"full_attention", "sliding_attention"} & params.keys():
-        local = params.get("sliding_attention")
-        return (_rope(reader, "rope_parameters", params.get("full_attention") or {}),
-                None if local is None else _rope(reader, "rope_parameters", local))
-    key = "rope_parameters" if params else "rope_scaling"
-    rope = _rope(reader, key, reader.optional(key, {}))
-    local_theta = reader.optional_float("rope_local_base_freq")
-    local = None if local_theta is None else _rope(reader, "rope_local_base_freq",
-                                                    {"rope_theta": local_theta})
-    return rope, local
-
-
-def _rope(reader: _Reader, key: str, params: dict[str, Any]) -> RopeConfig:
-    """One RoPE from its parameters ``params`` (found under ``key``): a ``rope_parameters``
-    entry (transformers 5) or ``rope_scaling`` with the config's ``rope_theta``. Defaults
-    are HF's (``RotaryEmbeddingConfigMixin.standardize_rope_params`` and the scalings'
-    functions), including that a top-level ``original_max_position_embeddings`` (Phi-3
-    writes one) wins over the one in the parameters."""
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    rope_type = ROPE_TYPE_ALIASES.get(rope_type, rope_type)
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise reader.error(key, f"rope type {rope_type!r} is not supported "
-                                f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})")
-    max_position = int(reader.optional("max_position_embeddings", 8192))
-    original = reader.raw.get("original_max_position_embeddings") or params.get(
-        "original_max_position_embeddings") or max_position
-    factor = params.get("factor")
-    if factor is None and rope_type in ("yarn", "longrope"):  # Phi-3, DeepSeek-V3
-        factor = max_position / original
-    partial = params.get("partial_rotary_factor",
-                         reader.optional("partial_rotary_factor", 1.0))
-    if not 0.0 < float(partial) <= 1.0:
-        raise reader.error("partial_rotary_factor", f"must be in (0, 1], got {partial!r}")
-    theta = params.get("rope_theta", reader.optional("rope_theta", RopeConfig.theta))
-    fields = {name: params[name] for name in (
-        "low_freq_factor", "high_freq_factor", "attention_factor", "mscale", "mscale_all_dim",
-        "truncate") if params.get(name) is not None}
-    # HF reads "beta_fast or 32": a null or 0 takes the default.
-    fields.update({name: float(params[name]) for name in ("beta_fast", "beta_slow")
-                   if params.get(name)})
-    if rope_type == "longrope":
-        fields.update(_longrope_factors(reader, key, params))
-    return RopeConfig(theta=float(theta), rope_type=rope_type,
-                      factor=float(1.0 if factor is None else factor),
-                      original_max_position_embeddings=int(original),
-                      max_position_embeddings=max_position,
-                      partial_rotary_factor=float(partial), **fields)
-
-
-def _longrope_factors(reader: _Reader, key: str, params: dict[str, Any],
-                      ) -> dict[str, tuple[float, ...]]:
-    """longrope's short and long factors: one number per rotated frequency each."""
-    factors = {}
-    for name in ("short_factor", "long_factor"):
-        values = params.get(name)
-        if not isinstance(values, list) or not values:
-            raise reader.error(key, f"longrope needs a list {name!r}, got {values!r}")
-        factors[name] = tuple(float(value) for value in values)
-    if len(factors["short_factor"]) != len(factors["long_factor"]):
-        raise reader.error(key, "longrope's short_factor and long_factor differ in length")
-    return factors
-
-
-def _mla(reader: _Reader) -> MLAConfig | None:
-    """The latent attention of a DeepSeek config (it has ``kv_lora_rank``), else None."""
-    if reader.optional("kv_lora_rank", None) is None:
-        return None
-    q_lora_rank = reader.optional("q_lora_rank", None)
-    return MLAConfig(kv_lora_rank=reader.positive_int("kv_lora_rank"),
-                     qk_nope_head_dim=reader.positive_int("qk_nope_head_dim"),
-                     qk_rope_head_dim=reader.positive_int("qk_rope_head_dim"),
-                     v_head_dim=reader.positive_int("v_head_dim"),
-                     q_lora_rank=None if q_lora_rank is None else
-                     reader.positive_int("q_lora_rank"))
-
-
-def _moe(reader: _Reader, num_layers: int, intermediate_size: int) -> MoEConfig | None:
-    """The mixture of experts a config describes, None for a dense model. Which layers are
-    sparse, as each family's HF modelling decides: DeepSeek's from first_k_dense_replace on;
-    Qwen's every decoder_sparse_step-th but mlp_only_layers; Jamba's every
-    expert_layer_period-th from expert_layer_offset; Mixtral's all."""
-    key = next((k for k in ("n_routed_experts", "num_local_experts", "num_experts")
-                if reader.optional(k, 0)), None)
-    if key is None:
-        return None
-    num_experts = int(reader.raw[key])
-    top_k = int(reader.optional("num_experts_per_tok", 0))
-    if not 1 <= top_k <= num_experts:
-        raise reader.error("num_experts_per_tok", f"must be in 1..{num_experts} ({key}), "
-                                                  f"got {top_k}")
-    layers = range(num_layers)
-    moe_size = int(reader.optional("moe_intermediate_size", 0)) or intermediate_size
-    if key == "n_routed_experts":  # DeepSeek
-        first_sparse = int(reader.optional("first_k_dense_replace", 0))
-        groups = (int(reader.optional("n_group", 1)), int(reader.optional("topk_group", 1)))
-        if reader.optional("topk_method", "greedy") == "greedy":
-            groups = (1, 1)
-        if num_experts % groups[0] or not 1 <= groups[1] <= groups[0]:
-            raise reader.error("n_group", f"{num_experts} experts in {groups[0]} groups, "
-                                          f"top {groups[1]} of them: not a valid split")
-        # HF's DeepSeek-V2 router never renormalises (whatever norm_topk_prob says).
-        return MoEConfig(num_experts, top_k, moe_size, tuple(i >= first_sparse for i in layers),
-                         renormalize=False, num_groups=groups[0], topk_groups=groups[1],
-                         shared_intermediate_size=moe_size * int(
-                             reader.optional("n_shared_experts", 0)),
-                         routed_scaling_factor=float(
-                             reader.optional("routed_scaling_factor", 1.0)))
-    if "expert_layer_period" in reader.raw:  # Jamba
-        period = int(reader.raw["expert_layer_period"])
-        offset = int(reader.optional("expert_layer_offset", 0))
-        return MoEConfig(num_experts, top_k, moe_size,
-                         tuple(i % period == offset for i in layers), renormalize=False)
-    dense = set(reader.optional("mlp_only_layers", []))
-    step = int(reader.optional("decoder_sparse_step", 1))
-    shared = int(reader.optional("shared_expert_intermediate_size", 0))
-    return MoEConfig(num_experts, top_k, moe_size,
-                     tuple(i not in dense and (i + 1) % step == 0 for i in layers),
-                     renormalize=bool(reader.optional("norm_topk_prob", True)),
-                     shared_intermediate_size=shared, shared_expert_gate=shared > 0)
-
-
-def _sliding_windows(reader: _Reader, num_layers: int) -> tuple[int | None, ...]:
+def _sliding_windows(reader: ConfigReader, num_layers: int) -> tuple[int | None, ...]:
     """Which layers use a sliding window, in the four ways HF configs say it.
 
     ``layer_types`` lists each layer; older Gemma 3 files give a ``sliding_window_pattern``
@@ -412,21 +173,6 @@ def _sliding_windows(reader: _Reader, num_layers: int) -> tuple[int | None, ...]
         first = reader.optional("max_window_layers", 0)
         return tuple(window if layer >= first else None for layer in range(num_layers))
     return (window,) * num_layers
-
-
-def context_length(hf_config: dict[str, Any]) -> int:
-    """The longest sequence the model takes: ``max_position_embeddings``, stretched by a
-    RoPE scaling that reaches past it at run time (vLLM's rule: ``dynamic`` by its factor,
-    ``yarn`` to its original context times its factor)."""
-    length = int(hf_config.get("max_position_embeddings", 2048))
-    params = hf_config.get("rope_parameters") or hf_config.get("rope_scaling") or {}
-    rope_type = params.get("rope_type", params.get("type")) if isinstance(params, dict) else None
-    factor = params.get("factor") if isinstance(params, dict) else None
-    if rope_type == "dynamic" and factor:
-        return int(length * factor)
-    if rope_type == "yarn" and factor and params.get("original_max_position_embeddings"):
-        return int(params["original_max_position_embeddings"] * factor)
-    return length
 
 
 def eos_token_ids(hf_config: dict[str, Any],

@@ -30,7 +30,8 @@ from torch import nn
 
 from octavo.attention.base import AttentionBackend, AttentionMetadata, MLADims
 from octavo.kv.cache_spec import MLASpec
-from octavo.models.config import ArchConfig, MLAConfig
+from octavo.models.config import ArchConfig
+from octavo.models.config_moe import MLAConfig
 from octavo.models.layers.linear import (
     ColumnParallelLinear,
     ReplicatedLinear,

@@ -25,7 +25,7 @@ import math
 import torch
 from torch import nn
 
-from octavo.models.config import RopeConfig
+from octavo.models.config_rope import RopeConfig
 
 
 def rotary_dim(head_dim: int, rope: RopeConfig) -> int:
