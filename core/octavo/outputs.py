@@ -42,6 +42,8 @@ class NewRequestData:
     # float32 [len(prompt_token_ids), hidden_size]: the prompt's embeddings, which the
     # model takes at the prompt positions instead of embedding the (placeholder) ids.
     prompt_embeds: np.ndarray | None = None
+    # A model with SSM layers: the request's slot in their per-request state (-1: none).
+    state_slot: int = -1
 
 
 @dataclass

@@ -124,48 +124,58 @@ def check_every_position(ours: CausalLM, prompts: list[list[int]],
     return worst
 
 
-def bytes_per_block(ours: CausalLM, max_model_len: int) -> int:
-    """What the worker's KV budget pays for one block of this model (fp32)."""
-    runner = ModelRunner(ours, TorchAttentionBackend, block_size=BLOCK_SIZE, max_num_reqs=1,
-                         max_model_len=max_model_len, vocab_size=1, eos_token_ids=frozenset(),
-                         device=torch.device("cpu"))
-    return runner.kv_cache_bytes_per_block()
+def kv_budget(ours: CausalLM, max_model_len: int, num_blocks: int, max_num_seqs: int) -> int:
+    """The ``kv_cache_memory`` (fp32) that holds ``num_blocks`` KV blocks of this model
+    once the SSM layers' states of ``max_num_seqs`` requests are paid for."""
+    runner = ModelRunner(ours, TorchAttentionBackend, block_size=BLOCK_SIZE,
+                         max_num_reqs=max_num_seqs, max_model_len=max_model_len, vocab_size=1,
+                         eos_token_ids=frozenset(), device=torch.device("cpu"))
+    return num_blocks * runner.kv_cache_bytes_per_block() + runner.ssm_state_bytes()
 
 
-def check_engine(folder: Path, prompts: list[list[int]], references: list[Reference],
-                 label: str, *, kv_cache_memory: int, max_model_len: int,
+def check_engine(tiny: Tiny, *, kv_blocks: int, max_model_len: int,
+                 prompts: list[list[int]] | None = None,
+                 references: list[Reference] | None = None,
                  max_num_batched_tokens: int = 64, **engine: object) -> LLM:
-    """The engine's greedy run against HF's; returns the engine (for more checks)."""
-    max_tokens = len(references[0].tokens)
-    llm = LLM(model=str(folder), dtype="float32", max_num_batched_tokens=max_num_batched_tokens,
-              max_num_seqs=len(prompts), max_model_len=max_model_len,
-              kv_cache_memory=kv_cache_memory, **engine)
+    """The engine's greedy run against HF's (of ``tiny``'s prompts, or those given with
+    their references), with a KV cache of ``kv_blocks`` blocks (after any SSM states);
+    returns the engine (for more checks; its ``preempted`` lists each preemption as the
+    request and how many output tokens it had)."""
+    prompts = tiny.prompts if prompts is None else prompts
+    references = tiny.references if references is None else references
+    max_num_seqs = int(engine.pop("max_num_seqs", len(prompts)))  # type: ignore[call-overload]
+    llm = LLM(model=str(tiny.folder), dtype="float32", max_model_len=max_model_len,
+              max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+              kv_cache_memory=kv_budget(tiny.ours, max_model_len, kv_blocks, max_num_seqs),
+              **engine)
     scheduler = llm.llm_engine.core.scheduler
-    preempted: list[str] = []
+    preempted: list[tuple[str, int]] = []  # (request, its output tokens when preempted)
+    llm.preempted = preempted  # type: ignore[attr-defined]
     original = scheduler._preempt
 
     def counting(request: Request) -> None:
-        preempted.append(request.request_id)
+        preempted.append((request.request_id, len(request.output_token_ids)))
         original(request)
 
     scheduler._preempt = counting  # type: ignore[method-assign]
-    ours = engine_greedy(llm, prompts, max_tokens)
+    ours = engine_greedy(llm, prompts, len(references[0].tokens))
     report = compare(prompts, ours, [(r.tokens, r.step_logits) for r in references])
-    print(f"\n{label}: engine max logit diff {report.max_logit_diff:.2e}, "
+    print(f"\n{tiny.label}: engine max logit diff {report.max_logit_diff:.2e}, "
           f"{len(preempted)} preemptions, ties: {report.divergences or 'none'}")
-    assert not report.failures, f"{label}: divergences beyond a tie: {report.failures}"
-    assert report.max_logit_diff < ATOL, f"{label}: logit diff {report.max_logit_diff:.2e}"
-    assert preempted, f"{label}: the KV budget was meant to force preemption"
+    assert not report.failures, f"{tiny.label}: divergences beyond a tie: {report.failures}"
+    assert report.max_logit_diff < ATOL, f"{tiny.label}: logit diff {report.max_logit_diff:.2e}"
+    assert preempted, f"{tiny.label}: the KV budget was meant to force preemption"
     return llm
 
 
-def check_tensor_parallel(folder: Path, prompts: list[list[int]],
-                          references: list[Reference], label: str, max_model_len: int,
+def check_tensor_parallel(tiny: Tiny, max_model_len: int, num_prompts: int = 2,
                           **engine: object) -> None:
-    """Two tensor-parallel ranks: greedy tokens as HF's (a divergence only at a tie), the
-    prompt logprobs of HF's top tokens within ``ATOL``."""
-    max_tokens = len(references[0].tokens)
-    llm = LLM(str(folder), dtype="float32", kv_cache_memory=KV_BYTES_TP, seed=0,
+    """Two tensor-parallel ranks on ``tiny``'s first ``num_prompts`` prompts (the short
+    ones: the split does not depend on the length): greedy tokens as HF's (a divergence
+    only at a tie), the prompt logprobs of HF's top tokens within ``ATOL``."""
+    prompts, references = tiny.prompts[:num_prompts], tiny.references[:num_prompts]
+    label, max_tokens = tiny.label, len(references[0].tokens)
+    llm = LLM(str(tiny.folder), dtype="float32", kv_cache_memory=KV_BYTES_TP, seed=0,
               max_model_len=max_model_len, tensor_parallel_size=2, **engine)
     try:
         result = generate(llm, prompts, max_tokens)

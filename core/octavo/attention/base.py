@@ -53,6 +53,9 @@ class AttentionMetadata:
     # length-dependent RoPE scalings (longrope, dynamic) see; filled only for models whose
     # RoPE needs it (``CausalLM.uses_rope_lengths``), None otherwise.
     rope_lengths: torch.Tensor | None = None
+    # int64 [num_reqs]: each request's slot of the per-request state of SSM layers
+    # (``NewRequestData.state_slot``); None for models without them.
+    state_slots: torch.Tensor | None = None
     # What a backend derives from this metadata once per step (index tensors, masks) and
     # reuses in every layer, keyed by the backend; starts empty each step.
     backend_state: dict[str, Any] = field(default_factory=dict)

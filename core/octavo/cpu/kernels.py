@@ -1,5 +1,5 @@
-"""Fused bf16 CPU kernels (cpu_ops.c, cpu_attention.c, cpu_layer.c), compiled on first use
-and called through ctypes.
+"""Fused bf16 CPU kernels (cpu_ops.c, cpu_attention.c, cpu_layer.c) and the SSM decode step
+(cpu_ssm.c), compiled on first use and called through ctypes.
 
 Why: decoding one token of SmolLM2-135M runs ~80 PyTorch ops per layer. On the CPU each op
 costs microseconds of dispatch whatever its size, so a single-stream decode step spent about
@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 # Compiled separately and linked into one library; the header is shared by both.
 SOURCES = [Path(__file__).with_name(name)
-           for name in ("cpu_ops.c", "cpu_attention.c", "cpu_layer.c")]
+           for name in ("cpu_ops.c", "cpu_attention.c", "cpu_layer.c", "cpu_ssm.c")]
 HEADER = Path(__file__).with_name("cpu_kernels.h")
 ENABLE_ENV = "OCTAVO_CPU_KERNELS"
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
@@ -73,6 +73,8 @@ _SIGNATURES = {
                                 _i64, _i64, _i64, ctypes.c_float],
     "octavo_decode_layer": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64],
     "octavo_decode_layers": [_ptr, _i64, _ptr, _ptr, _ptr, _i64],
+    "octavo_ssm_decode": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr,
+                          _ptr, _ptr, _ptr],
 }
 
 
@@ -454,3 +456,23 @@ def decode_layer(layer: LayerWeights, step: DecodeStep, hidden: torch.Tensor,
                                   out.data_ptr(), residual_out.data_ptr(),
                                   cache_rows.data_ptr(), cache_rows.shape[1])
     return out, residual_out
+
+
+def ssm_decode(state: torch.Tensor, rows: torch.Tensor, offset: int, x: torch.Tensor,
+               dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, a: torch.Tensor,
+               ) -> torch.Tensor:
+    """One step of Mamba's selective scan for ``B`` requests (cpu_ssm.c): the scan states at
+    ``offset`` of rows ``rows`` [B] int64 of ``state`` [slots, inner, width] (fp32,
+    contiguous) updated in place; returns ``y`` [B, inner] (fp32) = the new states times
+    ``c``. ``x``, ``dt`` [B, inner], ``b``, ``c`` [B, d_state], ``a`` [inner, d_state]."""
+    batch, inner = x.shape
+    d_state = a.shape[1]
+    assert state.dtype == torch.float32 and state.is_contiguous() and rows.is_contiguous()
+    x, dt, b, c, a = (t.float().contiguous() for t in (x, dt, b, c, a))
+    y = torch.empty(batch, inner)
+    lib = library()
+    assert lib is not None, "ssm_decode without the CPU kernels (see usable)"
+    lib.octavo_ssm_decode(y.data_ptr(), state.data_ptr(), rows.data_ptr(), batch, inner,
+                          d_state, state.stride(0), state.stride(1), offset, x.data_ptr(),
+                          dt.data_ptr(), b.data_ptr(), c.data_ptr(), a.data_ptr())
+    return y

@@ -1,10 +1,11 @@
 """The model layers that have a fused CPU kernel (``octavo.cpu.kernels``), switched onto it.
 
 As with the Triton plugin's layers, :func:`use_cpu_layers` turns each portable ``RMSNorm``,
-``RotaryEmbedding``, ``SiluAndMul`` and ``LlamaMLP`` of a built bf16 model into the subclass
-below: the parameters and weight loading stay the portable layer's, and ``forward`` calls the
-kernel for the 2-D bf16 CPU tensors a decoder layer passes, falling back to the portable code
-for anything else (Qwen3's per-head q/k norms, fp32 training passes).
+``RotaryEmbedding``, ``SiluAndMul``, ``LlamaMLP`` and ``MambaMixer`` of a built bf16 model
+into the subclass below: the parameters and weight loading stay the portable layer's, and
+``forward`` calls the kernel for the 2-D bf16 CPU tensors a decoder layer passes, falling
+back to the portable code for anything else (Qwen3's per-head q/k norms, fp32 training
+passes).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 from octavo.cpu import kernels
 from octavo.cpu.gemm import CpuGemm
 from octavo.models.layers.activation import SiluAndMul
+from octavo.models.layers.mamba import MambaMixer
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.rotary import RotaryEmbedding
 from octavo.models.layers.switch import switch_layers
@@ -72,11 +74,24 @@ class CpuLlamaMLP(LlamaMLP):
         return super().forward(x)
 
 
+class CpuMambaMixer(MambaMixer):
+    """Decode steps' selective scan in one pass over the states (``kernels.ssm_decode``)."""
+
+    def _scan_step(self, state: torch.Tensor, rows: torch.Tensor, x: torch.Tensor,
+                   dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        if not state.is_cpu or kernels.library() is None:
+            return super()._scan_step(state, rows, x, dt, b, c)
+        y = kernels.ssm_decode(state, rows, self.dims.d_conv - 1, x, dt, b, c,
+                               -torch.exp(self.A_log.float()))
+        return y.to(x.dtype)
+
+
 CPU_LAYERS: dict[type[nn.Module], type[nn.Module]] = {
     RMSNorm: CpuRMSNorm,
     RotaryEmbedding: CpuRotaryEmbedding,
     SiluAndMul: CpuSiluAndMul,
     LlamaMLP: CpuLlamaMLP,
+    MambaMixer: CpuMambaMixer,
 }
 
 

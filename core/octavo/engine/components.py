@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from octavo.config import EngineConfig
 from octavo.distributed.state import RankInfo
-from octavo.kv.cache_spec import KVCacheGroup, is_hybrid
+from octavo.kv.cache_spec import FullAttentionSpec, KVCacheGroup, SSMStateSpec, is_hybrid
 from octavo.kv.coordinator import KVCacheCoordinator
 from octavo.kv.interface import KVCacheManagerInterface
 from octavo.kv_transfer.base import KVConnector, KVConnectorRole
@@ -23,18 +23,21 @@ from octavo.sched.structured_outputs import StructuredOutputManager
 def build_scheduler(config: EngineConfig, registries: Registries,
                     structured_output: StructuredOutputManager | None,
                     kv_groups: Sequence[KVCacheGroup] = (),
-                    ) -> SchedulerInterface:
+                    ssm_state: SSMStateSpec | None = None) -> SchedulerInterface:
     """The scheduler ``config`` names, with its KV manager, policy and connector built; the
-    KV cache must be sized (``config.cache.num_gpu_blocks``). ``kv_groups``: the model's
-    (``octavo.kv.cache_spec``); with several, or a sliding window, the manager is the
-    ``KVCacheCoordinator``."""
+    KV cache must be sized (``config.cache.num_gpu_blocks``). ``kv_groups`` and
+    ``ssm_state``: the model's (``octavo.kv.cache_spec``); with several groups, a sliding window
+    or SSM layers, the manager is the ``KVCacheCoordinator`` (with a state slot per
+    ``max_num_seqs`` for SSM layers)."""
     num_blocks = config.cache.num_gpu_blocks
     assert num_blocks is not None, "the KV cache is not sized yet"
     block_size = config.cache.block_size
     kv_manager: KVCacheManagerInterface
-    if kv_groups and is_hybrid(kv_groups):
-        kv_manager = KVCacheCoordinator(num_blocks, block_size,
-                                        config.cache.enable_prefix_caching, groups=kv_groups)
+    if (kv_groups and is_hybrid(kv_groups)) or ssm_state is not None:
+        kv_manager = KVCacheCoordinator(
+            num_blocks, block_size, config.cache.enable_prefix_caching,
+            groups=kv_groups or [KVCacheGroup(FullAttentionSpec(), ())],
+            num_state_slots=config.scheduler.max_num_seqs if ssm_state is not None else 0)
     else:
         kv_manager = kv_manager_cls(config, registries)(
             num_blocks, block_size, enable_caching=config.cache.enable_prefix_caching)

@@ -26,11 +26,13 @@ from octavo.executor.select import make_executor
 from octavo.kv.cache_spec import (
     FullAttentionSpec,
     KVCacheGroup,
+    SSMStateSpec,
     describe_groups,
     is_hybrid,
     kv_cache_groups,
     layers_per_group,
     max_blocks_per_request,
+    ssm_state_spec,
 )
 from octavo.models.config import model_eos_token_ids
 from octavo.models.loader import ModelFiles
@@ -56,8 +58,12 @@ class EngineCore:
         registries = get_registries()
         self.executor = make_executor(config, platform, files, on_executor_failure)
         try:
-            kv_groups = kv_cache_groups(self.executor.collective_rpc("get_kv_cache_spec")[0])
+            layer_specs = self.executor.collective_rpc("get_kv_cache_spec")[0]
+            kv_groups = kv_cache_groups(layer_specs)
             check_kv_groups_supported(config, kv_groups)
+            ssm_state = ssm_state_spec(layer_specs)
+            if ssm_state is not None:
+                check_ssm_state_supported(config, ssm_state)
             num_blocks = self.executor.determine_num_blocks()
             check_kv_fits(num_blocks, config.cache.block_size, max_model_len,
                           kv_groups, config.scheduler.max_num_batched_tokens)
@@ -71,12 +77,15 @@ class EngineCore:
             model_eos_token_ids(files, config.model.generation_config),
             config.structured_outputs)
         self.scheduler = build_scheduler(config, registries, self.structured_output,
-                                         kv_groups)
+                                         kv_groups, ssm_state)
         if encoder:
             logger.info("no KV cache (an encoder); the scheduler counts a step's tokens in %d "
                         "blocks of %d", num_blocks, config.cache.block_size)
         else:
             log_kv_cache(num_blocks, config.cache.block_size, max_model_len, kv_groups)
+        if ssm_state is not None:
+            logger.info("%s: a pool of %d state slots (max_num_seqs)", ssm_state.describe(),
+                        config.scheduler.max_num_seqs)
         self.num_blocks = num_blocks
         # Every unfinished request: what a step whose plan failed half-made may have touched.
         self._request_ids: set[str] = set()
@@ -136,16 +145,38 @@ def check_kv_groups_supported(config: EngineConfig, kv_groups: list[KVCacheGroup
     ``--kv-manager`` plugin knows nothing of groups."""
     if not is_hybrid(kv_groups):
         return
-    kinds = describe_groups(kv_groups)
-    unsupported = [
+    used = features_in_use(config)
+    if used:
+        raise ConfigError(f"this model's sliding-window layers give it KV groups "
+                          f"({describe_groups(kv_groups)}), which do not support {used[0]} "
+                          "yet")
+
+
+def features_in_use(config: EngineConfig) -> list[str]:
+    """The features a KV layout other than one full-attention group (KV groups, an SSM
+    state) does not support, that ``config`` turns on."""
+    features = [
         ("speculative decoding (--speculative-config)", config.speculative is not None),
         ("a KV connector (--kv-transfer-config)", config.kv_transfer is not None),
         (f"--kv-manager {config.scheduler.kv_manager}", config.scheduler.kv_manager != "default"),
     ]
-    for what, used in unsupported:
-        if used:
-            raise ConfigError(f"this model's sliding-window layers give it KV groups ({kinds}), "
-                              f"which do not support {what} yet")
+    return [what for what, used in features if used]
+
+
+def check_ssm_state_supported(config: EngineConfig, ssm_state: SSMStateSpec) -> None:
+    """Refuse what a per-request SSM state does not work with: drafts (a rejected draft's
+    tokens would stay in the state), KV connectors (they move KV blocks, not states), a
+    ``--kv-manager`` plugin (it keeps no state slots). Prefix caching, which would need the
+    state at each block boundary, is turned off, with the reason logged."""
+    used = features_in_use(config)
+    if used:
+        raise ConfigError(f"this model's SSM layers ({ssm_state.describe()}) keep a state "
+                          f"per request, which does not support {used[0]}")
+    if config.cache.enable_prefix_caching:
+        logger.info("prefix caching is off: this model's SSM layers (%s) keep one state per "
+                    "request, not one per block, so a cached prefix's state cannot be "
+                    "resumed", ssm_state.describe())
+        config.cache.enable_prefix_caching = False
 
 
 def log_kv_cache(num_blocks: int, block_size: int, max_model_len: int,

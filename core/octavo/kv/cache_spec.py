@@ -1,4 +1,5 @@
-"""KV specs and KV groups: which layers share block tables (vLLM's hybrid KV cache layout).
+"""KV specs and KV groups: which layers share block tables (vLLM's hybrid KV cache layout),
+and the layers that keep a per-request state instead (``SSMStateSpec``).
 
 Every attention layer declares a spec - full attention, or a sliding window of N tokens.
 Layers with one spec form a group with its own manager and block tables, so sliding-window
@@ -73,6 +74,32 @@ class MLASpec:
                 "values per token")
 
 
+# A layer's entry in a model's per-layer KV specs (``CausalLM.layer_kv_specs``, what a worker's
+# ``get_kv_cache_spec`` reports) for a layer with a per-request state instead of a KV cache.
+SSM_LAYER = "ssm"
+# Per layer: an attention window (None: full attention) or SSM_LAYER.
+LayerSpecs = Sequence[int | str | None]
+
+
+@dataclass(frozen=True)
+class SSMStateSpec:
+    """Layers with a fixed-size state per request, not per token (Mamba's convolution inputs
+    and selective-scan state): each running request holds one slot of a pool
+    (``octavo.kv.state_pool``) across all of them, from its first allocation until it is
+    freed. They take no KV blocks and stay out of the KV groups."""
+
+    layers: tuple[int, ...]
+
+    def describe(self) -> str:
+        return f"SSM state per request, layers {', '.join(map(str, self.layers))}"
+
+
+def ssm_state_spec(specs: LayerSpecs) -> SSMStateSpec | None:
+    """The SSM layers of a model's per-layer specs, None when it has none."""
+    layers = tuple(i for i, spec in enumerate(specs) if spec == SSM_LAYER)
+    return SSMStateSpec(layers) if layers else None
+
+
 @dataclass(frozen=True)
 class KVCacheGroup:
     """Layers (model-wide indices, ascending) with one spec; ``layers[j]`` uses KV tensor j."""
@@ -85,22 +112,24 @@ def layer_spec(sliding_window: int | None) -> KVCacheSpec:
     return FullAttentionSpec() if sliding_window is None else SlidingWindowSpec(sliding_window)
 
 
-def kv_cache_groups(sliding_windows: Sequence[int | None]) -> list[KVCacheGroup]:
-    """The groups of a model whose layer ``i`` has window ``sliding_windows[i]`` (None: full
-    attention), full attention first; an empty sequence means one full-attention group."""
-    if not sliding_windows:
-        return [KVCacheGroup(FullAttentionSpec(), ())]
+def kv_cache_groups(specs: LayerSpecs) -> list[KVCacheGroup]:
+    """The groups of a model whose layer ``i`` has window ``specs[i]`` (None: full
+    attention), full attention first; SSM layers (``SSM_LAYER``) hold no KV cache and are in
+    none. An empty sequence, or one of SSM layers only, means one full-attention group."""
     by_spec: dict[KVCacheSpec, list[int]] = {}
-    for layer, window in enumerate(sliding_windows):
-        by_spec.setdefault(layer_spec(window), []).append(layer)
+    for layer, window in enumerate(specs):
+        if not isinstance(window, str):  # SSM_LAYER, the one spec that is a string
+            by_spec.setdefault(layer_spec(window), []).append(layer)
+    if not by_spec:
+        return [KVCacheGroup(FullAttentionSpec(), ())]
     if len(by_spec) == 1:
         ((spec, layers),) = by_spec.items()
         return [KVCacheGroup(spec, tuple(layers))]
     counts = [len(layers) for layers in by_spec.values()]
     size = max(counts) if max(counts) < min(counts) * PADDING_TOLERANCE else min(counts)
-    specs = sorted(by_spec, key=lambda spec: isinstance(spec, SlidingWindowSpec))
+    order = sorted(by_spec, key=lambda spec: isinstance(spec, SlidingWindowSpec))
     return [KVCacheGroup(spec, tuple(by_spec[spec][start:start + size]))
-            for spec in specs for start in range(0, len(by_spec[spec]), size)]
+            for spec in order for start in range(0, len(by_spec[spec]), size)]
 
 
 def layers_per_group(groups: Sequence[KVCacheGroup]) -> int:

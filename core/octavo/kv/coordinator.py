@@ -14,6 +14,10 @@ group at once, over one pool of blocks (see ``octavo.kv.cache_spec`` for the lay
 - the block tables of all groups have one length, so trimming them after speculative
   drafts (``free_trailing_blocks``) keeps the same count in each.
 
+A model with SSM layers (Mamba) also holds a state slot per running request
+(``StateSlotPool``): taken with the request's first allocation, which fails (changing
+nothing) without a free one, and given back when the request is freed.
+
 With a sliding-window group, block 0 is the pool's null block: taken from the pool once,
 never freed, never written. ``KVCacheManager`` is the coordinator of one full-attention
 group, which needs no null block.
@@ -29,13 +33,16 @@ from octavo.kv.block_pool import BlockPool
 from octavo.kv.cache_spec import KVCacheGroup, SlidingWindowSpec
 from octavo.kv.group_manager import GroupManager, SlidingWindowGroupManager
 from octavo.kv.interface import KVCacheManagerInterface
+from octavo.kv.state_pool import StateSlotPool
 from octavo.request import Request
 from octavo.stats import PrefixCacheStats
 
 
 class KVCacheCoordinator(KVCacheManagerInterface):
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True, *,
-                 groups: Sequence[KVCacheGroup]) -> None:
+                 groups: Sequence[KVCacheGroup], num_state_slots: int = 0) -> None:
+        """``num_state_slots``: the pool of per-request states of a model with SSM layers
+        (``StateSlotPool``; 0: none)."""
         if block_size < 1:
             raise ValueError(f"block_size must be at least 1, got {block_size}")
         if not groups:
@@ -52,6 +59,7 @@ class KVCacheCoordinator(KVCacheManagerInterface):
         self.num_kv_groups = len(groups)
         self.managers = [self._manager(group_id, group)
                          for group_id, group in enumerate(groups)]
+        self.state_slots = StateSlotPool(num_state_slots) if num_state_slots else None
         self.prefix_stats = PrefixCacheStats()
 
     def _manager(self, group_id: int, group: KVCacheGroup) -> GroupManager:
@@ -135,12 +143,17 @@ class KVCacheCoordinator(KVCacheManagerInterface):
                           for manager in self.managers)
         if needed > self.pool.num_free_blocks + reclaimable:
             return None
+        states = self.state_slots
+        if states is not None and states.slot_of(request_id) is None and not states.num_free:
+            return None
 
         if request_id not in self.managers[0].req_blocks and request.num_preemptions == 0:
             self.prefix_stats.record(request.num_tokens, num_computed - request.num_computed_tokens)
         # Every group takes its hits before any takes new blocks, which could evict them.
         for manager, group_hits in zip(self.managers, hits):
             manager.save_hits(request_id, group_hits)
+        if states is not None:
+            states.take(request_id)
         for manager in self.managers:
             manager.remove_skipped_blocks(request_id, num_computed)
         new_blocks = [block for manager in self.managers
@@ -167,6 +180,12 @@ class KVCacheCoordinator(KVCacheManagerInterface):
     def free(self, request: Request) -> None:
         for manager in self.managers:
             manager.free(request.request_id)
+        if self.state_slots is not None:
+            self.state_slots.release(request.request_id)
+
+    def get_state_slot(self, request_id: str) -> int:
+        slot = None if self.state_slots is None else self.state_slots.slot_of(request_id)
+        return -1 if slot is None else slot
 
     def free_trailing_blocks(self, request: Request, num_tokens: int) -> int | None:
         keep = -(-num_tokens // self.block_size)

@@ -63,6 +63,12 @@ class KVCacheManagerInterface(ABC):
         """Every KV group's block table, in group order."""
         return [self.get_block_ids(request_id)]
 
+    def get_state_slot(self, request_id: str) -> int:
+        """The request's slot of the per-request state of SSM layers (``StateSlotPool``);
+        -1 for a manager of a model without them."""
+        del request_id
+        return -1
+
     def group_new_block_ids(self, new_blocks: Sequence[KVBlock]) -> list[list[int]]:
         """The new blocks ``allocate_slots`` returned, as block ids per KV group."""
         return [[block.block_id for block in new_blocks]]

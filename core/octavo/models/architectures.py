@@ -8,6 +8,7 @@ from octavo.models.bert import BertModel
 from octavo.models.deepseek_v2 import DeepseekV2ForCausalLM
 from octavo.models.gemma2 import Gemma2ForCausalLM
 from octavo.models.gemma3 import Gemma3ForCausalLM
+from octavo.models.jamba import JambaForCausalLM
 from octavo.models.llama import (
     LlamaForCausalLM,
     MistralForCausalLM,
@@ -24,5 +25,5 @@ BUILTIN_ARCHITECTURES: dict[str, type[CausalLM]] = {
                                          MixtralForCausalLM, Gemma3ForCausalLM,
                                          Gemma2ForCausalLM, Phi3ForCausalLM,
                                          Qwen2MoeForCausalLM, Qwen3MoeForCausalLM,
-                                         DeepseekV2ForCausalLM, BertModel)
+                                         DeepseekV2ForCausalLM, JambaForCausalLM, BertModel)
 }

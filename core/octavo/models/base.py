@@ -183,6 +183,17 @@ class CausalLM(nn.Module):
         return self.attn_backend.kv_cache_shape(num_blocks, block_size, self.num_kv_heads,
                                                 self.head_dim)
 
+    def layer_kv_specs(self) -> list[int | str | None]:
+        """Per model-wide layer: its attention window (None: full attention), or
+        ``SSM_LAYER`` for a layer that keeps a state per request instead of a KV cache -
+        what the worker reports to the engine (``get_kv_cache_spec``)."""
+        return list(self.config.sliding_windows)
+
+    def ssm_state_shape(self, num_slots: int) -> tuple[int, ...]:
+        """One SSM layer's state tensor (fp32) on this rank, for ``num_slots`` requests
+        (models with SSM layers only)."""
+        raise NotImplementedError(f"{type(self).__name__} has no SSM layers")
+
     @property
     def uses_rope_lengths(self) -> bool:
         """Whether the model reads ``AttentionMetadata.rope_lengths`` (a length-dependent

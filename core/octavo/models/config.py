@@ -4,7 +4,7 @@ HF configs come in several dialects (transformers 5 writes ``rope_parameters``, 
 for Gemma 3, older files ``rope_theta`` + ``rope_scaling``; Qwen marks sliding-window layers
 differently from Mistral, Gemma 3 with ``layer_types`` or ``sliding_window_pattern``).
 Reading them once here, with errors that name the field, keeps the models free of dict lookups.
-The RoPE (``config_rope``), the mixture of experts and latent attention (``config_moe``) are
+The RoPE (``config_rope``), the mixture of experts and latent attention (``config_parts``) are
 read in modules of their own, through the same ``ConfigReader``.
 """
 
@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from octavo.models.config_moe import MLAConfig, MoEConfig, read_mla, read_moe
+from octavo.models.config_parts import (
+    MambaConfig,
+    MLAConfig,
+    MoEConfig,
+    read_mamba,
+    read_mla,
+    read_moe,
+)
 from octavo.models.config_reader import ConfigReader
 from octavo.models.config_rope import RopeConfig, read_ropes
 from octavo.models.generation_config import GenerationConfig, read_generation_config
@@ -73,6 +80,8 @@ class ArchConfig:
     # Multi-head latent attention (None: q/k/v heads). ``head_dim`` is then its rotated
     # key part, as HF's DeepSeek config sets it.
     mla: MLAConfig | None = None
+    # Mamba layers between the attention ones (Jamba); None: every layer attends.
+    mamba: MambaConfig | None = None
     # The sliding-window layers' own RoPE where it differs from ``rope`` (Gemma 3's local
     # base frequency); None: every layer uses ``rope``.
     local_rope: RopeConfig | None = None
@@ -138,6 +147,7 @@ class ArchConfig:
             hidden_act=activation,
             qkv_bias=bool(reader.optional("qkv_bias", False)),
             mla=mla,
+            mamba=read_mamba(reader, num_layers, hidden_size),
             local_rope=local_rope,
             query_pre_attn_scalar=reader.optional_float("query_pre_attn_scalar"),
             attn_logit_softcapping=reader.optional_float("attn_logit_softcapping"),

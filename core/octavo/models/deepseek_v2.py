@@ -31,7 +31,7 @@ from torch import nn
 from octavo.attention.base import AttentionBackend, AttentionMetadata, MLADims
 from octavo.kv.cache_spec import MLASpec
 from octavo.models.config import ArchConfig
-from octavo.models.config_moe import MLAConfig
+from octavo.models.config_parts import MLAConfig
 from octavo.models.layers.linear import (
     ColumnParallelLinear,
     ReplicatedLinear,

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from octavo.models.base import CausalLM
-from octavo.models.config_moe import MoEConfig
+from octavo.models.config_parts import MoEConfig
 from octavo.models.layers.linear import ReplicatedLinear
 from octavo.models.layers.moe import FusedMoE, Routing, select_experts
 from octavo.models.llama import LlamaMLP

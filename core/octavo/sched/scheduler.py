@@ -341,6 +341,7 @@ class Scheduler(SchedulerInterface):
                 prompt_embeds=request.prompt_embeds,
                 group_block_ids=(self.kv_manager.get_group_block_ids(request.request_id)
                                  if self.kv_manager.num_kv_groups > 1 else []),
+                state_slot=self.kv_manager.get_state_slot(request.request_id),
             ))
             self._grant(request, num_new_tokens, step)
 

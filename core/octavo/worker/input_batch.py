@@ -35,6 +35,8 @@ class CachedRequestState:
     # [num_prompt_tokens, hidden] in the model's dtype, on the device: the model's input at
     # the prompt positions (whose ids are placeholders) for a prompt given as embeddings.
     prompt_embeds: torch.Tensor | None = None
+    # Its slot of the SSM layers' per-request state (-1: the model has none).
+    state_slot: int = -1
 
 
 class InputBatch:
@@ -60,6 +62,7 @@ class InputBatch:
         # Rows whose prompt is embeddings (``CachedRequestState.prompt_embeds``): a step
         # without any scheduled skips them at the cost of one check.
         self.has_prompt_embeds = np.zeros(max_num_reqs, dtype=bool)
+        self.state_slot = np.full(max_num_reqs, -1, dtype=np.int64)
         self.sampling = SamplingArrays.empty(max_num_reqs)
 
     @property
@@ -125,6 +128,7 @@ class InputBatch:
         self.num_prompt_tokens[row] = len(state.prompt_token_ids)
         self.num_computed_tokens[row] = num_computed_tokens
         self.has_prompt_embeds[row] = state.prompt_embeds is not None
+        self.state_slot[row] = state.state_slot
         self.num_blocks[row] = 0
         if state.group_block_ids:
             self.append_group_blocks(row, state.group_block_ids)
@@ -168,7 +172,7 @@ class InputBatch:
         for table in self.block_tables:
             table[dst, :nb] = table[src, :nb]
         for array in (self.num_tokens, self.num_prompt_tokens, self.num_computed_tokens,
-                      self.num_blocks, self.has_prompt_embeds):
+                      self.num_blocks, self.has_prompt_embeds, self.state_slot):
             array[dst] = array[src]
         self.sampling.copy_row(src, dst)
 

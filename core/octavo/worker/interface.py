@@ -40,10 +40,11 @@ class WorkerInterface(ABC):
                  classes: WorkerClasses) -> None:
         """Load the model of ``files`` onto the device."""
 
-    def get_kv_cache_spec(self) -> list[int | None]:
-        """Each model layer's sliding window (None: full attention), from which both the
-        engine and the worker derive the KV groups (``octavo.kv.cache_spec.kv_cache_groups``).
-        Empty, the default: every layer full attention, one group."""
+    def get_kv_cache_spec(self) -> list[int | str | None]:
+        """Each model layer's sliding window (None: full attention), or ``SSM_LAYER`` for a
+        layer with a per-request state, from which both the engine and the worker derive
+        the KV groups and the SSM state (``octavo.kv.cache_spec``). Empty, the default: every
+        layer full attention, one group."""
         return []
 
     @abstractmethod

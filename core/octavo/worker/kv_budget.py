@@ -51,6 +51,18 @@ def num_kv_blocks(budget: int, bytes_per_block: int, flag: str = "--kv-cache-mem
     return blocks
 
 
+def less_ssm_states(budget: int, state_bytes: int, config: EngineConfig,
+                    flag: str = "--kv-cache-memory") -> int:
+    """What ``budget`` leaves for KV blocks once the SSM layers' per-request states are
+    paid (``state_bytes``: a slot per ``max_num_seqs``, ``ModelRunner.ssm_state_bytes``);
+    ``ValueError`` with the numbers when they take all of it."""
+    if state_bytes >= budget:
+        raise ValueError(f"the SSM layers' state of {config.scheduler.max_num_seqs} requests "
+                         f"(max_num_seqs) takes {state_bytes} bytes, the whole KV budget of "
+                         f"{budget} bytes; raise {flag} or lower --max-num-seqs")
+    return budget - state_bytes
+
+
 def bookkeeping_blocks(config: EngineConfig) -> int:
     """The blocks of a model with no KV cache (an encoder): no memory behind them, only
     the scheduler's count of the tokens in flight, and its requests finish in the step

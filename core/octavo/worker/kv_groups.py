@@ -1,5 +1,5 @@
-"""The worker side of KV groups (``octavo.kv.cache_spec``): the model's per-layer windows, the
-KV tensors a block id spans, and each attention layer told which group it is in."""
+"""The worker side of KV groups (``octavo.kv.cache_spec``): the model's per-layer specs, the KV
+tensors a block id spans, and each attention layer told which group it is in."""
 
 from __future__ import annotations
 
@@ -12,22 +12,23 @@ from octavo.attention.kv_groups import KVGroupAttention
 from octavo.kv.cache_spec import KVCacheGroup, tensor_of_layer
 
 
-def layer_windows(model: nn.Module) -> list[int | None]:
-    """Each layer's sliding window (None: full attention), model-wide; every layer full
-    attention for a model whose config does not say (``ArchConfig.sliding_windows``)."""
-    config = getattr(model, "config", None)
-    windows = getattr(config, "sliding_windows", None)
-    return list(windows) if windows is not None else []
+def layer_kv_specs(model: nn.Module) -> list[int | str | None]:
+    """Each layer's spec, model-wide (``CausalLM.layer_kv_specs``: its sliding window, None
+    for full attention, or ``SSM_LAYER``); every layer full attention for a model that
+    does not say."""
+    specs = getattr(model, "layer_kv_specs", None)
+    return specs() if specs is not None else []
 
 
-def local_tensor_indices(groups: Sequence[KVCacheGroup], layers: range) -> list[int]:
+def local_tensor_indices(groups: Sequence[KVCacheGroup], layers: Sequence[int]) -> list[int]:
     """For each of this rank's ``layers``, its KV tensor among this rank's tensors."""
     by_layer = tensor_of_layer(groups)
     used = sorted({by_layer[layer] for layer in layers})
     return [used.index(by_layer[layer]) for layer in layers]
 
 
-def assign_kv_groups(model: nn.Module, groups: Sequence[KVCacheGroup], layers: range) -> None:
+def assign_kv_groups(model: nn.Module, groups: Sequence[KVCacheGroup],
+                     layers: Sequence[int]) -> None:
     """Wrap each attention layer's impl (found in module order: one per decoder layer, in
     layer order) so it attends with its group's metadata. Refuses a model whose impls do
     not line up with its layers, or whose impl windows disagree with the groups' specs."""

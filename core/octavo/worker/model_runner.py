@@ -11,7 +11,7 @@ import torch
 
 from octavo.attention import AttentionBackend
 from octavo.distributed.state import get_parallel_state
-from octavo.kv.cache_spec import is_hybrid, kv_cache_groups
+from octavo.kv.cache_spec import is_hybrid, kv_cache_groups, ssm_state_spec
 from octavo.models.base import CausalLM, IntermediateTensors
 from octavo.outputs import (
     LogprobsLists,
@@ -30,7 +30,7 @@ from octavo.sample.metadata import (
 from octavo.sample.sampler import Sampler, SamplerOutput
 from octavo.worker.grammar_bitmask import apply_grammar_bitmask, grammar_rows
 from octavo.worker.input_batch import CachedRequestState, InputBatch, new_generator
-from octavo.worker.kv_groups import assign_kv_groups, layer_windows, local_tensor_indices
+from octavo.worker.kv_groups import assign_kv_groups, layer_kv_specs, local_tensor_indices
 from octavo.worker.kv_transfer import WorkerKVTransfer
 from octavo.worker.spec_decode.verifier import SpecVerifier
 from octavo.worker.step_inputs import StepInputs, prepare_step
@@ -55,12 +55,18 @@ class ModelRunner:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.device = device
-        # The model's KV groups (octavo.kv.cache_spec); with several, or a sliding window, layer i
-        # writes KV tensor kv_tensor_index[i - first local layer], shared across groups.
-        self.kv_groups = kv_cache_groups(layer_windows(model))
+        # The model's KV groups (octavo.kv.cache_spec); with several, or a sliding window, local
+        # attention layer j writes KV tensor kv_tensor_index[j], shared across groups. SSM
+        # layers (ssm_layers, model-wide) keep a state tensor instead, a row per slot.
+        specs = layer_kv_specs(model)
+        self.kv_groups = kv_cache_groups(specs)
+        ssm_state = ssm_state_spec(specs)
+        self.ssm_layers = frozenset(ssm_state.layers if ssm_state else ())
+        self.num_state_slots = max_num_reqs
+        self.attention_layers = [i for i in model.layer_range if i not in self.ssm_layers]
         self.hybrid_kv = is_hybrid(self.kv_groups)
-        self.kv_tensor_index = (local_tensor_indices(self.kv_groups, model.layer_range)
-                                if self.hybrid_kv else list(range(model.num_layers)))
+        self.kv_tensor_index = (local_tensor_indices(self.kv_groups, self.attention_layers)
+                                if self.hybrid_kv else list(range(len(self.attention_layers))))
         self.batch = InputBatch(max_num_reqs, max_model_len, -(-max_model_len // block_size),
                                 num_kv_groups=len(self.kv_groups))
         self.sampler = Sampler()
@@ -78,9 +84,17 @@ class ModelRunner:
 
     @property
     def num_kv_tensors(self) -> int:
-        """KV tensors on this rank: one per layer, or with KV groups one per layer of a
-        group (each block id holds one group's layers)."""
+        """KV tensors on this rank: one per attention layer, or with KV groups one per layer
+        of a group (each block id holds one group's layers)."""
         return max(self.kv_tensor_index, default=-1) + 1
+
+    def ssm_state_bytes(self) -> int:
+        """What this rank's SSM layers' states take: a slot per request it may hold."""
+        local = sum(1 for layer in self.model.layer_range if layer in self.ssm_layers)
+        if not local:
+            return 0
+        shape = self.model.ssm_state_shape(self.num_state_slots)
+        return local * int(np.prod(shape)) * torch.finfo(torch.float32).bits // 8
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         shape = self.model.kv_cache_shape(num_blocks, self.block_size)
@@ -91,11 +105,22 @@ class ModelRunner:
         # an out-of-memory kill from start-up to the middle of serving.
         tensors = [torch.zeros(shape, dtype=self.model.dtype, device=self.device)
                    for _ in range(self.num_kv_tensors)]
-        self.kv_caches = [tensors[index] for index in self.kv_tensor_index]
+        caches = dict(zip(self.attention_layers,
+                          (tensors[index] for index in self.kv_tensor_index)))
+        caches.update((layer, self._ssm_state()) for layer in self.model.layer_range
+                      if layer in self.ssm_layers)
+        # In layer order; none at all for a model without a cache (an encoder, whose
+        # kv_tensor_index the pooling runner empties).
+        self.kv_caches = [caches[layer] for layer in self.model.layer_range if layer in caches]
         if len(self.kv_groups) > 1:
-            assign_kv_groups(self.model, self.kv_groups, self.model.layer_range)
+            assign_kv_groups(self.model, self.kv_groups, self.attention_layers)
         if self.spec:
             self.spec.proposer.initialize_kv_cache(num_blocks)
+
+    def _ssm_state(self) -> torch.Tensor:
+        """One SSM layer's state tensor, zeroed (fp32: the scan accumulates in it)."""
+        return torch.zeros(self.model.ssm_state_shape(self.num_state_slots),
+                           dtype=torch.float32, device=self.device)
 
     # -- one step -----------------------------------------------------------------------
     @torch.inference_mode()
@@ -113,7 +138,8 @@ class ModelRunner:
         if drafts:
             SpecVerifier.place_drafts(self.batch, drafts)
         step = prepare_step(self.batch, scheduler_output.num_scheduled_tokens, self.block_size,
-                            self.device, rope_lengths=self.model.uses_rope_lengths)
+                            self.device, rope_lengths=self.model.uses_rope_lengths,
+                            state_slots=bool(self.ssm_layers))
         if drafts:
             assert self.spec is not None, "drafts were scheduled without a proposer"
             verify_mask = SpecVerifier.draft_mask(step, self.batch, drafts)
@@ -242,6 +268,7 @@ class ModelRunner:
             generator=new_generator(new.sampling_params, self.device),
             block_ids=list(new.block_ids),
             group_block_ids=[list(ids) for ids in new.group_block_ids],
+            state_slot=new.state_slot,
             prompt_embeds=(None if new.prompt_embeds is None else torch.tensor(
                 new.prompt_embeds, dtype=self.model.dtype, device=self.device)),
         )

@@ -80,10 +80,11 @@ class StepInputs:
 
 def prepare_step(
     batch: InputBatch, num_scheduled: dict[str, int], block_size: int, device: torch.device,
-    rope_lengths: bool = False,
+    rope_lengths: bool = False, state_slots: bool = False,
 ) -> StepInputs:
     """``rope_lengths``: fill ``AttentionMetadata.rope_lengths`` (a model whose RoPE
-    depends on the sequence length)."""
+    depends on the sequence length); ``state_slots``: ``state_slots`` (a model with SSM
+    layers)."""
     rows = np.sort(np.fromiter((batch.req_index[r] for r in num_scheduled), dtype=np.int64,
                                count=len(num_scheduled)))
     counts = np.fromiter((num_scheduled[batch.req_ids[r]] for r in rows), dtype=np.int64,
@@ -118,6 +119,8 @@ def prepare_step(
         query_start_loc_cpu=torch.from_numpy(query_start_loc),
         seq_lens_cpu=torch.from_numpy(seq_lens.astype(np.int32)),
     )
+    if state_slots:
+        metadata.state_slots = on_device(batch.state_slot[rows])
     if rope_lengths:
         metadata.rope_lengths = on_device(
             np.maximum(batch.num_prompt_tokens[token_row], positions + 1))

@@ -22,10 +22,11 @@ from octavo.worker.interface import WorkerClasses, WorkerInterface
 from octavo.worker.kv_budget import (
     bookkeeping_blocks,
     host_kv_budget,
+    less_ssm_states,
     num_kv_blocks,
     pooling_blocks,
 )
-from octavo.worker.kv_groups import layer_windows
+from octavo.worker.kv_groups import layer_kv_specs
 from octavo.worker.kv_transfer import WorkerKVTransfer
 from octavo.worker.model_runner import ModelRunner
 from octavo.worker.pooling_runner import PoolingModelRunner
@@ -68,11 +69,12 @@ class Worker(WorkerInterface):
             self.runner.spec = SpecVerifier(config.speculative, self.runner, classes.proposer,
                                             platform, classes.architectures)
 
-    def get_kv_cache_spec(self) -> list[int | None]:
-        return layer_windows(self.runner.model)
+    def get_kv_cache_spec(self) -> list[int | str | None]:
+        return layer_kv_specs(self.runner.model)
 
     def determine_num_blocks(self) -> int:
-        """KV blocks that fit the host budget (``octavo.worker.kv_budget``). The pooling
+        """KV blocks that fit the host budget (``octavo.worker.kv_budget``), the SSM layers'
+        per-request states (a slot per ``max_num_seqs``) paid from it first. The pooling
         runner needs less: an encoder, which has no KV cache, gets blocks that only count
         the step's tokens; a pooling decoder without ``--kv-cache-memory``, what its
         prompts need while they are computed (``pooling_blocks``)."""
@@ -81,7 +83,9 @@ class Worker(WorkerInterface):
             return bookkeeping_blocks(self.config)
         if self.config.model.runner == "pooling" and self.config.cache.kv_cache_memory is None:
             return pooling_blocks(self.config)
-        return num_kv_blocks(host_kv_budget(self.config, self.platform), per_block)
+        budget = less_ssm_states(host_kv_budget(self.config, self.platform),
+                                 self.runner.ssm_state_bytes(), self.config)
+        return num_kv_blocks(budget, per_block)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.runner.initialize_kv_cache(num_blocks)

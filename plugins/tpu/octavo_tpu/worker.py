@@ -64,7 +64,9 @@ class TpuWorker(WorkerInterface):
         dtype = jnp.dtype(str(torch_dtype).removeprefix("torch."))
         model = build_model(files, torch.float32, classes.attn_backend,
                             architectures=classes.architectures)
-        if not isinstance(model, LlamaForCausalLM) or model.config.num_experts:
+        # Latent attention (DeepSeek) and Mamba layers (Jamba) are Llama subclasses too.
+        other_layers = model.config.mla is not None or model.config.mamba is not None
+        if not isinstance(model, LlamaForCausalLM) or model.config.num_experts or other_layers:
             raise ValueError(f"the tpu backend runs the Llama family (Llama, Mistral, Qwen2, "
                              f"Qwen3); {type(model).__name__} is not built for it yet")
         if type(model.rotary_emb) is not RotaryEmbedding:  # it reads inv_freq only
@@ -96,7 +98,7 @@ class TpuWorker(WorkerInterface):
         return Placement(found[:tp], ragged_paged_attention, write_kv,
                          tpu_platform.interpret_params())
 
-    def get_kv_cache_spec(self) -> list[int | None]:
+    def get_kv_cache_spec(self) -> list[int | str | None]:
         """One KV group of full-attention blocks (the interface's default): the attention
         kernel masks each layer's sliding window, and the engine keeps every block (the
         torch worker's per-window groups, which free blocks out of the window, are not

@@ -62,12 +62,9 @@ def test_every_position_matches_hf(model: Tiny) -> None:
 
 def test_engine_with_chunks_prefix_hits_and_preemption_matches_hf(model: Tiny) -> None:
     """The engine, its prompts twice: the second copies hit the first ones' cached blocks."""
-    per_block = arch_parity.bytes_per_block(model.ours, MAX_MODEL_LEN)
-    prompts = model.prompts + [model.prompts[1]]
-    references = model.references + [model.references[1]]
-    llm = arch_parity.check_engine(model.folder, prompts, references, model.label,
-                                   kv_cache_memory=KV_BLOCKS * per_block,
-                                   max_model_len=MAX_MODEL_LEN)
+    llm = arch_parity.check_engine(model, kv_blocks=KV_BLOCKS, max_model_len=MAX_MODEL_LEN,
+                                   prompts=model.prompts + [model.prompts[1]],
+                                   references=model.references + [model.references[1]])
     stats = llm.llm_engine.core.scheduler.kv_manager.prefix_stats
     assert stats.hits >= 64, stats
 
@@ -76,8 +73,7 @@ def test_tensor_by_pipeline_parallel_matches_hf(model: Tiny) -> None:
     """TP=2 x PP=2: the heads split, the latent whole on each rank, the layers in stages."""
     if model.name != "deepseek_v2":
         pytest.skip("one parallel run covers the heads' split (V2's low-rank queries)")
-    arch_parity.check_tensor_parallel(model.folder, model.prompts, model.references,
-                                      model.label, MAX_MODEL_LEN, pipeline_parallel_size=2)
+    arch_parity.check_tensor_parallel(model, MAX_MODEL_LEN, pipeline_parallel_size=2)
 
 
 def test_kv_blocks_per_gib_are_what_the_latent_predicts(model: Tiny) -> None:

@@ -18,6 +18,7 @@ from octavo.attention.base import AttentionMetadata
 from octavo.attention.torch_backend import TorchAttentionBackend
 from octavo.cpu.attention import CpuAttentionBackend
 from octavo.cpu.platform import CpuPlatform
+from octavo.kv.cache_spec import SSM_LAYER
 from octavo.models.base import CausalLM
 from octavo.models.build import build_model
 from octavo.models.loader import load_model_files
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 ATOL = 1e-4
 TIE_GAP = 1e-4
 NUM_NEW_TOKENS = 16
+MAX_SEQS = 8  # sequences a PagedDriver of a model with SSM layers keeps states for
 
 
 
@@ -42,8 +44,11 @@ class PagedDriver:
         self.block_size = block_size
         shape = model.kv_cache_shape(num_blocks, block_size)
         gen = torch.Generator().manual_seed(seed)
-        self.kv_caches = [torch.randn(shape, generator=gen, dtype=model.dtype)
-                          for _ in range(model.num_layers)]
+        # SSM layers keep a state per sequence (its slot: the sequence's number) instead.
+        self.ssm = [spec == SSM_LAYER for spec in model.layer_kv_specs()]
+        self.kv_caches = [torch.randn(model.ssm_state_shape(MAX_SEQS), generator=gen)
+                          if ssm else torch.randn(shape, generator=gen, dtype=model.dtype)
+                          for ssm in self.ssm]
         self.free_blocks = list(range(num_blocks))
         random.Random(seed).shuffle(self.free_blocks)
         self.block_tables: dict[int, list[int]] = defaultdict(list)
@@ -88,6 +93,7 @@ class PagedDriver:
             max_query_len=max(map(len, chunks.values())),
             max_seq_len=max(seq_lens),
             rope_lengths=torch.tensor(lengths) if prompt_lens is not None else None,
+            state_slots=torch.tensor(list(chunks)) if any(self.ssm) else None,
         )
         with torch.inference_mode():
             hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv_caches,

@@ -53,12 +53,9 @@ def test_every_position_matches_hf(model) -> None:  # type: ignore[no-untyped-de
 
 def test_engine_with_chunks_and_preemption_matches_hf(model) -> None:  # type: ignore[no-untyped-def]
     tiny, _, _ = model
-    per_block = arch_parity.bytes_per_block(tiny.ours, MAX_MODEL_LEN)
-    arch_parity.check_engine(tiny.folder, tiny.prompts, tiny.references, tiny.label,
-                             kv_cache_memory=KV_BLOCKS * per_block, max_model_len=MAX_MODEL_LEN)
+    arch_parity.check_engine(tiny, kv_blocks=KV_BLOCKS, max_model_len=MAX_MODEL_LEN)
 
 
 def test_tensor_parallel_matches_hf(model) -> None:  # type: ignore[no-untyped-def]
     tiny, _, tp_options = model
-    arch_parity.check_tensor_parallel(tiny.folder, tiny.prompts, tiny.references, tiny.label,
-                                      MAX_MODEL_LEN, **tp_options)
+    arch_parity.check_tensor_parallel(tiny, MAX_MODEL_LEN, **tp_options)

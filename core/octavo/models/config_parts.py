@@ -1,9 +1,10 @@
 """The parts of an HF config beyond the dense decoder: a mixture of experts
-(``MoEConfig``) and multi-head latent attention (``MLAConfig``), each family's dialect read
-into one shape."""
+(``MoEConfig``), multi-head latent attention (``MLAConfig``) and Mamba layers
+(``MambaConfig``), each family's dialect read into one shape."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from octavo.models.config_reader import ConfigReader
@@ -47,6 +48,45 @@ class MLAConfig:
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class MambaDims:
+    """A Mamba mixer's sizes (HF Jamba's ``mamba_*`` fields)."""
+
+    hidden_size: int
+    inner: int  # mamba_expand * hidden_size
+    d_state: int
+    d_conv: int
+    dt_rank: int
+    conv_bias: bool = True
+    proj_bias: bool = False
+
+
+@dataclass(frozen=True)
+class MambaConfig:
+    """Jamba's Mamba layers: every layer but the attention ones (``attn_layer_period``,
+    ``attn_layer_offset``) is a Mamba mixer of ``dims``."""
+
+    dims: MambaDims
+    attention_layers: tuple[bool, ...]  # per decoder layer: whether it attends
+
+
+def read_mamba(reader: ConfigReader, num_layers: int, hidden_size: int) -> MambaConfig | None:
+    """The Mamba layers of a Jamba config (it has ``mamba_d_state``), else None."""
+    if reader.optional("mamba_d_state", None) is None:
+        return None
+    dt_rank = reader.optional("mamba_dt_rank", "auto")
+    period = reader.positive_int("attn_layer_period")
+    offset = int(reader.optional("attn_layer_offset", 0))
+    dims = MambaDims(hidden_size=hidden_size,
+                     inner=reader.positive_int("mamba_expand") * hidden_size,
+                     d_state=reader.positive_int("mamba_d_state"),
+                     d_conv=reader.positive_int("mamba_d_conv"),
+                     dt_rank=math.ceil(hidden_size / 16) if dt_rank == "auto" else int(dt_rank),
+                     conv_bias=bool(reader.optional("mamba_conv_bias", True)),
+                     proj_bias=bool(reader.optional("mamba_proj_bias", False)))
+    return MambaConfig(dims, tuple(i % period == offset for i in range(num_layers)))
 
 
 def read_mla(reader: ConfigReader) -> MLAConfig | None:
@@ -93,7 +133,9 @@ def read_moe(reader: ConfigReader, num_layers: int, intermediate_size: int) -> M
                              reader.optional("n_shared_experts", 0)),
                          routed_scaling_factor=float(
                              reader.optional("routed_scaling_factor", 1.0)))
-    if "expert_layer_period" in reader.raw:  # Jamba
+    if "expert_layer_period" in reader.raw:  # Jamba: one "expert" is a dense MLP
+        if num_experts <= 1:
+            return None
         period = int(reader.raw["expert_layer_period"])
         offset = int(reader.optional("expert_layer_offset", 0))
         return MoEConfig(num_experts, top_k, moe_size,
