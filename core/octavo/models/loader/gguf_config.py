@@ -21,6 +21,7 @@ GEMMA3_LOCAL_ROPE_THETA = 10000.0
 # llama.cpp scales queries by head_dim ** -0.5, except in the 27B (the one with 62 layers),
 # whose query_pre_attn_scalar is hidden_size / heads (168) as in its HF config.
 GEMMA3_27B_LAYERS = 62
+GEMMA2_27B_LAYERS = 46  # the same rule for Gemma 2 (its 27B: query_pre_attn_scalar 144)
 
 
 def synthesize_hf_config(gguf: GgufFile, arch: GgufArchitecture) -> dict[str, Any]:
@@ -65,8 +66,9 @@ def synthesize_hf_config(gguf: GgufFile, arch: GgufArchitecture) -> dict[str, An
         # Quantized tensors are dequantized to fp32.
         "torch_dtype": "float32",
     }
-    if arch.model_type == "gemma3_text":
-        config.update(_gemma3_fields(gguf, key, config))
+    fields = _ARCH_FIELDS.get(arch.model_type)
+    if fields is not None:
+        config.update(fields(gguf, key, config))
     return config
 
 
@@ -88,6 +90,77 @@ def _gemma3_fields(gguf: GgufFile, key: Callable[[str], str], config: dict[str, 
         "attn_logit_softcapping": None,
         "final_logit_softcapping": gguf.get(key("final_logit_softcapping")),
     }
+
+
+def _gemma2_fields(gguf: GgufFile, key: Callable[[str], str], config: dict[str, Any],
+                   ) -> dict[str, Any]:
+    """Gemma 2's: the window and both soft caps are in the metadata; every other layer
+    local, the first one (llama.cpp's and HF's pattern); queries scaled as llama.cpp does."""
+    query_scalar = (config["hidden_size"] // config["num_attention_heads"]
+                    if config["num_hidden_layers"] == GEMMA2_27B_LAYERS else config["head_dim"])
+    return {
+        "hidden_activation": config["hidden_act"],
+        "sliding_window": gguf.require(key("attention.sliding_window")),
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention"
+                        for i in range(config["num_hidden_layers"])],
+        "query_pre_attn_scalar": query_scalar,
+        "attn_logit_softcapping": gguf.get(key("attn_logit_softcapping")),
+        "final_logit_softcapping": gguf.get(key("final_logit_softcapping")),
+    }
+
+
+def _phi3_fields(gguf: GgufFile, key: Callable[[str], str], config: dict[str, Any],
+                 ) -> dict[str, Any]:
+    """Phi-3's: LongRoPE where llama.cpp wrote its factors as tensors (with the original
+    context and the attention factor in the metadata), the window (0: none), the rotated
+    share of each head."""
+    fields: dict[str, Any] = {
+        "sliding_window": gguf.get(key("attention.sliding_window")) or None,
+        "partial_rotary_factor": (gguf.get(key("rope.dimension_count"), config["head_dim"])
+                                  / config["head_dim"]),
+    }
+    factors = {name: gguf.tensors.get(f"rope_factors_{name}.weight") for name in ("long", "short")}
+    if factors["long"] is not None and factors["short"] is not None:
+        fields["original_max_position_embeddings"] = gguf.require(
+            key("rope.scaling.original_context_length"))
+        fields["rope_scaling"] = {
+            "rope_type": "longrope",
+            "long_factor": [float(v) for v in factors["long"].data],
+            "short_factor": [float(v) for v in factors["short"].data],
+            "attention_factor": gguf.get(key("rope.scaling.attn_factor")),
+        }
+    return fields
+
+
+def _moe_fields(gguf: GgufFile, key: Callable[[str], str], config: dict[str, Any],
+                ) -> dict[str, Any]:
+    """Qwen2-MoE's and Qwen3-MoE's: every layer sparse (llama.cpp converts no other), the
+    experts' sizes; the top-k weights renormalised in Qwen3-MoE only, as llama.cpp computes
+    them; Qwen2-MoE's shared expert and its q/k/v biases."""
+    fields = {
+        "num_experts": gguf.require(key("expert_count")),
+        "num_experts_per_tok": gguf.require(key("expert_used_count")),
+        "moe_intermediate_size": gguf.require(key("expert_feed_forward_length")),
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": config["model_type"] == "qwen3_moe",
+    }
+    shared = gguf.get(key("expert_shared_feed_forward_length"))
+    if shared:
+        fields["shared_expert_intermediate_size"] = shared
+    if config["model_type"] == "qwen2_moe":  # biases on q/k/v, none on o_proj
+        fields.update(qkv_bias=config["attention_bias"], attention_bias=False)
+    return fields
+
+
+_ARCH_FIELDS: dict[str, Callable[[GgufFile, Callable[[str], str], dict[str, Any]],
+                                 dict[str, Any]]] = {
+    "gemma3_text": _gemma3_fields,
+    "gemma2": _gemma2_fields,
+    "phi3": _phi3_fields,
+    "qwen2_moe": _moe_fields,
+    "qwen3_moe": _moe_fields,
+}
 
 
 def _eos_token_ids(gguf: GgufFile) -> int | list[int] | None:

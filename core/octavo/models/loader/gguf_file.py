@@ -88,6 +88,8 @@ def _hf_named_tensors(gguf: GgufFile, arch: GgufArchitecture) -> dict[str, Reade
     supported = ", ".join(sorted(t.name for t in SUPPORTED_TYPES))
     named = {}
     for tensor in gguf.tensors.values():
+        if tensor.name in arch.config_tensors:
+            continue  # read into the config
         if tensor.tensor_type not in SUPPORTED_TYPES:
             raise ModelLoadError(
                 f"{gguf.path}: tensor {tensor.name!r} has unsupported type "

@@ -23,21 +23,49 @@ class GgufArchitecture:
     norm_shift: float = 0.0
     # Layer tensors this architecture names differently from ``_LAYER_TENSORS``.
     layer_tensors: dict[str, str] = field(default_factory=dict)
+    # Tensors the config is read from, not weights (Phi-3's LongRoPE factors).
+    config_tensors: tuple[str, ...] = ()
 
+
+# Gemma 2 and 3's four norms per layer: ffn_norm is the pre-feedforward one (Llama's
+# post-attention one).
+_GEMMA_NORMS = {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+# A mixture of experts' router and shared expert (Qwen2-MoE's, with its gate).
+_MOE_TENSORS = {
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
 
 ARCHITECTURES: dict[str, GgufArchitecture] = {
     "llama": GgufArchitecture("LlamaForCausalLM", "llama", permuted_qk=True),
     "qwen2": GgufArchitecture("Qwen2ForCausalLM", "qwen2", permuted_qk=False),
     "qwen3": GgufArchitecture("Qwen3ForCausalLM", "qwen3", permuted_qk=False),
-    # Four norms per layer: ffn_norm is the pre-feedforward one (Llama's post-attention).
     "gemma3": GgufArchitecture("Gemma3ForCausalLM", "gemma3_text", permuted_qk=False,
                                hidden_act="gelu_pytorch_tanh", norm_shift=1.0,
-                               rope_scalings=("none", "linear"), layer_tensors={
-                                   "ffn_norm": "pre_feedforward_layernorm",
-                                   "post_attention_norm": "post_attention_layernorm",
-                                   "post_ffw_norm": "post_feedforward_layernorm",
-                               }),
+                               rope_scalings=("none", "linear"), layer_tensors=_GEMMA_NORMS),
+    "gemma2": GgufArchitecture("Gemma2ForCausalLM", "gemma2", permuted_qk=False,
+                               hidden_act="gelu_pytorch_tanh", norm_shift=1.0,
+                               layer_tensors=_GEMMA_NORMS),
+    # q/k/v and gate/up stay fused, as in Phi-3's own checkpoints.
+    "phi3": GgufArchitecture("Phi3ForCausalLM", "phi3", permuted_qk=False, layer_tensors={
+        "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+        config_tensors=("rope_factors_long.weight", "rope_factors_short.weight")),
+    "qwen2moe": GgufArchitecture("Qwen2MoeForCausalLM", "qwen2_moe", permuted_qk=False,
+                                 layer_tensors=_MOE_TENSORS),
+    "qwen3moe": GgufArchitecture("Qwen3MoeForCausalLM", "qwen3_moe", permuted_qk=False,
+                                 layer_tensors=_MOE_TENSORS),
 }
+
+# Tensors of every expert stacked ([experts, out, in]): HF names each expert's own, the
+# ``{expert}`` in the name (``GgufWeights`` yields them one by one).
+EXPERT = "{expert}"
 
 _GLOBAL_TENSORS = {
     "token_embd": "model.embed_tokens",
@@ -57,6 +85,9 @@ _LAYER_TENSORS = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_exps": f"mlp.experts.{EXPERT}.gate_proj",
+    "ffn_up_exps": f"mlp.experts.{EXPERT}.up_proj",
+    "ffn_down_exps": f"mlp.experts.{EXPERT}.down_proj",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from gguf import ReaderTensor
 from octavo.models.loader.dequant import dequantize
 from octavo.models.loader.errors import ModelLoadError
 from octavo.models.loader.gguf_metadata import GgufFile
+from octavo.models.loader.gguf_names import EXPERT
 
 
 def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -39,7 +41,10 @@ class GgufWeights:
         self.norm_shift = norm_shift
 
     def __len__(self) -> int:
-        return len(self.tensors)
+        """HF tensors yielded: a stacked expert tensor is one per expert (its slowest
+        dimension, GGUF's last)."""
+        return sum(int(tensor.shape[-1]) if EXPERT in name else 1
+                   for name, tensor in self.tensors.items())
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in self.tensors.items():
@@ -50,9 +55,14 @@ class GgufWeights:
                 weight = unpermute_qk(weight, self.permuted_heads[name])
             if self.norm_shift and name.endswith("norm.weight"):
                 weight = weight.float() - self.norm_shift
-            yield name, weight
+            if EXPERT in name:  # every expert's, stacked: HF names each expert's own
+                for expert, part in enumerate(weight):
+                    yield name.replace(EXPERT, str(expert)), part
+            else:
+                yield name, weight
 
     def file_of(self, name: str) -> Path:
-        if name not in self.tensors:
+        stacked = re.sub(r"\.experts\.\d+\.", f".experts.{EXPERT}.", name)
+        if name not in self.tensors and stacked not in self.tensors:
             raise ModelLoadError(f"{self.gguf.path}: holds no weight named {name!r}")
         return self.gguf.path
