@@ -1,14 +1,22 @@
-"""``check_model_fits``: whether a model splits over the configured ranks, and
-``check_model_features``: whether the engine's features work with it - both checked in the
-engine process before any worker starts (a worker finding out after its load would cost
-every rank a model load, and say less)."""
+"""``check_model_fits``: whether a model splits over the configured ranks,
+``check_model_features``: whether the engine's features work with it, and
+``check_weights_fit``: whether its weights fit the CPU's memory - all checked in the engine
+process before any worker starts (a worker finding out after its load would cost every rank
+a model load, or the machine its memory, and say less)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from octavo.config import ConfigError, EngineConfig
+from octavo.models.build import count_parameters
 from octavo.models.config import ArchConfig
+from octavo.models.loader import ModelFiles
+from octavo.platforms import Platform
+from octavo.plugins import get_registries
+from octavo.plugins.resolve import attention_backend
 
 
 def check_model_fits(config: EngineConfig, hf_config: dict, source: str | Path) -> None:
@@ -62,3 +70,28 @@ def check_model_features(config: EngineConfig, hf_config: dict, source: str | Pa
             if used:
                 raise ConfigError(f"{source}: multi-head latent attention (its KV cache "
                                   f"holds one latent per token) does not support {what}")
+
+
+def check_weights_fit(config: EngineConfig, files: ModelFiles, platform: type[Platform]) -> None:
+    """On the CPU, where every rank's weights share the machine's memory: raise
+    ``ConfigError`` when the weights alone (counted on a model built on the meta device, so
+    a huge vocabulary, layer or expert count is caught before anything is allocated) exceed
+    the memory available, with the numbers. Devices size their memory themselves."""
+    if platform.device_type != "cpu":
+        return
+    available = platform.free_memory()
+    if available <= 0:  # unknown here
+        return
+    registries = get_registries()
+    params = count_parameters(files, attention_backend(config, platform, registries),
+                              registries.models.as_dict())
+    dtype = config.model.torch_dtype(platform.default_dtype)
+    weight_bytes = params * torch.finfo(dtype).bits // 8
+    if weight_bytes > available:
+        arch = ArchConfig.from_hf(files.hf_config, files.source)
+        experts = f", {arch.num_experts} experts" if arch.num_experts else ""
+        raise ConfigError(
+            f"{files.source}: the weights take {weight_bytes / 2**30:.1f} GiB in {dtype} "
+            f"({params:,} parameters: vocabulary {arch.vocab_size}, hidden size "
+            f"{arch.hidden_size}, {arch.num_hidden_layers} layers{experts}), more than the "
+            f"{available / 2**30:.1f} GiB of memory available")

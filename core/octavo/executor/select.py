@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from octavo.config import ConfigError, EngineConfig
 from octavo.executor.base import Executor
-from octavo.executor.fits import check_model_features, check_model_fits
+from octavo.executor.fits import check_model_features, check_model_fits, check_weights_fit
 from octavo.models.loader import ModelFiles
 from octavo.platforms import Platform
 
@@ -17,6 +17,7 @@ def make_executor(config: EngineConfig, platform: type[Platform], files: ModelFi
     (or Ray actor) dies, with the reason."""
     check_model_fits(config, files.hf_config, files.source)
     check_model_features(config, files.hf_config, files.source)
+    check_weights_fit(config, files, platform)
     backend = config.parallel.distributed_executor_backend
     if platform.single_controller:  # its one worker drives every rank's device
         if backend == "ray":

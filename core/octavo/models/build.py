@@ -33,16 +33,34 @@ def build_model(
 ) -> CausalLM:
     """Instantiate the architecture of ``files.hf_config`` in ``dtype`` on ``device`` and load
     its weights; the model is returned in eval mode with frozen parameters."""
+    model = _instantiate(files, dtype, attn_backend, device, architectures)
+    _load(model, files)
+    return model.eval()
+
+
+def count_parameters(files: ModelFiles, attn_backend: type[AttentionBackend],
+                     architectures: Mapping[str, type[CausalLM]] = BUILTIN_ARCHITECTURES,
+                     ) -> int:
+    """The parameters the model of ``files`` has (on one rank), counted on a model built on
+    the meta device: nothing allocated, nothing loaded."""
+    model = _instantiate(files, torch.float32, attn_backend, "meta", architectures)
+    return sum(param.numel() for param in model.parameters())
+
+
+def _instantiate(files: ModelFiles, dtype: torch.dtype, attn_backend: type[AttentionBackend],
+                 device: str | torch.device,
+                 architectures: Mapping[str, type[CausalLM]]) -> CausalLM:
+    """The architecture of ``files.hf_config`` built in ``dtype`` on ``device``, its weights
+    not loaded; dimensions its layers cannot be built with are a ``ModelLoadError`` naming
+    the config."""
     config_file = config_file_of(files.source)
     model_class = model_class_for(files.hf_config, config_file, architectures)
     config = ArchConfig.from_hf(files.hf_config, config_file)
     try:
         with torch.device(device):
-            model = model_class(config, attn_backend, dtype)
+            return model_class(config, attn_backend, dtype)
     except ValueError as exc:  # dimensions the layers cannot be built with
         raise ModelLoadError(f"{config_file}: cannot build {model_class.__name__}: {exc}") from exc
-    _load(model, files)
-    return model.eval()
 
 
 def model_class_for(

@@ -3,10 +3,14 @@ starts, with the dimension that does not divide."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from octavo.config import ConfigError, EngineConfig
-from octavo.executor.fits import check_model_features, check_model_fits
+from octavo.cpu.platform import CpuPlatform
+from octavo.executor.fits import check_model_features, check_model_fits, check_weights_fit
+from octavo.models.loader import ModelFiles
 
 SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_size": 576,
            "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
@@ -70,3 +74,17 @@ def test_latent_attention_refuses_drafts_and_connectors() -> None:
         with pytest.raises(ConfigError, match="multi-head latent attention .* does not "
                                               "support"):
             check_model_features(EngineConfig.from_kwargs(**kwargs), deepseek, "m")
+
+
+def test_weights_larger_than_memory_are_refused_before_allocation() -> None:
+    """A vocabulary of a billion tokens: refused with the numbers, counted on the meta device
+    (nothing allocated); SmolLM2's own sizes pass."""
+    def files(hf: dict) -> ModelFiles:
+        return ModelFiles(Path("model.gguf"), hf, tokenizer=None, weights=[])  # type: ignore[arg-type]
+
+    config = EngineConfig.from_kwargs(dtype="float32")
+    check_weights_fit(config, files(SMOLLM2), CpuPlatform)
+    message = (r"the weights take \d+\.\d GiB in torch.float32 \(1,152,\d{3},\d{3},\d{3} "
+               r"parameters: vocabulary 1000000000, hidden size 576, 30 layers\), more than")
+    with pytest.raises(ConfigError, match=message):
+        check_weights_fit(config, files({**SMOLLM2, "vocab_size": 10**9}), CpuPlatform)
