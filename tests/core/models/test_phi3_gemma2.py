@@ -1,6 +1,7 @@
-"""Phi-3 (fused projections, longrope) and Gemma 2 (soft-capped attention and logits,
-alternating local and global layers), and the RoPE scalings dynamic and yarn on the Llama
-family, against HF transformers on tiny random models (``arch_parity``'s checks).
+"""Phi-3 (fused projections, longrope on a partial rotation) and Gemma 2 (soft-capped
+attention and logits, alternating local and global layers), and the RoPE scalings dynamic
+and yarn on the Llama family, against HF transformers on tiny random models
+(``arch_parity``'s checks).
 
 Lengths are chosen so every path runs: Phi-3's prompts reach past its original context of
 256 (long factors), one of them only while decoding; Gemma 2's past its window of 8; the
@@ -26,16 +27,19 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 PHI3_ORIGINAL_CONTEXT = 256
 PHI3_WINDOW = 300
-HALF_HEAD = 8  # longrope factors: one per rotated frequency of a 16-dim head
+# Phi-4-mini's partial rotation: 12 of each 16-dim head rotated, so 6 longrope factors.
+PHI3_PARTIAL_ROTARY = 0.75
+ROTATED_PAIRS = 6
 
 
 def phi3_config() -> Phi3Config:
     return Phi3Config(
         **{**COMMON, "max_position_embeddings": 1024}, sliding_window=PHI3_WINDOW,
         original_max_position_embeddings=PHI3_ORIGINAL_CONTEXT,
+        partial_rotary_factor=PHI3_PARTIAL_ROTARY,
         rope_scaling={"type": "longrope",
-                      "short_factor": [1.0 + 0.1 * i for i in range(HALF_HEAD)],
-                      "long_factor": [1.5 + 0.5 * i for i in range(HALF_HEAD)]})
+                      "short_factor": [1.0 + 0.1 * i for i in range(ROTATED_PAIRS)],
+                      "long_factor": [1.5 + 0.5 * i for i in range(ROTATED_PAIRS)]})
 
 
 def gemma2_config() -> Gemma2Config:
@@ -77,6 +81,7 @@ def llama_dynamic(tmp_path_factory) -> Tiny:  # type: ignore[no-untyped-def]
 
 def test_phi3_every_position_matches_hf(phi3: Tiny) -> None:
     assert isinstance(phi3.ours.rotary_emb, ScaledRotaryEmbedding)
+    assert phi3.ours.rotary_emb.dim == 12
     diff = check_every_position(phi3.ours, phi3.prompts, phi3.references, 64, phi3.seed,
                                 phi3.label)
     print(f"\n{phi3.label}: every position within {diff:.2e}")
@@ -100,6 +105,10 @@ def test_gemma2_every_position_matches_hf(gemma2: Tiny) -> None:
     diff = check_every_position(gemma2.ours, gemma2.prompts, gemma2.references, 64,
                                 gemma2.seed, gemma2.label)
     print(f"\n{gemma2.label}: every position within {diff:.2e}")
+
+
+def test_gemma2_tensor_parallel_matches_hf(gemma2: Tiny) -> None:
+    check_tensor_parallel(gemma2, 736)
 
 
 def test_gemma2_engine_with_chunks_and_preemption_matches_hf(gemma2: Tiny) -> None:
