@@ -28,7 +28,7 @@ if ! ldconfig -p 2>/dev/null | grep -q libibverbs.so.1; then
     apt_install libibverbs1 || echo "warning: the Mooncake connector will not load" >&2
 fi
 # The CPU backend compiles its fused kernels with the C compiler on first use
-# (octavo/cpu/kernels.py); libc6-dev brings libmvec, which vectorises expf.
+# (octavo/cpu/kernel_build.py); libc6-dev brings libmvec, which vectorises expf.
 if [ "$(uname -m)" = x86_64 ] && { ! command -v cc >/dev/null \
         || [ ! -e /usr/lib/x86_64-linux-gnu/libmvec.so ]; }; then
     apt_install gcc libc6-dev || echo "warning: the CPU backend runs without its fused kernels" >&2

@@ -36,9 +36,7 @@ static inline void prefetch_kv_l2(const bf16 *keys, const bf16 *values, const in
  * into L2 a few at a time while this row computes: ~30% during its keys' pass, the rest
  * during its values' pass, which otherwise leaves the memory idle. Then the memory streams
  * through both passes instead of in bursts during the keys' pass alone. The next row's own
- * keys' pass still asks two blocks ahead, for what was evicted or not yet asked for. W1's
- * decode shape (64 rows over 320 positions, 30 layers, blocks in order): 19.0 -> 15.5 ms a
- * step, where the memory alone (reading the same rows, no arithmetic) takes ~14. */
+ * keys' pass still asks two blocks ahead, for what was evicted or not yet asked for. */
 typedef struct {
     const bf16 *keys, *values;
     const int64_t *slot;
@@ -176,8 +174,9 @@ static void weigh_all_values(float *acc, const float *scores, int64_t max_len,
  * Both products run vdpbf16ps straight on the cache's bf16 rows, with no fp32 copy of them:
  * scores as pair dot products of the bf16 query and key rows, scaled afterwards (as
  * PyTorch's flash attention scales q k^T), and the weighted sum of values two positions at
- * a time, the two value rows interleaved into pairs. That takes ~2.5x fewer instructions
- * than widening every row to fp32, which left the fp32 path compute-bound at W1's shape. */
+ * a time, the two value rows interleaved into pairs. That takes far fewer instructions
+ * than widening every row to fp32, which leaves the fp32 path compute-bound at batched
+ * decode shapes. */
 #define PAIR_DECODE_MAX_DIM 256
 /* The running max before any key: finite, as -ffast-math assumes no infinities. */
 #define ATT_NO_MAX -1e30f
@@ -246,9 +245,8 @@ static void pair_scores16_n(float *scores, int64_t max_len, int64_t j0, const bf
  * `slot`: 16 positions at a time (each key row read once, for all query heads), the rest one
  * by one. The key and value rows two blocks ahead are asked of the memory into L2 meanwhile,
  * a share before each kv head's block so the requests do not all come at once; the values'
- * pass then finds its rows in the cache. On W1's decode shape this took the step's attention
- * from ~34 to ~23 ms (64 rows over 320 positions, 30 layers). A share of the next row's
- * rows is asked for here too (`next`, see row_fetch). */
+ * pass then finds its rows in the cache. A share of the next row's rows is asked for here
+ * too (`next`, see row_fetch). */
 static void pair_score_context(float *scores, const bf16 *q, const bf16 *cache,
                                int64_t num_slots, const int64_t *slot, int64_t len,
                                int64_t max_len, int64_t width, int64_t num_heads,
@@ -477,34 +475,39 @@ static void fp32_attend_row(float *acc, float *sums, float *maxes, float *scores
  * q: [B, heads, head_dim], rows q_stride apart; out contiguous. With prefix_m (else NULL),
  * the positions given are what follows a prefix the rows share, whose part
  * octavo_prefix_attention computed: the two are merged before the division. */
-void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_t num_slots,
-                             const int64_t *slots, const int64_t *seq_lens, int64_t batch,
-                             int64_t max_len, int64_t num_heads, int64_t num_kv_heads,
-                             int64_t head_dim, int64_t q_stride, float scale,
-                             const float *prefix_m, const float *prefix_l,
-                             const float *prefix_acc) {
+int octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_t num_slots,
+                            const int64_t *slots, const int64_t *seq_lens, int64_t batch,
+                            int64_t max_len, int64_t num_heads, int64_t num_kv_heads,
+                            int64_t head_dim, int64_t q_stride, float scale,
+                            const float *prefix_m, const float *prefix_l,
+                            const float *prefix_acc) {
     int64_t group = num_heads / num_kv_heads;
     int64_t width = num_kv_heads * head_dim;
     int64_t qwidth = num_heads * head_dim;
     const bf16 *values = cache + num_slots * width;
     int64_t total = 0;
     for (int64_t b = 0; b < batch; b++) total += seq_lens[b];
+    int failed = 0;
 #pragma omp parallel if (total * width >= PARALLEL_MIN)
     {
-        float *scores = malloc(sizeof(float) * num_heads * max_len);
-        float *qf = malloc(sizeof(float) * qwidth);
-        float *acc = malloc(sizeof(float) * qwidth);
-        float *sums = malloc(sizeof(float) * num_heads);
-        float *maxes = malloc(sizeof(float) * num_heads);
-        float *scratch = malloc(sizeof(float) * 16 * width); /* fp32 cache rows */
+        float *scores = octavo_alloc(sizeof(float) * num_heads * max_len);
+        float *qf = octavo_alloc(sizeof(float) * qwidth);
+        float *acc = octavo_alloc(sizeof(float) * qwidth);
+        float *sums = octavo_alloc(sizeof(float) * num_heads);
+        float *maxes = octavo_alloc(sizeof(float) * num_heads);
+        float *scratch = octavo_alloc(sizeof(float) * 16 * width); /* fp32 cache rows */
+        int ok = scores && qf && acc && sums && maxes && scratch;
 #ifdef __AVX512BF16__
         int pairs = head_dim % 32 == 0 && head_dim <= PAIR_DECODE_MAX_DIM;
-        bf16 *weights = pairs ? malloc(sizeof(bf16) * num_heads * (max_len + 2)) : NULL;
-        float *piece = pairs ? malloc(sizeof(float) * qwidth) : NULL;
+        bf16 *weights = pairs ? octavo_alloc(sizeof(bf16) * num_heads * (max_len + 2)) : NULL;
+        float *piece = pairs ? octavo_alloc(sizeof(float) * qwidth) : NULL;
+        ok = ok && (!pairs || (weights && piece));
         int64_t step = omp_get_num_threads(); /* rows b, b + step, ... are this thread's */
 #endif
+        if (!ok) octavo_fail(&failed);
 #pragma omp for schedule(static, 1)
         for (int64_t b = 0; b < batch; b++) {
+            if (!ok) continue;
             int64_t len = seq_lens[b];
             const int64_t *slot = slots + b * max_len;
 #ifdef __AVX512BF16__
@@ -554,6 +557,7 @@ void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_
         free(piece);
 #endif
     }
+    return failed ? OCTAVO_ERR_NO_MEMORY : OCTAVO_OK;
 }
 
 
@@ -751,16 +755,17 @@ static void attend_rows(const bf16 *q, int64_t q_stride, int64_t rows, const pac
  * each); its context is positions 0 .. seq_lens[r] - 1, at slots[r * max_ctx ...]; query i
  * sits at position seq_lens[r] - query_lens[r] + i. Writes those rows of out (rows of
  * num_heads * head_dim, bf16) and no others. */
-void octavo_prefill_attention(bf16 *out, const bf16 *q, int64_t q_stride, const bf16 *cache,
-                              int64_t num_slots, const int64_t *slots, int64_t max_ctx,
-                              const int64_t *query_start, const int64_t *query_lens,
-                              const int64_t *seq_lens, int64_t num_reqs, int64_t num_heads,
-                              int64_t num_kv_heads, int64_t head_dim, float scale) {
+int octavo_prefill_attention(bf16 *out, const bf16 *q, int64_t q_stride, const bf16 *cache,
+                             int64_t num_slots, const int64_t *slots, int64_t max_ctx,
+                             const int64_t *query_start, const int64_t *query_lens,
+                             const int64_t *seq_lens, int64_t num_reqs, int64_t num_heads,
+                             int64_t num_kv_heads, int64_t head_dim, float scale) {
     int64_t group = num_heads / num_kv_heads, width = num_kv_heads * head_dim;
     int64_t qwidth = num_heads * head_dim;
     /* Per request: where its packs start in one buffer, and its packing and attention
      * items' first numbers. */
-    int64_t *offset = malloc(sizeof(int64_t) * 3 * (num_reqs + 1));
+    int64_t *offset = octavo_alloc(sizeof(int64_t) * 3 * (num_reqs + 1));
+    if (!offset) return OCTAVO_ERR_NO_MEMORY;
     int64_t *packs = offset + num_reqs + 1, *chunks = packs + num_reqs + 1;
     offset[0] = packs[0] = chunks[0] = 0;
     for (int64_t r = 0; r < num_reqs; r++) {
@@ -769,24 +774,33 @@ void octavo_prefill_attention(bf16 *out, const bf16 *q, int64_t q_stride, const 
         packs[r + 1] = packs[r] + pack_items(seq_lens[r], num_kv_heads);
         chunks[r + 1] = chunks[r] + num_heads * ((query_lens[r] + ATT_ROWS - 1) / ATT_ROWS);
     }
-    bf16 *packed = malloc(sizeof(bf16) * offset[num_reqs]);
+    bf16 *packed = octavo_alloc(sizeof(bf16) * offset[num_reqs]);
+    if (!packed) {
+        free(offset);
+        return OCTAVO_ERR_NO_MEMORY;
+    }
+    int failed = 0;
 #pragma omp parallel
     {
-        packed_kv *p = malloc(sizeof(packed_kv) * num_kv_heads);
+        packed_kv *p = octavo_alloc(sizeof(packed_kv) * num_kv_heads);
+        att_scratch *t = octavo_alloc(sizeof(att_scratch));
+        float *acc = octavo_alloc(sizeof(float) * ATT_ROWS * head_dim);
+        int ok = p && t && acc;
+        if (!ok) octavo_fail(&failed);
         int64_t r = 0;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < packs[num_reqs]; item++) {
+            if (!ok) continue;
             while (packs[r + 1] <= item) r++;
             place_packs(p, packed + offset[r], seq_lens[r], num_kv_heads, head_dim);
             pack_item(p, item - packs[r], cache, num_slots, width, slots + r * max_ctx);
         }
-        att_scratch *t = malloc(sizeof(att_scratch));
         float m[ATT_ROWS], l[ATT_ROWS];
         int64_t limit[ATT_ROWS];
-        float *acc = malloc(sizeof(float) * ATT_ROWS * head_dim);
         r = 0;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < chunks[num_reqs]; item++) {
+            if (!ok) continue;
             while (chunks[r + 1] <= item) r++;
             int64_t q_len = query_lens[r];
             int64_t per_head_chunks = (q_len + ATT_ROWS - 1) / ATT_ROWS;
@@ -815,6 +829,7 @@ void octavo_prefill_attention(bf16 *out, const bf16 *q, int64_t q_stride, const 
     }
     free(packed);
     free(offset);
+    return failed ? OCTAVO_ERR_NO_MEMORY : OCTAVO_OK;
 }
 
 /* The part of `batch` decode rows' attention that lies over a prefix of `prefix_len` positions
@@ -822,26 +837,31 @@ void octavo_prefill_attention(bf16 *out, const bf16 *q, int64_t q_stride, const 
  * max m[b * num_heads + h], sum l[...] and unnormalised output acc[... * head_dim + d], which
  * octavo_decode_attention completes with each row's own positions (cascade attention). q:
  * [batch][num_heads][head_dim], rows q_stride apart. */
-void octavo_prefix_attention(float *m, float *l, float *acc, const bf16 *q, int64_t q_stride,
-                             int64_t batch, const bf16 *cache, int64_t num_slots,
-                             const int64_t *prefix_slots, int64_t prefix_len, int64_t num_heads,
-                             int64_t num_kv_heads, int64_t head_dim, float scale) {
+int octavo_prefix_attention(float *m, float *l, float *acc, const bf16 *q, int64_t q_stride,
+                            int64_t batch, const bf16 *cache, int64_t num_slots,
+                            const int64_t *prefix_slots, int64_t prefix_len, int64_t num_heads,
+                            int64_t num_kv_heads, int64_t head_dim, float scale) {
     int64_t group = num_heads / num_kv_heads, width = num_kv_heads * head_dim;
     int64_t per_head = packed_k_elems(prefix_len, head_dim) + packed_v_elems(prefix_len, head_dim);
-    bf16 *packed = malloc(sizeof(bf16) * per_head * num_kv_heads);
+    bf16 *packed = octavo_alloc(sizeof(bf16) * per_head * num_kv_heads);
+    if (!packed) return OCTAVO_ERR_NO_MEMORY;
     int64_t row_chunks = (batch + ATT_PREFIX_ROWS - 1) / ATT_PREFIX_ROWS;
+    int failed = 0;
 #pragma omp parallel
     {
-        packed_kv *p = malloc(sizeof(packed_kv) * num_kv_heads);
-        place_packs(p, packed, prefix_len, num_kv_heads, head_dim);
+        packed_kv *p = octavo_alloc(sizeof(packed_kv) * num_kv_heads);
+        att_scratch *t = octavo_alloc(sizeof(att_scratch));
+        float *racc = octavo_alloc(sizeof(float) * ATT_PREFIX_ROWS * head_dim);
+        int ok = p && t && racc;
+        if (!ok) octavo_fail(&failed);
+        if (ok) place_packs(p, packed, prefix_len, num_kv_heads, head_dim);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < pack_items(prefix_len, num_kv_heads); item++)
-            pack_item(p, item, cache, num_slots, width, prefix_slots);
-        att_scratch *t = malloc(sizeof(att_scratch));
+            if (ok) pack_item(p, item, cache, num_slots, width, prefix_slots);
         float rm[ATT_PREFIX_ROWS], rl[ATT_PREFIX_ROWS];
-        float *racc = malloc(sizeof(float) * ATT_PREFIX_ROWS * head_dim);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < num_heads * row_chunks; item++) {
+            if (!ok) continue;
             int64_t head = item / row_chunks, b0 = item % row_chunks * ATT_PREFIX_ROWS;
             int64_t rows = batch - b0 < ATT_PREFIX_ROWS ? batch - b0 : ATT_PREFIX_ROWS;
             for (int64_t i = 0; i < rows; i++) {
@@ -863,22 +883,23 @@ void octavo_prefix_attention(float *m, float *l, float *acc, const bf16 *q, int6
         free(p);
     }
     free(packed);
+    return failed ? OCTAVO_ERR_NO_MEMORY : OCTAVO_OK;
 }
 #else
 int octavo_attention_available(void) { return 0; }
 
-void octavo_prefill_attention(bf16 *out, const bf16 *q, int64_t q_stride, const bf16 *cache,
-                              int64_t num_slots, const int64_t *slots, int64_t max_ctx,
-                              const int64_t *query_start, const int64_t *query_lens,
-                              const int64_t *seq_lens, int64_t num_reqs, int64_t num_heads,
-                              int64_t num_kv_heads, int64_t head_dim, float scale) {
-    abort(); /* callers check octavo_attention_available() first */
+int octavo_prefill_attention(bf16 *out, const bf16 *q, int64_t q_stride, const bf16 *cache,
+                             int64_t num_slots, const int64_t *slots, int64_t max_ctx,
+                             const int64_t *query_start, const int64_t *query_lens,
+                             const int64_t *seq_lens, int64_t num_reqs, int64_t num_heads,
+                             int64_t num_kv_heads, int64_t head_dim, float scale) {
+    return OCTAVO_ERR_NEEDS_AVX512_BF16;
 }
 
-void octavo_prefix_attention(float *m, float *l, float *acc, const bf16 *q, int64_t q_stride,
-                             int64_t batch, const bf16 *cache, int64_t num_slots,
-                             const int64_t *prefix_slots, int64_t prefix_len, int64_t num_heads,
-                             int64_t num_kv_heads, int64_t head_dim, float scale) {
-    abort();
+int octavo_prefix_attention(float *m, float *l, float *acc, const bf16 *q, int64_t q_stride,
+                            int64_t batch, const bf16 *cache, int64_t num_slots,
+                            const int64_t *prefix_slots, int64_t prefix_len, int64_t num_heads,
+                            int64_t num_kv_heads, int64_t head_dim, float scale) {
+    return OCTAVO_ERR_NEEDS_AVX512_BF16;
 }
 #endif

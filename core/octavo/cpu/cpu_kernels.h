@@ -1,15 +1,17 @@
-/* What the CPU kernels (cpu_ops.c, cpu_attention.c) share: bf16 conversions rounded as
- * PyTorch rounds, the pair GEMM's register tiles, and the threshold below which work stays on
- * one thread. See octavo/cpu/kernels.py for why and how the kernels are built. */
+/* What the CPU kernels' sources share inside the library: the interface (octavo_cpu.h), bf16
+ * conversions rounded as PyTorch rounds, checked allocation, the pair GEMM's register tiles,
+ * and the threshold below which work stays on one thread. See octavo/cpu/kernels.py for why
+ * the kernels exist and octavo/cpu/kernel_build.py for how they are built. */
 #ifndef OCTAVO_CPU_KERNELS_H
 #define OCTAVO_CPU_KERNELS_H
 
 #include <stdint.h>
+#include <stdlib.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
-typedef uint16_t bf16;
+#include "octavo_cpu.h"
 
 static inline float bf2f(bf16 h) {
     union { uint32_t u; float f; } v;
@@ -26,6 +28,18 @@ static inline bf16 f2bf(float f) {
 
 /* Work below this many elements runs on one thread: waking the others costs more. */
 #define PARALLEL_MIN 32768
+
+/* malloc, but NULL only when out of memory (malloc(0) may return NULL too). Every kernel
+ * checks what it gets and returns OCTAVO_ERR_NO_MEMORY instead of using a NULL. */
+static inline void *octavo_alloc(size_t bytes) { return malloc(bytes ? bytes : 1); }
+
+/* Records, from any thread of a parallel region, that the call failed for lack of memory:
+ * a thread whose scratch is missing still reaches every worksharing loop of the region (each
+ * ends at a barrier) but skips its iterations, and the kernel returns the failure after it. */
+static inline void octavo_fail(int *failed) {
+#pragma omp atomic write
+    *failed = 1;
+}
 
 #ifdef __AVX512F__
 /* 16 fp32 values rounded to bf16 as f2bf rounds them. */
@@ -44,8 +58,7 @@ static inline __m512 bf16x16_to_fp32(__m256i h) {
 /* e^x in 16 lanes, x clamped to [-100, 88]: x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two
  * parts, so r is exact to fp32), e^r by its Taylor series to r^6 (error < 2e-7 of the
  * result), times 2^n. Inline, where glibc's vector expf is a library call per 16 lanes: the
- * softmax of the attention kernels runs on it (prefill attention at W1's chunk of 16 prompts
- * of 256 tokens: 8.1 -> 6.5 ms a layer, with the softmax's other loops made explicit). */
+ * softmax of the attention kernels runs on it. */
 static inline __m512 exp16(__m512 x) {
     x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-100.0f));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
@@ -73,38 +86,11 @@ static inline __m512 exp16(__m512 x) {
  * evenly spaced panels, more to pair gate panels with their up panels. */
 #define PAIR_MR 6
 #define PAIR_NP 4
-#define PAIR_PANEL 16
 typedef void (*pair_tile_fn)(float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], const bf16 *x,
                              int64_t x_stride, const bf16 *w, int64_t panel_stride,
                              int64_t jump, int64_t pairs, const char *ahead,
                              int64_t ahead_lines);
 extern const pair_tile_fn pair_tiles[PAIR_MR][PAIR_NP];
 #endif
-
-/* The kernels octavo_decode_layer (cpu_layer.c) runs in turn: cpu_ops.c's and
- * cpu_attention.c's entry points. */
-void octavo_rms_norm(bf16 *out, bf16 *x, const bf16 *residual, const bf16 *weight,
-                     int64_t rows, int64_t dim, int64_t x_stride, int64_t res_stride, float eps);
-void octavo_silu_and_mul(bf16 *out, const bf16 *x, int64_t rows, int64_t d, int64_t x_stride);
-void octavo_pair_gemm_silu(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
-                           const float *bias, int64_t rows, int64_t d, int64_t in);
-void octavo_rope(bf16 *q, bf16 *k, const bf16 *cos, const bf16 *sin, int64_t tokens,
-                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
-                 int64_t k_stride);
-void octavo_write_kv(bf16 *cache, int64_t num_slots, const bf16 *key, const bf16 *value,
-                     const int64_t *slot_mapping, int64_t tokens, int64_t width,
-                     int64_t key_stride, int64_t value_stride);
-void octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
-                      const float *bias, int64_t rows, int64_t out, int64_t in);
-void octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_t num_slots,
-                             const int64_t *slots, const int64_t *seq_lens, int64_t batch,
-                             int64_t max_len, int64_t num_heads, int64_t num_kv_heads,
-                             int64_t head_dim, int64_t q_stride, float scale,
-                             const float *prefix_m, const float *prefix_l,
-                             const float *prefix_acc);
-void octavo_prefix_attention(float *m, float *l, float *acc, const bf16 *q, int64_t q_stride,
-                             int64_t batch, const bf16 *cache, int64_t num_slots,
-                             const int64_t *prefix_slots, int64_t prefix_len, int64_t num_heads,
-                             int64_t num_kv_heads, int64_t head_dim, float scale);
 
 #endif

@@ -44,8 +44,7 @@ static inline void silu_mul_row(bf16 *o, const bf16 *gate, const bf16 *up, int64
 /* y = W x (+ bias) for one row x [in] and W [out, in] in its plain layout, each output
  * summed in fp32 and rounded to bf16 once. A decode step of one request is bound by
  * streaming the weights from memory; four rows at a time with AVX512-BF16's dot-product
- * instruction (no conversion pass) keep more loads in flight than oneDNN's blocked GEMV,
- * ~1.25x its bandwidth on both cores of a SmolLM2-135M step. */
+ * instruction (no conversion pass) keep more loads in flight than oneDNN's blocked GEMV. */
 static float dot_row(const bf16 *w, const bf16 *x, int64_t in) {
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -90,13 +89,12 @@ void octavo_gemv(bf16 *y, const bf16 *w, const bf16 *x, const bf16 *bias, int64_
 }
 
 /* Y = X W^T (+ bias) for a batch of rows, with W prepacked into panels of GEMM_PANEL
- * columns ([out / GEMM_PANEL][in][GEMM_PANEL], zero-padded; see pack_gemm_weight in cpu.py).
- * This CPU's vdpbf16ps retires half as many multiply-adds per cycle as fp32 FMAs, so
- * oneDNN's bf16 GEMM runs at ~0.5x fp32 peak, and an fp32 weight copy doubles the bytes a
- * decode step streams. Here each panel row is read once as bf16, widened to fp32 in
+ * columns ([out / GEMM_PANEL][in][GEMM_PANEL], zero-padded; see pack_gemm_weight in
+ * kernels.py). This CPU's vdpbf16ps retires half as many multiply-adds per cycle as fp32
+ * FMAs, so oneDNN's bf16 GEMM runs at ~0.5x fp32 peak, and an fp32 weight copy doubles the
+ * bytes a decode step streams. Here each panel row is read once as bf16, widened to fp32 in
  * registers and used for up to GEMM_MR rows of fp32 FMAs: bf16 bandwidth at fp32 speed.
  * Sums stay in fp32 along `in` and round to bf16 once, as a bf16 GEMM's do. */
-#define GEMM_PANEL 32
 #define GEMM_MR 14
 #define GEMM_PREFETCH 32 /* panel rows ahead to ask the memory for (2 KiB) */
 #define GEMM_MC 196 /* rows whose fp32 copy stays in L2 while every panel passes over it */
@@ -155,11 +153,12 @@ static void gemm_tile_rows(bf16 *y, int64_t y_stride, const float *a, const bf16
     }
 }
 
-void octavo_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *panels,
-                 const float *bias, int64_t rows, int64_t out, int64_t in) {
+int octavo_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *panels,
+                const float *bias, int64_t rows, int64_t out, int64_t in) {
     int64_t num_panels = (out + GEMM_PANEL - 1) / GEMM_PANEL;
     int64_t chunk = rows < GEMM_MC ? rows : GEMM_MC;
-    float *a = malloc(sizeof(float) * chunk * in);
+    float *a = octavo_alloc(sizeof(float) * chunk * in);
+    if (!a) return OCTAVO_ERR_NO_MEMORY;
 #pragma omp parallel
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         int64_t mc = rows - r0 < chunk ? rows - r0 : chunk;
@@ -182,13 +181,14 @@ void octavo_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *panels,
         }
     }
     free(a);
+    return OCTAVO_OK;
 }
 #else
 int octavo_gemm_available(void) { return 0; }
 
-void octavo_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *panels,
-                 const float *bias, int64_t rows, int64_t out, int64_t in) {
-    abort(); /* callers check octavo_gemm_available() first */
+int octavo_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *panels,
+                const float *bias, int64_t rows, int64_t out, int64_t in) {
+    return OCTAVO_ERR_NEEDS_AVX512;
 }
 #endif
 
@@ -199,10 +199,8 @@ void octavo_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *panels,
  * an X row into 16 columns at once and adds both products to fp32 sums. Tiles of up to
  * PAIR_MR rows times PAIR_NP panels keep 24 sums in registers while their panels stream
  * past; each thread owns a contiguous range of panels, so every weight is read from memory
- * once per call (per chunk of rows) whatever the row count. On an AVX512-BF16 EPYC it
- * multiplies SmolLM2-135M's layers at 1.0-2.6x oneDNN's bf16 GEMM up to 64 rows and
- * 0.93-1.03x from 128 (one row: ~32 GB/s of weights, the GEMV ~20). Sums stay in fp32 along
- * `in` and round to bf16 once. */
+ * once per call (per chunk of rows) whatever the row count. Sums stay in fp32 along `in`
+ * and round to bf16 once. */
 #ifdef __AVX512BF16__
 #define PAIR_CHUNK_BYTES (512 * 1024)
 
@@ -251,8 +249,8 @@ static void pair_tile_store(bf16 *y, int64_t y_stride,
 }
 
 /* pair_tile with its sizes fixed at compile time, one function each for mr in 1..6 and np
- * in 1..4 (one function holding all 24 ran the 6 x 4 tile 10% slower: GCC allocated its
- * registers worse). */
+ * in 1..4: in one function holding all 24, GCC allocated the registers of the 6 x 4 tile
+ * worse. */
 #define PAIR_TILE(mr, np) \
     static void pair_tile_##mr##x##np(float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], \
                                       const bf16 *x, int64_t x_stride, const bf16 *w, \
@@ -282,8 +280,7 @@ static void pair_tile_store_silu(bf16 *y, int64_t y_stride,
 
 /* Asks for the cache lines a tile's output rows (mr rows of `bytes`, `stride` elements apart)
  * will be stored to, for writing, before the tile's long loop: else its stores would each
- * wait for its line to come from memory at the end of it (4096 x 576 -> 960: one thread
- * 209 -> 219 GFLOP/s, two 403 -> 418). */
+ * wait for its line to come from memory at the end of it. */
 static inline void prefetch_tile_output(const bf16 *y, int64_t stride, int mr, int64_t bytes) {
     for (int r = 0; r < mr; r++) {
         uintptr_t start = (uintptr_t)(y + r * stride), end = start + bytes - 1;
@@ -337,8 +334,7 @@ static void pair_gemm_panels(bf16 *y, const bf16 *x, int64_t x_stride, const bf1
                 cols = cols < np * PAIR_PANEL ? cols : np * PAIR_PANEL;
                 /* The panels this thread multiplies next, which its tiles here ask the memory
                  * for a share each: else the first tile of every group would wait for its
-                 * weights (at 64 rows, ~10% of the time). Fused, the gate's share first and
-                 * then the up's. */
+                 * weights. Fused, the gate's share first and then the up's. */
                 int64_t next = p + group < end ? p + group : first;
                 int64_t next_np = end - next < group ? end - next : group;
                 int more = p + group < end || m_end < rows;
@@ -374,32 +370,34 @@ static void pair_gemm_panels(bf16 *y, const bf16 *x, int64_t x_stride, const bf1
 
 /* x: [rows, in] with rows x_stride apart, in even; y: [rows, out] contiguous; bias: fp32,
  * padded to whole panels, or NULL. */
-void octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
-                      const float *bias, int64_t rows, int64_t out, int64_t in) {
+int octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
+                     const float *bias, int64_t rows, int64_t out, int64_t in) {
     pair_gemm_panels(y, x, x_stride, packed, bias, rows, out, in,
                      (out + PAIR_PANEL - 1) / PAIR_PANEL, 0);
+    return OCTAVO_OK;
 }
 
 /* y = silu(gate) * up, [rows, d], for a gate/up projection packed as one pair GEMM weight of
  * 2 * d outputs (the gate's d, then the up's; d a multiple of PAIR_PANEL): the projection's
  * output never goes to memory, and no second pass reads it back. Each product rounds as
  * octavo_pair_gemm then octavo_silu_and_mul would. */
-void octavo_pair_gemm_silu(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
-                           const float *bias, int64_t rows, int64_t d, int64_t in) {
+int octavo_pair_gemm_silu(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
+                          const float *bias, int64_t rows, int64_t d, int64_t in) {
     pair_gemm_panels(y, x, x_stride, packed, bias, rows, d, in, d / PAIR_PANEL,
                      d / PAIR_PANEL);
+    return OCTAVO_OK;
 }
 #else
 int octavo_pair_gemm_available(void) { return 0; }
 
-void octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
-                      const float *bias, int64_t rows, int64_t out, int64_t in) {
-    abort(); /* callers check octavo_pair_gemm_available() first */
+int octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
+                     const float *bias, int64_t rows, int64_t out, int64_t in) {
+    return OCTAVO_ERR_NEEDS_AVX512_BF16;
 }
 
-void octavo_pair_gemm_silu(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
-                           const float *bias, int64_t rows, int64_t d, int64_t in) {
-    abort(); /* callers check octavo_pair_gemm_available() first */
+int octavo_pair_gemm_silu(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
+                          const float *bias, int64_t rows, int64_t d, int64_t in) {
+    return OCTAVO_ERR_NEEDS_AVX512_BF16;
 }
 #endif
 

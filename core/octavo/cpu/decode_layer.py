@@ -28,20 +28,23 @@ from octavo.cpu.attention import CpuAttentionImpl, decode_rows
 from octavo.cpu.gemm import CpuGemm
 from octavo.cpu.layers import CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
 from octavo.models.layers.linear import LinearBase
+from octavo.models.layers.rotary import RotaryEmbedding
 from octavo.models.layers.switch import switch_layers
 from octavo.models.llama import LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 
-def _pairs_only(linear: LinearBase) -> bool:
+def _pair_gemm(linear: LinearBase) -> CpuGemm | None:
+    """``linear``'s GEMM where the pair GEMM alone serves it (every call, one tensor-parallel
+    rank, no path reading the plain weight), else None."""
     gemm = linear.cpu_gemm
-    return (isinstance(gemm, CpuGemm) and gemm.serves_every_call
-            and not linear.reads_weight_with_cpu_gemm() and linear.tp_size == 1)
+    if (isinstance(gemm, CpuGemm) and gemm.serves_every_call
+            and not linear.reads_weight_with_cpu_gemm() and linear.tp_size == 1):
+        return gemm
+    return None
 
 
-def _bias(linear: LinearBase) -> int | None:
-    gemm = linear.cpu_gemm
-    assert isinstance(gemm, CpuGemm)
-    return None if gemm.pair_bias is None else gemm.pair_bias.data_ptr()
+def _address(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
 
 
 def layer_weights(layer: LlamaDecoderLayer) -> kernels.LayerWeights | None:
@@ -53,16 +56,20 @@ def layer_weights(layer: LlamaDecoderLayer) -> kernels.LayerWeights | None:
             and type(attn.rotary_emb) is CpuRotaryEmbedding and attn.q_norm is None
             and isinstance(attn.attn, CpuAttentionImpl) and attn.attn.sliding_window is None):
         return None
-    linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-    if (not all(_pairs_only(linear) for linear in linears)
-            or not mlp.gate_up_proj.cpu_gemm.fuses_silu):  # type: ignore[union-attr]
+    qkv, o, gate_up, down = (_pair_gemm(linear) for linear in
+                             (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+    if qkv is None or o is None or gate_up is None or down is None or not gate_up.fuses_silu:
         return None
-    packed = [linear.cpu_gemm.pairs.data_ptr() for linear in linears]  # type: ignore[union-attr]
     return kernels.LayerWeights(
-        layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
-        *packed, *(_bias(linear) for linear in linears),
-        layer.input_layernorm.weight.numel(), attn.num_heads, attn.num_kv_heads, attn.head_dim,
-        mlp.down_proj.weight.shape[1], layer.input_layernorm.eps, attn.attn.scale)
+        input_norm=layer.input_layernorm.weight.data_ptr(),
+        post_norm=layer.post_attention_layernorm.weight.data_ptr(),
+        qkv=_address(qkv.pairs), o=_address(o.pairs), gate_up=_address(gate_up.pairs),
+        down=_address(down.pairs), qkv_bias=_address(qkv.pair_bias),
+        o_bias=_address(o.pair_bias), gate_up_bias=_address(gate_up.pair_bias),
+        down_bias=_address(down.pair_bias), hidden=layer.input_layernorm.weight.numel(),
+        num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
+        intermediate=mlp.down_proj.weight.shape[1], eps=layer.input_layernorm.eps,
+        scale=attn.attn.scale)
 
 
 class CpuLlamaDecoderLayer(LlamaDecoderLayer):
@@ -129,12 +136,12 @@ class CpuLlamaModel(LlamaModel):
         if self._stack is not None and self._stack.cache_ptrs == [c.data_ptr()
                                                                    for c in kv_caches]:
             return self._stack
-        weights = [_layer_weights(layer) for layer in
-                   self.layers[self.layer_range.start : self.layer_range.stop]]
-        if any(w is None for w in weights):
+        layers = self.layers[self.layer_range.start : self.layer_range.stop]
+        weights = [w for w in map(_layer_weights, layers) if w is not None]
+        if len(weights) < len(layers):
             return None
         rows = [c.view(2, -1, c.shape[-2] * c.shape[-1]) for c in kv_caches]
-        self._stack = kernels.LayerStack(weights, rows)  # type: ignore[arg-type]
+        self._stack = kernels.LayerStack(weights, rows)
         return self._stack
 
 
@@ -148,7 +155,7 @@ def _layer_weights(layer: torch.nn.Module) -> kernels.LayerWeights | None:
 
 
 def decode_step(positions: torch.Tensor, tokens: int, kv_cache: torch.Tensor,
-                metadata: AttentionMetadata, rotary: CpuRotaryEmbedding,
+                metadata: AttentionMetadata, rotary: RotaryEmbedding,
                 ) -> kernels.DecodeStep | None:
     """The step as the fused call takes it, worked out once per step (in the first layer)
     and kept in the metadata; None when the step is not decode rows only."""
@@ -168,10 +175,11 @@ def decode_step(positions: torch.Tensor, tokens: int, kv_cache: torch.Tensor,
         slot_mapping = metadata.slot_mapping[:tokens].contiguous()
         seq_lens = rows.seq_lens.view(-1).contiguous()
         step = kernels.DecodeStep(
-            tokens, cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(),
-            rows.slots.data_ptr(), seq_lens.data_ptr(), rows.max_len,
-            None if prefix is None else prefix.slots.data_ptr(),
-            0 if prefix is None else len(prefix.slots))
+            tokens=tokens, cos=cos.data_ptr(), sin=sin.data_ptr(),
+            slot_mapping=slot_mapping.data_ptr(), slots=rows.slots.data_ptr(),
+            seq_lens=seq_lens.data_ptr(), max_len=rows.max_len,
+            prefix_slots=None if prefix is None else prefix.slots.data_ptr(),
+            prefix_len=0 if prefix is None else len(prefix.slots))
         step.keep = (cos, sin, slot_mapping, seq_lens, rows, prefix)  # alive while used
     state["cpu_decode_step"] = step
     return step

@@ -1,5 +1,5 @@
-"""Fused bf16 CPU kernels (cpu_ops.c, cpu_attention.c, cpu_layer.c) and the SSM decode step
-(cpu_ssm.c), compiled on first use and called through ctypes.
+"""Fused bf16 CPU kernels (cpu_ops.c, cpu_attention.c, cpu_layer.c): their typed Python
+wrappers.
 
 Why: decoding one token of SmolLM2-135M runs ~80 PyTorch ops per layer. On the CPU each op
 costs microseconds of dispatch whatever its size, so a single-stream decode step spent about
@@ -8,144 +8,52 @@ decode copied every request's whole context out of the paged cache in every laye
 attending it. These kernels do each of those chains in one call and attend straight from
 the cache.
 
-How: the C sources ship with the package; the first process that needs it compiles it with
-the system C compiler (``cc -O3 -march=native -fopenmp``, about half a second) into the user
-cache folder, keyed by the source, the compiler and the CPU, and later processes load the
-cached library. The library links the OpenMP runtime torch already loaded (same soname), so
-both share one thread pool and ``torch.set_num_threads`` governs the kernels too. Without a
-compiler, or with ``OCTAVO_CPU_KERNELS=0``, the layers keep their PyTorch code, which
-computes the same thing.
+How: ``octavo.cpu.kernel_build`` compiles the C sources on first use and loads the library;
+``octavo.cpu.kernel_header`` reads their interface (octavo_cpu.h), from which every entry
+point's ctypes signature, the structs below and the panel sizes come. Each wrapper checks
+the tensors it is given, passes their addresses, and raises :class:`CpuKernelError` naming
+the kernel when one returns a failure (out of memory, or a kernel this build lacks: callers
+choose a path with the ``*_available()`` checks first). A decode step of fused layers is one
+call (:func:`decode_layers`), whatever the number of layers.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from octavo.cpu import kernel_build
 from octavo.cpu.allocator import weight_arena
-from octavo.paths import cache_root
+from octavo.cpu.kernel_header import CStruct, Layout, read_header
 
-logger = logging.getLogger(__name__)
-
-# Compiled separately and linked into one library; the header is shared by both.
-SOURCES = [Path(__file__).with_name(name)
-           for name in ("cpu_ops.c", "cpu_attention.c", "cpu_layer.c", "cpu_ssm.c")]
-HEADER = Path(__file__).with_name("cpu_kernels.h")
-ENABLE_ENV = "OCTAVO_CPU_KERNELS"
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC"]
-# Linked apart, without -ffast-math: given at link time it adds crtfastmath.o, whose
-# constructor sets flush-to-zero and denormals-are-zero for the whole process on load, so
-# every subnormal float in the engine (a request's top_p=1e-310, say) would read as 0.
-LINK_FLAGS = ["-fopenmp", "-shared"]
-LIBS = ["-lmvec", "-lm"]  # -ffast-math vectorises expf through glibc's libmvec
-
-_i64 = ctypes.c_int64
+HEADER = read_header(kernel_build.INTERFACE)
+GEMM_PANEL = HEADER.constants["GEMM_PANEL"]  # columns per weight panel of the panel GEMM
+PAIR_PANEL = HEADER.constants["PAIR_PANEL"]  # output columns per panel of the pair GEMM
 _ptr = ctypes.c_void_p
-_SIGNATURES = {
-    "octavo_gemv": [_ptr, _ptr, _ptr, _ptr, _i64, _i64],
-    "octavo_gemm_available": [],
-    "octavo_gemm": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64],
-    "octavo_pair_gemm_available": [],
-    "octavo_pair_gemm": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64],
-    "octavo_pair_gemm_silu": [_ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64],
-    "octavo_rms_norm": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, ctypes.c_float],
-    "octavo_silu_and_mul": [_ptr, _ptr, _i64, _i64, _i64],
-    "octavo_rope": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64],
-    "octavo_write_kv": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
-    "octavo_decode_attention": [_ptr, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _i64, _i64, _i64,
-                                _i64, _i64, ctypes.c_float, _ptr, _ptr, _ptr],
-    "octavo_attention_available": [],
-    "octavo_prefill_attention": [_ptr, _ptr, _i64, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _ptr,
-                                 _i64, _i64, _i64, _i64, ctypes.c_float],
-    "octavo_prefix_attention": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _ptr, _i64, _ptr, _i64,
-                                _i64, _i64, _i64, ctypes.c_float],
-    "octavo_decode_layer": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64],
-    "octavo_decode_layers": [_ptr, _i64, _ptr, _ptr, _ptr, _i64],
-    "octavo_ssm_decode": [_ptr, _ptr, _ptr, _i64, _i64, _i64, _i64, _i64, _i64, _ptr, _ptr,
-                          _ptr, _ptr, _ptr],
-}
 
 
-def _cpu_identity() -> str:
-    """What -march=native compiles for: the CPU model and its feature flags."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))]
-    return "\n".join(sorted(set(lines)))
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _library_path(compiler: str) -> Path:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = "\0".join([*(path.read_text() for path in [*SOURCES, HEADER]), version,
-                     " ".join(FLAGS + LINK_FLAGS + LIBS), _cpu_identity()])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_root() / "kernels" / f"cpu_ops-{digest}.so"
-
-
-def _build(compiler: str, target: Path) -> None:
-    """Compile into a temporary file and rename it into place, so concurrent first uses
-    never load a half-written library."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        built = Path(tmp) / target.name
-        objects = [str(Path(tmp) / source.with_suffix(".o").name) for source in SOURCES]
-        steps = [(source.name, [compiler, *FLAGS, "-c", str(source), "-o", obj])
-                 for source, obj in zip(SOURCES, objects)]
-        steps.append(("linking", [compiler, *LINK_FLAGS, *objects, "-o", str(built), *LIBS]))
-        for what, command in steps:
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise RuntimeError(f"{compiler} failed on {what}:\n{result.stderr[-2000:]}")
-        built.replace(target)
+class CpuKernelError(RuntimeError):
+    """A CPU kernel returned a failure; the message names the kernel and says what failed."""
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The loaded kernels, or None (disabled, not Linux, or no working compiler)."""
-    if os.environ.get(ENABLE_ENV, "1") == "0":
-        return None
-    if platform.system() != "Linux":
-        logger.warning("the CPU backend's fused kernels are built on Linux only: running "
-                       "without them (slower)")
-        return None
-    compiler = _compiler()
-    if compiler is None:
-        logger.warning("no C compiler found: the CPU backend runs without its fused kernels "
-                       "(slower); install gcc to enable them")
-        return None
-    try:
-        path = _library_path(compiler)
-        if not path.is_file():
-            _build(compiler, path)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as error:
-        logger.warning("CPU kernels unavailable, using PyTorch ops instead: %s", error)
-        return None
-    for name, argtypes in _SIGNATURES.items():
-        getattr(lib, name).argtypes = argtypes
-        getattr(lib, name).restype = None
-    lib.octavo_gemm_available.restype = ctypes.c_int
-    lib.octavo_pair_gemm_available.restype = ctypes.c_int
-    lib.octavo_attention_available.restype = ctypes.c_int
+    """The loaded kernels with every entry point of the header declared, or None (disabled,
+    not Linux, or no working compiler: see ``octavo.cpu.kernel_build``)."""
+    lib = kernel_build.load()
+    if lib is not None:
+        HEADER.bind(lib)
     return lib
+
+
+def _failure(kernel: str, status: int) -> CpuKernelError:
+    lib = library()
+    assert lib is not None
+    return CpuKernelError(f"{kernel} failed: {lib.octavo_status_message(status).decode()} "
+                          f"(status {status})")
 
 
 def usable(*tensors: torch.Tensor) -> bool:
@@ -168,12 +76,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
     out_features, in_features = weight.shape
     assert x.is_contiguous() and x.numel() == in_features and weight.is_contiguous()
     y = torch.empty((1, out_features), dtype=x.dtype)
-    library().octavo_gemv(y.data_ptr(), weight.data_ptr(), x.data_ptr(),
-                          None if bias is None else bias.data_ptr(), out_features, in_features)
+    lib = library()
+    assert lib is not None
+    lib.octavo_gemv(y.data_ptr(), weight.data_ptr(), x.data_ptr(),
+                    None if bias is None else bias.data_ptr(), out_features, in_features)
     return y
-
-
-GEMM_PANEL = 32  # columns per weight panel, as GEMM_PANEL in cpu_ops.c
 
 
 def gemm_available() -> bool:
@@ -203,14 +110,19 @@ def pack_bias(bias: torch.Tensor, panel: int) -> torch.Tensor:
     return torch.nn.functional.pad(bias.float(), (0, -bias.numel() % panel))
 
 
-def _packed_gemm(kernel: Callable[..., None], x: torch.Tensor, packed: torch.Tensor,
+def _packed_gemm(kernel: str, x: torch.Tensor, packed: torch.Tensor,
                  bias32: torch.Tensor | None, out_features: int) -> torch.Tensor:
     """``kernel(y, x, x_stride, packed, bias, rows, out, in)``: a GEMM on a prepacked
     weight, for rows ``x`` [T, in] with contiguous rows; returns ``y`` [T, out]."""
     rows, stride = _rows(x)
     y = torch.empty((rows, out_features), dtype=x.dtype)
-    kernel(y.data_ptr(), x.data_ptr(), stride, packed.data_ptr(),
-           None if bias32 is None else bias32.data_ptr(), rows, out_features, x.shape[1])
+    lib = library()
+    assert lib is not None
+    status = getattr(lib, kernel)(y.data_ptr(), x.data_ptr(), stride, packed.data_ptr(),
+                                  None if bias32 is None else bias32.data_ptr(), rows,
+                                  out_features, x.shape[1])
+    if status:
+        raise _failure(kernel, status)
     return y
 
 
@@ -218,10 +130,7 @@ def gemm(x: torch.Tensor, panels: torch.Tensor, bias32: torch.Tensor | None,
          out_features: int) -> torch.Tensor:
     """``x @ weight.T + bias`` for rows ``x`` [T, in] with contiguous rows, ``weight``
     given as :func:`pack_gemm_weight`'s panels: [T, out]."""
-    return _packed_gemm(library().octavo_gemm, x, panels, bias32, out_features)
-
-
-PAIR_PANEL = 16  # output columns per panel of the pair GEMM, as PAIR_PANEL in cpu_kernels.h
+    return _packed_gemm("octavo_gemm", x, panels, bias32, out_features)
 
 
 def pair_gemm_available() -> bool:
@@ -250,7 +159,7 @@ def pair_gemm(x: torch.Tensor, packed: torch.Tensor, bias32: torch.Tensor | None
               out_features: int) -> torch.Tensor:
     """``x @ weight.T + bias`` for rows ``x`` [T, in] with contiguous rows, ``weight``
     given as :func:`pack_pair_weight`'s panels: [T, out]."""
-    return _packed_gemm(library().octavo_pair_gemm, x, packed, bias32, out_features)
+    return _packed_gemm("octavo_pair_gemm", x, packed, bias32, out_features)
 
 
 def pair_gemm_silu(x: torch.Tensor, packed: torch.Tensor, bias32: torch.Tensor | None,
@@ -260,7 +169,7 @@ def pair_gemm_silu(x: torch.Tensor, packed: torch.Tensor, bias32: torch.Tensor |
     ``d`` a multiple of ``PAIR_PANEL``) in one pass: [T, d], as :func:`pair_gemm` then
     :func:`silu_and_mul` round it, without writing the [T, 2 * d] projection out."""
     assert d % PAIR_PANEL == 0, "the fused gate/up GEMM takes whole panels of each half"
-    return _packed_gemm(library().octavo_pair_gemm_silu, x, packed, bias32, d)
+    return _packed_gemm("octavo_pair_gemm_silu", x, packed, bias32, d)
 
 
 def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -270,9 +179,11 @@ def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tenso
     rows, x_stride = _rows(x)
     res_stride = _rows(residual)[1] if residual is not None else 0
     out = torch.empty(x.shape, dtype=x.dtype)
-    library().octavo_rms_norm(out.data_ptr(), x.data_ptr(),
-                              None if residual is None else residual.data_ptr(),
-                              weight.data_ptr(), rows, x.shape[1], x_stride, res_stride, eps)
+    lib = library()
+    assert lib is not None
+    lib.octavo_rms_norm(out.data_ptr(), x.data_ptr(),
+                        None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                        rows, x.shape[1], x_stride, res_stride, eps)
     return out
 
 
@@ -281,7 +192,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     rows, stride = _rows(x)
     d = x.shape[1] // 2
     out = torch.empty((rows, d), dtype=x.dtype)
-    library().octavo_silu_and_mul(out.data_ptr(), x.data_ptr(), rows, d, stride)
+    lib = library()
+    assert lib is not None
+    lib.octavo_silu_and_mul(out.data_ptr(), x.data_ptr(), rows, d, stride)
     return out
 
 
@@ -291,8 +204,10 @@ def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     tokens, num_heads, head_dim = q.shape
     assert q.stride()[1:] == (head_dim, 1) and k.stride()[1:] == (head_dim, 1)
     assert cos.is_contiguous() and sin.is_contiguous()
-    library().octavo_rope(q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens,
-                          num_heads, k.shape[1], head_dim, q.stride(0), k.stride(0))
+    lib = library()
+    assert lib is not None
+    lib.octavo_rope(q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens,
+                    num_heads, k.shape[1], head_dim, q.stride(0), k.stride(0))
 
 
 def write_kv(cache_rows: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -303,9 +218,11 @@ def write_kv(cache_rows: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     value_stride = _rows(value)[1]
     assert cache_rows.is_contiguous()
     assert slot_mapping.dtype == torch.int64 and slot_mapping.is_contiguous()
-    library().octavo_write_kv(cache_rows.data_ptr(), cache_rows.shape[1], key.data_ptr(),
-                              value.data_ptr(), slot_mapping.data_ptr(), tokens, key.shape[1],
-                              key_stride, value_stride)
+    lib = library()
+    assert lib is not None
+    lib.octavo_write_kv(cache_rows.data_ptr(), cache_rows.shape[1], key.data_ptr(),
+                        value.data_ptr(), slot_mapping.data_ptr(), tokens, key.shape[1],
+                        key_stride, value_stride)
 
 
 @dataclass
@@ -336,11 +253,15 @@ def decode_attention(q: torch.Tensor, cache_rows: torch.Tensor, slots: torch.Ten
     out = torch.empty((batch, num_heads, head_dim), dtype=q.dtype)
     shared = (None, None, None) if prefix is None else (
         prefix.maxes.data_ptr(), prefix.sums.data_ptr(), prefix.outputs.data_ptr())
-    library().octavo_decode_attention(out.data_ptr(), q.data_ptr(), cache_rows.data_ptr(),
-                                      0 if values_are_keys else cache_rows.shape[1],
-                                      slots.data_ptr(),
-                                      seq_lens.data_ptr(), batch, max_len, num_heads,
-                                      num_kv_heads, head_dim, q.stride(0), scale, *shared)
+    lib = library()
+    assert lib is not None
+    status = lib.octavo_decode_attention(out.data_ptr(), q.data_ptr(), cache_rows.data_ptr(),
+                                         0 if values_are_keys else cache_rows.shape[1],
+                                         slots.data_ptr(),
+                                         seq_lens.data_ptr(), batch, max_len, num_heads,
+                                         num_kv_heads, head_dim, q.stride(0), scale, *shared)
+    if status:
+        raise _failure("octavo_decode_attention", status)
     return out
 
 
@@ -367,12 +288,16 @@ def prefill_attention(out: torch.Tensor, q: torch.Tensor, cache_rows: torch.Tens
     assert cache_rows.is_contiguous() and slots.is_contiguous()
     assert query_start.is_contiguous() and query_lens.is_contiguous()
     assert seq_lens.is_contiguous()
-    library().octavo_prefill_attention(out.data_ptr(), q.data_ptr(), q.stride(0),
-                                       cache_rows.data_ptr(), cache_rows.shape[1],
-                                       slots.data_ptr(), slots.shape[1],
-                                       query_start.data_ptr(), query_lens.data_ptr(),
-                                       seq_lens.data_ptr(), len(seq_lens), num_heads,
-                                       num_kv_heads, head_dim, scale)
+    lib = library()
+    assert lib is not None
+    status = lib.octavo_prefill_attention(out.data_ptr(), q.data_ptr(), q.stride(0),
+                                          cache_rows.data_ptr(), cache_rows.shape[1],
+                                          slots.data_ptr(), slots.shape[1],
+                                          query_start.data_ptr(), query_lens.data_ptr(),
+                                          seq_lens.data_ptr(), len(seq_lens), num_heads,
+                                          num_kv_heads, head_dim, scale)
+    if status:
+        raise _failure("octavo_prefill_attention", status)
 
 
 def prefix_attention(q: torch.Tensor, cache_rows: torch.Tensor, prefix_slots: torch.Tensor,
@@ -385,33 +310,54 @@ def prefix_attention(q: torch.Tensor, cache_rows: torch.Tensor, prefix_slots: to
     assert prefix_slots.is_contiguous()
     state = PrefixState(torch.empty(batch, num_heads), torch.empty(batch, num_heads),
                         torch.empty(batch, num_heads, head_dim))
-    library().octavo_prefix_attention(state.maxes.data_ptr(), state.sums.data_ptr(),
-                                      state.outputs.data_ptr(), q.data_ptr(), q.stride(0),
-                                      batch, cache_rows.data_ptr(), cache_rows.shape[1],
-                                      prefix_slots.data_ptr(), len(prefix_slots), num_heads,
-                                      num_kv_heads, head_dim, scale)
+    lib = library()
+    assert lib is not None
+    status = lib.octavo_prefix_attention(state.maxes.data_ptr(), state.sums.data_ptr(),
+                                         state.outputs.data_ptr(), q.data_ptr(), q.stride(0),
+                                         batch, cache_rows.data_ptr(), cache_rows.shape[1],
+                                         prefix_slots.data_ptr(), len(prefix_slots), num_heads,
+                                         num_kv_heads, head_dim, scale)
+    if status:
+        raise _failure("octavo_prefix_attention", status)
     return state
 
 
-class LayerWeights(ctypes.Structure):
-    """``octavo_layer`` (cpu_layer.c): a Llama-family decoder layer's packed weights and
-    sizes, fixed for the layer's life."""
+class LayerWeights(CStruct):
+    """``octavo_layer``: a Llama-family decoder layer's packed weights and sizes, fixed for
+    the layer's life."""
 
-    _fields_ = [(name, _ptr) for name in ("input_norm", "post_norm", "qkv", "o", "gate_up",
-                                          "down", "qkv_bias", "o_bias", "gate_up_bias",
-                                          "down_bias")] + [
-        (name, _i64) for name in ("hidden", "num_heads", "num_kv_heads", "head_dim",
-                                  "intermediate")] + [
-        ("eps", ctypes.c_float), ("scale", ctypes.c_float)]
+    c_name = "octavo_layer"
+    _fields_ = HEADER.fields(c_name)
 
 
-class DecodeStep(ctypes.Structure):
-    """``octavo_decode_step`` (cpu_layer.c): what one decode step gives every layer. The
-    tensors it points into must outlive it (:func:`decode_step` keeps them)."""
+class DecodeStep(CStruct):
+    """``octavo_decode_step``: what one decode step gives every layer. The tensors it points
+    into must outlive it (``octavo.cpu.decode_layer.decode_step`` keeps them)."""
 
-    _fields_ = [("tokens", _i64), ("cos", _ptr), ("sin", _ptr), ("slot_mapping", _ptr),
-                ("slots", _ptr), ("seq_lens", _ptr), ("max_len", _i64),
-                ("prefix_slots", _ptr), ("prefix_len", _i64)]
+    c_name = "octavo_decode_step"
+    _fields_ = HEADER.fields(c_name)
+
+
+class LayoutEntry(CStruct):
+    """``octavo_layout_entry``: a row of the compiler's layout of the header's structs."""
+
+    c_name = "octavo_layout_entry"
+    _fields_ = HEADER.fields(c_name)
+
+
+def compiled_layouts() -> dict[str, Layout]:
+    """Every struct of the header as the compiler laid it out (``octavo_layout``)."""
+    lib = library()
+    assert lib is not None
+    count = ctypes.c_int64()
+    address = lib.octavo_layout(ctypes.byref(count))
+    rows = (LayoutEntry * count.value).from_address(address)
+    sizes = {row.struct_name.decode(): row.size for row in rows if row.field is None}
+    fields: dict[str, list[tuple[str, int, int]]] = {name: [] for name in sizes}
+    for row in rows:
+        if row.field is not None:
+            fields[row.struct_name.decode()].append((row.field.decode(), row.offset, row.size))
+    return {name: Layout(size, tuple(fields[name])) for name, size in sizes.items()}
 
 
 class LayerStack:
@@ -437,8 +383,12 @@ def decode_layers(stack: LayerStack, step: DecodeStep, hidden: torch.Tensor,
     bufs = [torch.empty_like(hidden) for _ in range(4)]
     count = len(stack.layers)
     pointers = (_ptr * 5)(hidden.data_ptr(), *(b.data_ptr() for b in bufs))
-    library().octavo_decode_layers(stack.layers, count, ctypes.byref(step), pointers,
-                                   stack.caches, stack.num_slots)
+    lib = library()
+    assert lib is not None
+    status = lib.octavo_decode_layers(stack.layers, count, ctypes.byref(step), pointers,
+                                      stack.caches, stack.num_slots)
+    if status:
+        raise _failure("octavo_decode_layers", status)
     return (bufs[0], bufs[1]) if count % 2 else (bufs[2], bufs[3])
 
 
@@ -451,11 +401,35 @@ def decode_layer(layer: LayerWeights, step: DecodeStep, hidden: torch.Tensor,
     assert hidden.is_contiguous() and cache_rows.is_contiguous()
     assert residual is None or residual.is_contiguous()
     out, residual_out = torch.empty_like(hidden), torch.empty_like(hidden)
-    library().octavo_decode_layer(ctypes.byref(layer), ctypes.byref(step), hidden.data_ptr(),
-                                  None if residual is None else residual.data_ptr(),
-                                  out.data_ptr(), residual_out.data_ptr(),
-                                  cache_rows.data_ptr(), cache_rows.shape[1])
+    lib = library()
+    assert lib is not None
+    status = lib.octavo_decode_layer(ctypes.byref(layer), ctypes.byref(step), hidden.data_ptr(),
+                                     None if residual is None else residual.data_ptr(),
+                                     out.data_ptr(), residual_out.data_ptr(),
+                                     cache_rows.data_ptr(), cache_rows.shape[1])
+    if status:
+        raise _failure("octavo_decode_layer", status)
     return out, residual_out
+
+
+def ssm_decode(state: torch.Tensor, rows: torch.Tensor, offset: int, x: torch.Tensor,
+               dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, a: torch.Tensor,
+               ) -> torch.Tensor:
+    """One step of Mamba's selective scan for ``B`` requests (cpu_ssm.c): the scan states at
+    ``offset`` of rows ``rows`` [B] int64 of ``state`` [slots, inner, width] (fp32,
+    contiguous) updated in place; returns ``y`` [B, inner] (fp32) = the new states times
+    ``c``. ``x``, ``dt`` [B, inner], ``b``, ``c`` [B, d_state], ``a`` [inner, d_state]."""
+    batch, inner = x.shape
+    d_state = a.shape[1]
+    assert state.dtype == torch.float32 and state.is_contiguous() and rows.is_contiguous()
+    x, dt, b, c, a = (t.float().contiguous() for t in (x, dt, b, c, a))
+    y = torch.empty(batch, inner)
+    lib = library()
+    assert lib is not None, "ssm_decode without the CPU kernels (see usable)"
+    lib.octavo_ssm_decode(y.data_ptr(), state.data_ptr(), rows.data_ptr(), batch, inner,
+                          d_state, state.stride(0), state.stride(1), offset, x.data_ptr(),
+                          dt.data_ptr(), b.data_ptr(), c.data_ptr(), a.data_ptr())
+    return y
 
 
 def ssm_decode(state: torch.Tensor, rows: torch.Tensor, offset: int, x: torch.Tensor,

@@ -110,10 +110,12 @@ def test_the_stack_call_passes_each_layer_what_the_loop_does(num_layers: int) ->
               packed(hidden, heads * head_dim), packed(2 * inter, hidden), packed(hidden, inter)]
         norms = [(1 + 0.1 * torch.randn(hidden, generator=g)).bfloat16() for _ in range(2)]
         keep += ws + norms
+        qkv, o, gate_up, down = (w.data_ptr() for w in ws)
         layers.append(kernels.LayerWeights(
-            norms[0].data_ptr(), norms[1].data_ptr(), *(w.data_ptr() for w in ws),
-            None, None, None, None, hidden, heads, kv_heads, head_dim, inter, 1e-5,
-            head_dim**-0.5))
+            input_norm=norms[0].data_ptr(), post_norm=norms[1].data_ptr(), qkv=qkv, o=o,
+            gate_up=gate_up, down=down, qkv_bias=None, o_bias=None, gate_up_bias=None,
+            down_bias=None, hidden=hidden, num_heads=heads, num_kv_heads=kv_heads,
+            head_dim=head_dim, intermediate=inter, eps=1e-5, scale=head_dim**-0.5))
     width = kv_heads * head_dim
     caches = [torch.randn(2, blocks * 16, width, generator=g).bfloat16()
               for _ in range(num_layers)]
@@ -121,8 +123,10 @@ def test_the_stack_call_passes_each_layer_what_the_loop_does(num_layers: int) ->
     slots = torch.randperm(blocks * 16, generator=g)[: rows * 30].view(rows, 30).contiguous()
     slot_mapping = slots[torch.arange(rows), seq_lens - 1].contiguous()
     cos, sin = (torch.randn(rows, head_dim, generator=g).bfloat16() for _ in range(2))
-    step = kernels.DecodeStep(rows, cos.data_ptr(), sin.data_ptr(), slot_mapping.data_ptr(),
-                              slots.data_ptr(), seq_lens.data_ptr(), 30, None, 0)
+    step = kernels.DecodeStep(tokens=rows, cos=cos.data_ptr(), sin=sin.data_ptr(),
+                              slot_mapping=slot_mapping.data_ptr(), slots=slots.data_ptr(),
+                              seq_lens=seq_lens.data_ptr(), max_len=30, prefix_slots=None,
+                              prefix_len=0)
     x = torch.randn(rows, hidden, generator=g).bfloat16()
 
     looped = [c.clone() for c in caches]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from octavo.attention.base import AttentionMetadata
+from octavo.cpu import kernel_build
 from octavo.cpu import kernels as cpu
 from octavo.cpu.attention import CpuAttentionBackend
 from octavo.cpu.layers import CpuLlamaMLP, CpuRMSNorm, use_cpu_layers
@@ -275,7 +276,7 @@ def test_a_bf16_cpu_model_runs_its_layers_on_the_kernels(
     ids = torch.randint(0, model.config.vocab_size, (12,), generator=gen)
     fused = prefill_then_decode(model, ids)
     try:
-        monkeypatch.setenv(cpu.ENABLE_ENV, "0")
+        monkeypatch.setenv(kernel_build.ENABLE_ENV, "0")
         cpu.library.cache_clear()
         model = build_model(load_model_files(str(tmp_path)), BF16, CpuAttentionBackend)
         portable = prefill_then_decode(model, ids)  # not prepared: PyTorch's ops only
@@ -322,12 +323,13 @@ def test_without_the_kernels_nothing_is_switched(monkeypatch: pytest.MonkeyPatch
     """OCTAVO_CPU_KERNELS=0, or a compiler that fails: the portable layers stay."""
     model = torch.nn.Sequential(RMSNorm(8), SiluAndMul())
     try:
-        monkeypatch.setenv(cpu.ENABLE_ENV, "0")
+        monkeypatch.setenv(kernel_build.ENABLE_ENV, "0")
         cpu.library.cache_clear()
         assert use_cpu_layers(model) == 0
-        monkeypatch.setenv(cpu.ENABLE_ENV, "1")
+        monkeypatch.setenv(kernel_build.ENABLE_ENV, "1")
         monkeypatch.setenv("CC", "/bin/false")
-        monkeypatch.setattr(cpu, "HEADER", Path(__file__))  # a new cache key: a fresh build
+        # a new cache key: a fresh build
+        monkeypatch.setattr(kernel_build, "HEADERS", [*kernel_build.HEADERS, Path(__file__)])
         cpu.library.cache_clear()
         assert use_cpu_layers(model) == 0
         assert "CPU kernels unavailable" in caplog.text

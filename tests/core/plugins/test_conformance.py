@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from octavo.cpu import kernel_build
 from octavo.cpu import kernels as cpu_kernels
 from octavo.cpu.attention import CpuAttentionBackend
 from octavo.cpu.platform import CpuPlatform
@@ -36,7 +37,7 @@ class TestCpuAttentionBf16Portable(TestCpuAttentionBf16):
 
     @pytest.fixture(autouse=True)
     def fused_kernels_off(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-        monkeypatch.setenv(cpu_kernels.ENABLE_ENV, "0")
+        monkeypatch.setenv(kernel_build.ENABLE_ENV, "0")
         cpu_kernels.library.cache_clear()
         yield
         monkeypatch.undo()

@@ -1,0 +1,128 @@
+/* The CPU kernels' interface with Python, written once: the status codes, the sizes both
+ * sides lay weights out by, the structs Python fills and every entry point it calls. Each C
+ * source includes it (built with -Werror=missing-prototypes, so every exported function is
+ * declared here and the compiler checks each definition against its declaration), and
+ * octavo/cpu/kernel_header.py reads it to declare the ctypes side. So it holds only what that
+ * reader takes:
+ *   #define NAME <integer>                                  a constant
+ *   #define NAME_FIELDS(FIELD) FIELD(type, name) ...        a struct's fields, in order
+ *   typedef struct { NAME_FIELDS(OCTAVO_FIELD) } name;      the struct made of them
+ *   type name(type arg, ...);                               an entry point
+ * with types among int, int64_t, float, bf16 and pointers. The library's layout table
+ * (octavo_layout) comes from the same field lists, and tests/core/test_cpu_interface.py
+ * compares it with the ctypes structs. */
+#ifndef OCTAVO_CPU_H
+#define OCTAVO_CPU_H
+
+#include <stdint.h>
+
+typedef uint16_t bf16;
+
+/* What a kernel that can fail returns; octavo_status_message says it in words. */
+#define OCTAVO_OK 0
+#define OCTAVO_ERR_NO_MEMORY 1
+#define OCTAVO_ERR_NEEDS_AVX512 2
+#define OCTAVO_ERR_NEEDS_AVX512_BF16 3
+
+/* Output columns per weight panel: the panel GEMM's, and the pair GEMM's (whose packing
+ * Python does). */
+#define GEMM_PANEL 32
+#define PAIR_PANEL 16
+
+#define OCTAVO_FIELD(type, name) type name;
+
+/* What stays fixed for a layer: its weights (the pair GEMM's packed copies, fp32 biases or
+ * NULL, the norms' bf16 weights) and sizes. */
+#define OCTAVO_LAYER_FIELDS(FIELD)                                                           \
+    FIELD(const bf16 *, input_norm) FIELD(const bf16 *, post_norm)                           \
+    FIELD(const bf16 *, qkv) FIELD(const bf16 *, o) FIELD(const bf16 *, gate_up)             \
+    FIELD(const bf16 *, down)                                                                \
+    FIELD(const float *, qkv_bias) FIELD(const float *, o_bias)                              \
+    FIELD(const float *, gate_up_bias) FIELD(const float *, down_bias)                       \
+    FIELD(int64_t, hidden) FIELD(int64_t, num_heads) FIELD(int64_t, num_kv_heads)            \
+    FIELD(int64_t, head_dim) FIELD(int64_t, intermediate)                                    \
+    FIELD(float, eps) FIELD(float, scale)
+typedef struct { OCTAVO_LAYER_FIELDS(OCTAVO_FIELD) } octavo_layer;
+
+/* What one step gives every layer: the rows' rotary cos/sin ([T][head_dim]), the new
+ * tokens' cache slots, and the decode rows' context slots ([T][max_len]) and lengths; with
+ * prefix_len > 0 the positions at prefix_slots are the ones all rows share first, attended
+ * once for all (cascade attention), and slots/seq_lens/max_len cover what follows them. */
+#define OCTAVO_DECODE_STEP_FIELDS(FIELD)                                                     \
+    FIELD(int64_t, tokens) FIELD(const bf16 *, cos) FIELD(const bf16 *, sin)                 \
+    FIELD(const int64_t *, slot_mapping) FIELD(const int64_t *, slots)                       \
+    FIELD(const int64_t *, seq_lens) FIELD(int64_t, max_len)                                 \
+    FIELD(const int64_t *, prefix_slots) FIELD(int64_t, prefix_len)
+typedef struct { OCTAVO_DECODE_STEP_FIELDS(OCTAVO_FIELD) } octavo_decode_step;
+
+/* One row of octavo_layout: a struct's size (field NULL, offset 0), or the offset and size
+ * of one of its fields, as this compiler lays them out. */
+#define OCTAVO_LAYOUT_ENTRY_FIELDS(FIELD)                                                    \
+    FIELD(const char *, struct_name) FIELD(const char *, field)                              \
+    FIELD(int64_t, offset) FIELD(int64_t, size)
+typedef struct { OCTAVO_LAYOUT_ENTRY_FIELDS(OCTAVO_FIELD) } octavo_layout_entry;
+
+/* The layout of every struct above: *count rows, each struct's size then its fields. */
+const octavo_layout_entry *octavo_layout(int64_t *count);
+/* What a status means (NULL for OCTAVO_OK). */
+const char *octavo_status_message(int status);
+
+/* Which optional kernels this build has (1) or lacks (0): callers choose a path by them;
+ * a kernel called where it is missing returns OCTAVO_ERR_NEEDS_*. */
+int octavo_gemm_available(void);
+int octavo_pair_gemm_available(void);
+int octavo_attention_available(void);
+
+/* Matrix products (cpu_ops.c); bf16 rows in, bf16 rows out, fp32 sums rounded once. */
+void octavo_gemv(bf16 *y, const bf16 *w, const bf16 *x, const bf16 *bias, int64_t out,
+                 int64_t in);
+int octavo_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *panels,
+                const float *bias, int64_t rows, int64_t out, int64_t in);
+int octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
+                     const float *bias, int64_t rows, int64_t out, int64_t in);
+int octavo_pair_gemm_silu(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
+                          const float *bias, int64_t rows, int64_t d, int64_t in);
+
+/* The elementwise parts of a layer (cpu_ops.c). */
+void octavo_rms_norm(bf16 *out, bf16 *x, const bf16 *residual, const bf16 *weight,
+                     int64_t rows, int64_t dim, int64_t x_stride, int64_t res_stride, float eps);
+void octavo_silu_and_mul(bf16 *out, const bf16 *x, int64_t rows, int64_t d, int64_t x_stride);
+void octavo_rope(bf16 *q, bf16 *k, const bf16 *cos, const bf16 *sin, int64_t tokens,
+                 int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, int64_t q_stride,
+                 int64_t k_stride);
+void octavo_write_kv(bf16 *cache, int64_t num_slots, const bf16 *key, const bf16 *value,
+                     const int64_t *slot_mapping, int64_t tokens, int64_t width,
+                     int64_t key_stride, int64_t value_stride);
+
+/* Attention over the paged cache (cpu_attention.c). */
+int octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_t num_slots,
+                            const int64_t *slots, const int64_t *seq_lens, int64_t batch,
+                            int64_t max_len, int64_t num_heads, int64_t num_kv_heads,
+                            int64_t head_dim, int64_t q_stride, float scale,
+                            const float *prefix_m, const float *prefix_l,
+                            const float *prefix_acc);
+int octavo_prefill_attention(bf16 *out, const bf16 *q, int64_t q_stride, const bf16 *cache,
+                             int64_t num_slots, const int64_t *slots, int64_t max_ctx,
+                             const int64_t *query_start, const int64_t *query_lens,
+                             const int64_t *seq_lens, int64_t num_reqs, int64_t num_heads,
+                             int64_t num_kv_heads, int64_t head_dim, float scale);
+int octavo_prefix_attention(float *m, float *l, float *acc, const bf16 *q, int64_t q_stride,
+                            int64_t batch, const bf16 *cache, int64_t num_slots,
+                            const int64_t *prefix_slots, int64_t prefix_len, int64_t num_heads,
+                            int64_t num_kv_heads, int64_t head_dim, float scale);
+
+/* Whole decoder layers over a step of decode rows (cpu_layer.c). */
+int octavo_decode_layer(const octavo_layer *layer, const octavo_decode_step *step,
+                        bf16 *hidden, const bf16 *residual, bf16 *out, bf16 *residual_out,
+                        bf16 *cache, int64_t num_slots);
+int octavo_decode_layers(const octavo_layer *layers, int64_t num_layers,
+                         const octavo_decode_step *step, bf16 *const *bufs,
+                         bf16 *const *caches, int64_t num_slots);
+
+/* One decode step of Mamba's selective scan, states updated in place (cpu_ssm.c). */
+void octavo_ssm_decode(float *y, float *state, const int64_t *rows, int64_t batch,
+                       int64_t inner, int64_t d_state, int64_t slot_stride, int64_t width,
+                       int64_t offset, const float *x, const float *dt, const float *bm,
+                       const float *c, const float *a);
+
+#endif
