@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Callable
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -74,7 +76,7 @@ class CpuGemm:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if rows < self.pair_rows and cpu_kernels.usable(x):
+        if rows < self.pair_rows and self.pairs is not None and cpu_kernels.usable(x):
             y = cpu_kernels.pair_gemm(_rows_of(x, rows), self.pairs, self.pair_bias,
                                       self.out_features)
             return y.view(*x.shape[:-1], -1)
@@ -106,7 +108,8 @@ class CpuGemm:
         the pair GEMM, or None where that GEMM does not serve ``x`` (the caller then projects
         and multiplies in two steps)."""
         rows, d = x.numel() // x.shape[-1], self.out_features // 2
-        if not self.fuses_silu or rows >= self.pair_rows or not cpu_kernels.usable(x):
+        if (self.pairs is None or not self.fuses_silu or rows >= self.pair_rows
+                or not cpu_kernels.usable(x)):
             return None
         y = cpu_kernels.pair_gemm_silu(_rows_of(x, rows), self.pairs, self.pair_bias, d)
         return y.view(*x.shape[:-1], d)
@@ -153,6 +156,14 @@ def cpu_gemm_supported(dtype: torch.dtype, device: torch.device) -> bool:
             and torch.backends.mkldnn.is_available())
 
 
+class GemmSlot(Protocol):
+    """A layer a platform may give a faster GEMM: ``LinearBase``, ``ParallelLMHead``, a
+    plugin's projection (found by their ``cpu_gemm`` attribute)."""
+
+    weight: torch.Tensor
+    cpu_gemm: Callable[[torch.Tensor], torch.Tensor] | None
+
+
 def attach_cpu_gemms(model: nn.Module, native_bf16: bool, amx: bool = False) -> int:
     """Give every bf16 layer with a ``cpu_gemm`` slot its :class:`CpuGemm`, from the loaded
     weights (call it after loading; later weight changes are not seen). Returns how many.
@@ -166,13 +177,14 @@ def attach_cpu_gemms(model: nn.Module, native_bf16: bool, amx: bool = False) -> 
     for module in model.modules():
         if not hasattr(module, "cpu_gemm"):
             continue
-        weight = module.weight
+        slot = cast(GemmSlot, module)
+        weight = slot.weight
         if not cpu_gemm_supported(weight.dtype, weight.device):
             continue
         bias = getattr(module, "bias", None)
         gemm = CpuGemm(weight.detach(), None if bias is None else bias.detach(), native_bf16,
                        amx)
-        module.cpu_gemm = gemm
+        slot.cpu_gemm = gemm
         if (gemm.serves_every_call and isinstance(module, LinearBase)
                 and not module.reads_weight_with_cpu_gemm()):
             module.weight = nn.Parameter(gemm.release_weight(), requires_grad=False)
