@@ -3,7 +3,7 @@ its integer constants, its structs' fields and its entry points' signatures.
 
 Why: the header is the one place the interface is written. The compiler checks every C
 definition against it, this module derives the ctypes side from it when ``octavo.cpu.kernels``
-is imported, and ``tests/core/test_cpu_interface.py`` compares the structs' layouts with the
+is imported, and ``tests/core/cpu/test_cpu_interface.py`` compares the structs' layouts with the
 compiler's own (``octavo_layout``), so a mismatch fails a test instead of corrupting memory.
 
 Why a reader of our own rather than a binding tool: cffi's ABI mode also parses C

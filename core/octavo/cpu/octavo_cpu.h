@@ -9,7 +9,7 @@
  *   typedef struct { NAME_FIELDS(OCTAVO_FIELD) } name;      the struct made of them
  *   type name(type arg, ...);                               an entry point
  * with types among int, int64_t, float, bf16 and pointers. The library's layout table
- * (octavo_layout) comes from the same field lists, and tests/core/test_cpu_interface.py
+ * (octavo_layout) comes from the same field lists, and tests/core/cpu/test_cpu_interface.py
  * compares it with the ctypes structs. */
 #ifndef OCTAVO_CPU_H
 #define OCTAVO_CPU_H
