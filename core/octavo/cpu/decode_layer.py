@@ -34,13 +34,25 @@ from octavo.models.llama import LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 
 def _pair_gemm(linear: LinearBase) -> CpuGemm | None:
-    """``linear``'s GEMM where the pair GEMM alone serves it (every call, one tensor-parallel
-    rank, no path reading the plain weight), else None."""
+    """``linear``'s GEMM where the pair GEMM serves it (one tensor-parallel rank, the layer
+    reading no weight itself), else None. With AMX it serves only steps of fewer than
+    ``pair_rows`` rows (oneDNN takes the others): :func:`fused_rows`."""
     gemm = linear.cpu_gemm
-    if (isinstance(gemm, CpuGemm) and gemm.serves_every_call
+    if (isinstance(gemm, CpuGemm) and gemm.pairs is not None
             and not linear.reads_weight_with_cpu_gemm() and linear.tp_size == 1):
         return gemm
     return None
+
+
+def fused_rows(layer: LlamaDecoderLayer) -> int:
+    """Steps of fewer rows than this run in the fused call: every GEMM of ``layer`` (one
+    :func:`layer_weights` accepts) takes them on the pair GEMM, whose packed weights the
+    fused call reads."""
+    attn, mlp = layer.self_attn, layer.mlp
+    assert isinstance(mlp, LlamaMLP)
+    gemms = [_pair_gemm(linear) for linear in
+             (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+    return min(gemm.pair_rows if gemm is not None else 0 for gemm in gemms)
 
 
 def _address(tensor: torch.Tensor | None) -> int | None:
@@ -76,6 +88,7 @@ class CpuLlamaDecoderLayer(LlamaDecoderLayer):
     """Decode steps in one fused call (see the module's docstring); the rest as before."""
 
     _weights: kernels.LayerWeights | None | bool = False  # False: not looked at yet
+    _fused_rows = 0  # steps of fewer rows run fused (set with _weights)
 
     def forward(
         self,
@@ -86,8 +99,8 @@ class CpuLlamaDecoderLayer(LlamaDecoderLayer):
         attn_metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         weights = _layer_weights(self)
-        step = (None if weights is None or not kernels.usable(hidden, kv_cache)
-                or not hidden.is_contiguous()
+        step = (None if weights is None or hidden.shape[0] >= self._fused_rows
+                or not kernels.usable(hidden, kv_cache) or not hidden.is_contiguous()
                 else decode_step(positions, hidden.shape[0], kv_cache, attn_metadata,
                                  self.self_attn.rotary_emb))
         if step is None or weights is None:
@@ -104,6 +117,7 @@ class CpuLlamaModel(LlamaModel):
     layers run one by one as before."""
 
     _stack: kernels.LayerStack | None = None
+    _fused_rows = 0  # steps of fewer rows run fused: the least of the layers' (_fused_stack)
 
     def run_layers(
         self,
@@ -116,6 +130,8 @@ class CpuLlamaModel(LlamaModel):
         stack = (None if residual is not None or self.aux_hidden_state_layers
                  or not hidden.is_contiguous() or not kernels.usable(hidden, kv_caches[0])
                  else self._fused_stack(kv_caches))
+        if stack is not None and hidden.shape[0] >= self._fused_rows:
+            stack = None
         step = None if stack is None else decode_step(
             positions, hidden.shape[0], kv_caches[0], attn_metadata, self._rotary())
         if stack is None or step is None:
@@ -140,6 +156,8 @@ class CpuLlamaModel(LlamaModel):
         weights = [w for w in map(_layer_weights, layers) if w is not None]
         if len(weights) < len(layers):
             return None
+        self._fused_rows = min(layer._fused_rows for layer in layers
+                               if isinstance(layer, CpuLlamaDecoderLayer))
         rows = [c.view(2, -1, c.shape[-2] * c.shape[-1]) for c in kv_caches]
         self._stack = kernels.LayerStack(weights, rows)
         return self._stack
@@ -151,6 +169,7 @@ def _layer_weights(layer: torch.nn.Module) -> kernels.LayerWeights | None:
         return None
     if layer._weights is False:
         layer._weights = layer_weights(layer)
+        layer._fused_rows = 0 if layer._weights is None else fused_rows(layer)
     return layer._weights if isinstance(layer._weights, kernels.LayerWeights) else None
 
 

@@ -430,23 +430,3 @@ def ssm_decode(state: torch.Tensor, rows: torch.Tensor, offset: int, x: torch.Te
                           d_state, state.stride(0), state.stride(1), offset, x.data_ptr(),
                           dt.data_ptr(), b.data_ptr(), c.data_ptr(), a.data_ptr())
     return y
-
-
-def ssm_decode(state: torch.Tensor, rows: torch.Tensor, offset: int, x: torch.Tensor,
-               dt: torch.Tensor, b: torch.Tensor, c: torch.Tensor, a: torch.Tensor,
-               ) -> torch.Tensor:
-    """One step of Mamba's selective scan for ``B`` requests (cpu_ssm.c): the scan states at
-    ``offset`` of rows ``rows`` [B] int64 of ``state`` [slots, inner, width] (fp32,
-    contiguous) updated in place; returns ``y`` [B, inner] (fp32) = the new states times
-    ``c``. ``x``, ``dt`` [B, inner], ``b``, ``c`` [B, d_state], ``a`` [inner, d_state]."""
-    batch, inner = x.shape
-    d_state = a.shape[1]
-    assert state.dtype == torch.float32 and state.is_contiguous() and rows.is_contiguous()
-    x, dt, b, c, a = (t.float().contiguous() for t in (x, dt, b, c, a))
-    y = torch.empty(batch, inner)
-    lib = library()
-    assert lib is not None, "ssm_decode without the CPU kernels (see usable)"
-    lib.octavo_ssm_decode(y.data_ptr(), state.data_ptr(), rows.data_ptr(), batch, inner,
-                          d_state, state.stride(0), state.stride(1), offset, x.data_ptr(),
-                          dt.data_ptr(), b.data_ptr(), c.data_ptr(), a.data_ptr())
-    return y
