@@ -44,15 +44,21 @@ def _pair_gemm(linear: LinearBase) -> CpuGemm | None:
     return None
 
 
+def _pair_gemms(layer: LlamaDecoderLayer, mlp: LlamaMLP) -> list[CpuGemm | None]:
+    """The pair GEMMs of ``layer``'s qkv, o, gate/up and down projections, in the order the
+    fused call takes them (:func:`_pair_gemm` of each)."""
+    attn = layer.self_attn
+    return [_pair_gemm(linear) for linear in
+            (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+
+
 def fused_rows(layer: LlamaDecoderLayer) -> int:
     """Steps of fewer rows than this run in the fused call: every GEMM of ``layer`` (one
     :func:`layer_weights` accepts) takes them on the pair GEMM, whose packed weights the
     fused call reads."""
-    attn, mlp = layer.self_attn, layer.mlp
-    assert isinstance(mlp, LlamaMLP)
-    gemms = [_pair_gemm(linear) for linear in
-             (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
-    return min(gemm.pair_rows if gemm is not None else 0 for gemm in gemms)
+    assert isinstance(layer.mlp, LlamaMLP)
+    return min(gemm.pair_rows if gemm is not None else 0
+               for gemm in _pair_gemms(layer, layer.mlp))
 
 
 def _address(tensor: torch.Tensor | None) -> int | None:
@@ -68,8 +74,7 @@ def layer_weights(layer: LlamaDecoderLayer) -> kernels.LayerWeights | None:
             and type(attn.rotary_emb) is CpuRotaryEmbedding and attn.q_norm is None
             and isinstance(attn.attn, CpuAttentionImpl) and attn.attn.sliding_window is None):
         return None
-    qkv, o, gate_up, down = (_pair_gemm(linear) for linear in
-                             (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj))
+    qkv, o, gate_up, down = _pair_gemms(layer, mlp)
     if qkv is None or o is None or gate_up is None or down is None or not gate_up.fuses_silu:
         return None
     return kernels.LayerWeights(
