@@ -140,6 +140,9 @@ class EngineCoreProc:
         self._failed_steps = 0  # in a row
         self._num_received = 0  # ADD messages taken in
         self.stopping = threading.Event()  # told to stop: a disconnect is no failure then
+        # The first message, sent as the output socket connects: a headless engine's front
+        # end learns from it which TCP connection is the engine's (RemoteEngineClient).
+        self.outputs.put(self._message([], self.core.scheduler.make_stats()))
         self.input_thread = _start_thread("input", self._receive_inputs)
         self.output_thread = _start_thread("output", self._send_outputs)
 

@@ -44,6 +44,7 @@ ZAP_DOMAIN = "octavo-engine"
 _SOCKET_NAMES = ("input", "output")
 HEARTBEAT_IVL_MS = 1000  # TCP sockets ping their peer this often...
 HEARTBEAT_TIMEOUT_MS = 3000  # ...and drop the connection when no answer came for this long
+MAX_HANDSHAKE_BYTES = 4096  # of a frame on the input socket, which receives no message
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,8 @@ class EngineSockets:
         socket.curve_server = True
         socket.curve_secretkey = secret_key
         socket.zap_domain = ZAP_DOMAIN.encode()
+        if socket_type == zmq.PUSH:  # it receives only CURVE's handshake: bound it
+            socket.setsockopt(zmq.MAXMSGSIZE, MAX_HANDSHAKE_BYTES)
         if address.startswith("tcp://"):
             set_heartbeat(socket)
         socket.bind(address)
