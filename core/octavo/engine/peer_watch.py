@@ -35,7 +35,9 @@ class ConnectionWatch(Generic[Owner]):
 
     def claim(self, frame: zmq.Frame, owner: Owner) -> bool:
         """The connection ``frame`` (received with ``copy=False``) came on is ``owner``'s;
-        False when it has ended already. Call ``ended`` first: it reads the queued events."""
+        False when it has ended already. Call ``ended`` between receiving the frame and
+        this: it reads the events queued by then, the connection's ``EVENT_ACCEPTED`` and
+        any earlier end of a connection with the same descriptor number among them."""
         fd = frame.get(zmq.SRCFD)
         if fd in self._closed:
             return False

@@ -158,11 +158,12 @@ class EngineJoinServer:
                 next_progress += PROGRESS_INTERVAL_S
                 logger.info("still waiting for headless engines: %d of %d ready",
                             len(self.ready), len(self.expected))
-            readable = await self.router.poll(min(left, LEFT_CHECK_S) * 1000)
-            self._free_departed()
-            if readable:
-                peer, frame = await self.router.recv_multipart(copy=False)
-                await self._handle(peer.bytes, frame)
+            if not await self.router.poll(min(left, LEFT_CHECK_S) * 1000):
+                self._free_departed()
+                continue
+            peer, frame = await self.router.recv_multipart(copy=False)
+            self._free_departed()  # after the receive: its connection's events are queued
+            await self._handle(peer.bytes, frame)
         return self.ready
 
     def close(self) -> None:
