@@ -5,8 +5,8 @@
 Refused handshakes name their reason (a wrong secret; another model; a replayed Hello), a
 rank whose claimant leaves before it is ready is free again, the pair serves the ``openai``
 client with both engines - after peers without the secret poked every port the front end
-listens on (garbage, ZMTP greetings, a 400 MB frame), which changed nothing and cost the
-front end no memory - with no socket listening beyond loopback, and SIGKILLing the headless
+listens on (garbage, ZMTP greetings, a 400 MB frame on each), which changed nothing and
+cost the front end no memory - with no socket listening beyond loopback, and SIGKILLing the headless
 node turns ``/health`` degraded within 5 s, failing (never hanging) the requests its engine
 held.
 """
@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import openai
@@ -51,6 +52,7 @@ from .server import (
     ONE_THREAD_ENV,
     Server,
     free_port,
+    port_is_free,
     still_running,
     tcp_listeners,
     wildcard_listeners,
@@ -194,15 +196,16 @@ def poke_like_a_stranger(port: int) -> None:
     poke(port, ZMTP_GREETING.replace(b"NULL", b"CURVE") + b"\x04\x05hello")
 
 
-def stream_huge_frame(port: int) -> int:
-    """Declare a ``HUGE_FRAME_BYTES`` frame after a ZMTP greeting and stream it in 1 MiB
-    writes (never held here) until the peer drops the connection; the bytes sent."""
+def stream_huge_frame(port: int, mechanism: bytes = b"NULL") -> int:
+    """Declare a ``HUGE_FRAME_BYTES`` frame after a ZMTP greeting of ``mechanism`` (the
+    socket's, so that the frame reaches its decoder) and stream it in 1 MiB writes (never
+    held here) until the peer drops the connection; the bytes sent."""
     chunk, sent = bytes(1 << 20), 0
     with socket.create_connection((HOST, port), timeout=10) as peer:
         try:
-            peer.sendall(ZMTP_GREETING)
+            peer.sendall(ZMTP_GREETING.replace(b"NULL", mechanism))
             time.sleep(0.05)
-            peer.sendall(b"\x02" + HUGE_FRAME_BYTES.to_bytes(8, "big"))  # a long frame
+            peer.sendall(b"\x06" + HUGE_FRAME_BYTES.to_bytes(8, "big"))  # a long command
             while sent < HUGE_FRAME_BYTES:
                 sent += peer.send(chunk)
         except OSError:  # reset or broken pipe: dropped, as it must be
@@ -236,9 +239,13 @@ def test_strangers_and_a_replayed_hello_change_nothing_and_a_leaver_frees_its_ra
         tiny_model: TinyModel, rpc_port: int, front_end: Server) -> None:
     """Before the real node joins (the tests after this one show that it does), with
     strangers' connections and a 400 MB frame on the join port first."""
+    deadline = time.monotonic() + 120
+    while port_is_free(rpc_port):  # the front end is still starting
+        assert time.monotonic() < deadline and front_end.proc.poll() is None, front_end.log()
+        time.sleep(0.1)
     poke_like_a_stranger(rpc_port)
     api = psutil.Process(front_end.proc.pid)
-    before, peak = peak_rss_during(api, lambda: stream_huge_frame(rpc_port))
+    before, peak = peak_rss_during(api, partial(stream_huge_frame, rpc_port))
     print(f"\na {HUGE_FRAME_BYTES >> 20} MiB frame on the join port: front end RSS "
           f"{before >> 20} MiB before, {peak >> 20} MiB at most")
     assert peak - before < RSS_SLACK_BYTES
@@ -276,8 +283,13 @@ def test_front_end_and_headless_node_serve_the_openai_client(front_end: Server,
     ports.remove(front_end.port)
     # Engine 1's two sockets; the join port closed once every engine had joined.
     assert len(ports) == 2 and rpc_port not in ports, listeners
+    api = psutil.Process(front_end.proc.pid)
     for port in ports:  # peers without the secret: none of this may end engine 1
         poke_like_a_stranger(port)
+        before, peak = peak_rss_during(api, partial(stream_huge_frame, port, b"CURVE"))
+        print(f"a {HUGE_FRAME_BYTES >> 20} MiB frame on engine 1's port {port}: front end "
+              f"RSS {before >> 20} MiB before, {peak >> 20} MiB at most")
+        assert peak - before < RSS_SLACK_BYTES
     status, _, health = front_end.request("GET", "/health")
     assert status == 200 and health["status"] == "ok", health
     client = OpenAI(base_url=f"{front_end.url}/v1", api_key="none", max_retries=0, timeout=60)
@@ -294,6 +306,22 @@ def test_front_end_and_headless_node_serve_the_openai_client(front_end: Server,
     print(f"\n8 requests: {landed} per engine")
     assert min(landed.values()) >= 2, landed  # both engines served
     assert len(set(texts)) == 1, texts  # the same greedy text from either engine
+
+    # Prompt logprobs of a 450-token prompt: about 110 KiB of outputs in one message, which
+    # engine 1 sends as several 64 KiB frames; each engine's are the same.
+    before = requests_per_engine(front_end)
+
+    def prompt_logprobs(_: int) -> list:
+        choice = client.completions.create(model=model, prompt=PROMPT * 30, max_tokens=1,
+                                           temperature=0,
+                                           extra_body={"prompt_logprobs": 20}).choices[0]
+        return choice.model_extra["prompt_logprobs"]
+
+    with ThreadPoolExecutor(4) as pool:
+        logprobs = list(pool.map(prompt_logprobs, range(4)))
+    after = requests_per_engine(front_end)
+    assert after["1"] > before["1"], (before, after)
+    assert len(logprobs[0]) == 450 and all(each == logprobs[0] for each in logprobs)
 
 
 def test_killing_the_headless_node_degrades_health_and_fails_its_requests(

@@ -47,13 +47,14 @@ from zmq.utils.monitor import recv_monitor_message
 
 from octavo.config import ConfigError, EngineConfig, PoolerConfig
 from octavo.engine.errors import EngineStartError, StepError
-from octavo.engine.ipc import CoreEndpoint
+from octavo.engine.ipc import TCP_FRAME_BYTES, CoreEndpoint
 from octavo.engine.serial import (
     Decoder,
     Encoder,
     OutputKind,
     RequestKind,
     log_dropped_frame,
+    split_payload,
     undecodable_request_id,
 )
 from octavo.outputs import (
@@ -271,7 +272,9 @@ class EngineCoreProc:
         while (message := self.outputs.get()) is not _SHUTDOWN:
             kind = (OutputKind.UTILITY_RESULT if isinstance(message, UtilityResult)
                     else OutputKind.OUTPUTS)
-            socket.send_multipart(encoder.encode(kind, message), copy=False)
+            frames = encoder.encode(kind, message)
+            socket.send_multipart(split_payload(frames, TCP_FRAME_BYTES) if self.endpoint.is_tcp
+                                  else frames, copy=False)
         if self.endpoint.is_tcp:
             socket.disable_monitor()  # its watch thread closes the monitor and ends
         socket.close()

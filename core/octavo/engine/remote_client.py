@@ -21,6 +21,7 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import zmq
@@ -44,6 +45,7 @@ from octavo.engine.dp_handshake import (
 from octavo.engine.errors import EngineStartError, HandshakeError
 from octavo.engine.ipc import CurveKeys, EngineSockets, set_heartbeat
 from octavo.engine.peer_watch import ConnectionWatch
+from octavo.engine.serial import join_payload
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +81,13 @@ class RemoteEngineClient(EngineCoreClient):
             self._connections.ended()
             if not self._connections.claim(frames[0], self.rank):
                 return False
-            self._dispatch(frames)
+            self._dispatch([frame.buffer for frame in frames])
             return True
         return False
+
+    def _dispatch(self, buffers: Sequence[bytes | memoryview]) -> None:
+        """Over TCP the core cuts its payloads into frames (``split_payload``)."""
+        super()._dispatch(join_payload(buffers))
 
     def watch(self) -> None:
         """From now on, the end of the claimed connection is the engine's death."""
