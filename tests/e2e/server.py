@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -202,3 +203,20 @@ class HealthPoller:
                 connection.close()
             self.answers.append((status, time.monotonic() - start))
             self._stop.wait(self.interval_s)
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "*", "[::]", "::", "[::ffff:0.0.0.0]")
+
+
+def tcp_listeners(processes: list[psutil.Process]) -> list[str]:
+    """The listening TCP sockets of ``processes``, as ``ss -ltnp`` prints them (address,
+    port, owner), so a failure shows the whole line."""
+    pids = {process.pid for process in processes}
+    table = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    return [" ".join(line.split()[3:]) for line in table.splitlines()
+            if pids & {int(pid) for pid in re.findall(r"pid=(\d+)", line)}]
+
+
+def wildcard_listeners(listeners: list[str]) -> list[str]:
+    """Those of ``tcp_listeners`` on every interface (0.0.0.0, ::, *)."""
+    return [line for line in listeners if line.split()[0].rsplit(":", 1)[0] in WILDCARD_HOSTS]

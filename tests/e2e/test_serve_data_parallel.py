@@ -4,6 +4,7 @@ server, on the default model (SmolLM2-135M).
 - The 64 W1 prompts, greedy, give the same text as one engine, and land 32 +- 6 on each
   engine (the per-engine counts of ``/metrics``); a second burst sent while the first runs
   is balanced too.
+- Nothing listens beyond loopback: the HTTP port is its only TCP listener.
 - One engine SIGKILLed mid-load: every request either completes or gets an error (none
   hangs, none is lost silently), ``/health`` says ``degraded``, and the survivor serves.
 """
@@ -27,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from octavo.bench.workloads import build_workload
 
-from .server import Server
+from .server import Server, tcp_listeners, wildcard_listeners
 
 pytestmark = pytest.mark.slow
 
@@ -124,6 +125,16 @@ def test_bench_serve_reports_requests_per_engine(dp2_server: Server, tmp_path: P
     counts = json.loads(result_path.read_text())["runs"][0]["requests_per_engine"]
     assert sorted(counts) == ["0", "1"] and sum(counts.values()) == 16, counts
     assert min(counts.values()) >= 16 // 2 - BALANCE_SLACK, counts
+
+
+def test_dp2_listens_only_on_loopback(dp2_server: Server) -> None:
+    """Its engines' sockets are ``ipc://`` paths: the HTTP port, on 127.0.0.1, is the only
+    TCP listener of the server and its engines (``ss -ltnp``)."""
+    listeners = tcp_listeners(dp2_server.processes())
+    print(f"\n-dp 2 listeners: {listeners}")
+    assert len(dp2_server.processes()) >= 3  # the server and its two engine cores
+    assert wildcard_listeners(listeners) == [], listeners
+    assert [line.split()[0] for line in listeners] == [f"127.0.0.1:{dp2_server.port}"]
 
 
 def test_one_engine_killed_mid_load(dp2_server: Server,

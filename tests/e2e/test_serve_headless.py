@@ -2,35 +2,70 @@
 ``octavo serve -dp 2 --data-parallel-size-local 1`` waits for the engine of
 ``octavo serve --headless -dp 2 --data-parallel-size-local 1 --data-parallel-start-rank 1``.
 
-Refused handshakes name their reason (a wrong secret; another model), the pair serves the
-``openai`` client with both engines, and SIGKILLing the headless node turns ``/health``
-degraded within 5 s, failing (never hanging) the requests its engine held.
+Refused handshakes name their reason (a wrong secret; another model; a replayed Hello), a
+rank whose claimant leaves before it is ready is free again, the pair serves the ``openai``
+client with both engines - after peers without the secret poked every port the front end
+listens on (garbage, ZMTP greetings, a 400 MB frame on each), which changed nothing and
+cost the front end no memory - with no socket listening beyond loopback, and SIGKILLing the headless
+node turns ``/health`` degraded within 5 s, failing (never hanging) the requests its engine
+held.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import openai
 import psutil
 import pytest
+import zmq
 from openai import OpenAI
+
+from octavo.config import EngineConfig
+from octavo.engine.dp_handshake import (
+    Challenge,
+    Hello,
+    Knock,
+    Message,
+    Refused,
+    Welcome,
+    engine_identity,
+    new_nonce,
+    seal,
+    unseal,
+)
 
 from ..core.tiny_models import TinyModel, fresh_tiny_llama
 from .conftest import TINY_SERVER_ARGS
-from .server import ONE_THREAD_ENV, Server, free_port, still_running
+from .server import (
+    HOST,
+    ONE_THREAD_ENV,
+    Server,
+    free_port,
+    port_is_free,
+    still_running,
+    tcp_listeners,
+    wildcard_listeners,
+)
 from .test_serve_data_parallel import requests_per_engine
 
 SECRET = "a-shared-secret"
 PROMPT = "Tell me a story"
+HUGE_FRAME_BYTES = 400 << 20  # declared by a peer without the secret, and streamed
+RSS_SLACK_BYTES = 50 << 20  # the front end's growth allowed meanwhile
+# A ZMTP 3.0 greeting (signature, version, mechanism, as-server, filler): what a ZMQ peer
+# sends first, so that what follows reaches the socket's decoder.
+ZMTP_GREETING = b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\0") + bytes(32)
 
 
 class HeadlessNode:
@@ -119,8 +154,142 @@ def test_another_config_is_refused(tiny_model: TinyModel, rpc_port: int, front_e
     assert "block_size: front end '16', this engine '32'" in log, log
 
 
+def node_processes(node: HeadlessNode) -> list[psutil.Process]:
+    parent = psutil.Process(node.proc.pid)
+    return [parent, *parent.children(recursive=True)]
+
+
+def join_socket(context: zmq.Context, rpc_port: int) -> zmq.Socket:
+    """A connection to the front end's join port, as a headless node opens one."""
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(f"tcp://{HOST}:{rpc_port}")
+    return dealer
+
+
+def exchange(dealer: zmq.Socket, data: bytes, salt: str = "") -> Message:
+    """Send one handshake frame; the front end's answer."""
+    dealer.send(data)
+    assert dealer.poll(10_000), "the front end did not answer"
+    return unseal(dealer.recv(), SECRET.encode(), salt)
+
+
+def signed_hello(dealer: zmq.Socket, identity: dict[str, str]) -> tuple[Hello, bytes]:
+    """A valid Hello for rank 1, answering the challenge issued on ``dealer``."""
+    challenge = exchange(dealer, seal(Knock(), b""))
+    assert isinstance(challenge, Challenge), challenge
+    hello = Hello(1, identity, challenge.nonce, new_nonce(), "a test with the secret")
+    return hello, seal(hello, SECRET.encode(), challenge.nonce)
+
+
+def poke(port: int, data: bytes) -> None:
+    """Connect, send ``data`` and close, as a peer without the secret can."""
+    with socket.create_connection((HOST, port), timeout=5) as peer:
+        peer.sendall(data)
+        time.sleep(0.05)
+
+
+def poke_like_a_stranger(port: int) -> None:
+    """What a peer without the secret can send: garbage, greetings, a bogus CURVE HELLO."""
+    poke(port, b"GET / HTTP/1.0\r\n\r\n")
+    poke(port, ZMTP_GREETING)
+    poke(port, ZMTP_GREETING.replace(b"NULL", b"CURVE") + b"\x04\x05hello")
+
+
+def stream_huge_frame(port: int, mechanism: bytes = b"NULL") -> int:
+    """Declare a ``HUGE_FRAME_BYTES`` frame after a ZMTP greeting of ``mechanism`` (the
+    socket's, so that the frame reaches its decoder) and stream it in 1 MiB writes (never
+    held here) until the peer drops the connection; the bytes sent."""
+    chunk, sent = bytes(1 << 20), 0
+    with socket.create_connection((HOST, port), timeout=10) as peer:
+        try:
+            peer.sendall(ZMTP_GREETING.replace(b"NULL", mechanism))
+            time.sleep(0.05)
+            peer.sendall(b"\x06" + HUGE_FRAME_BYTES.to_bytes(8, "big"))  # a long command
+            while sent < HUGE_FRAME_BYTES:
+                sent += peer.send(chunk)
+        except OSError:  # reset or broken pipe: dropped, as it must be
+            pass
+    return sent
+
+
+def peak_rss_during(process: psutil.Process, action: Callable[[], object]) -> tuple[int, int]:
+    """``process``'s RSS before ``action`` and its peak while it runs (sampled every 5 ms)."""
+    before = peak = process.memory_info().rss
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, process.memory_info().rss)
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        action()
+        time.sleep(0.2)  # what the front end buffered by now would show
+    finally:
+        done.set()
+        sampler.join()
+    return before, peak
+
+
+def test_strangers_and_a_replayed_hello_change_nothing_and_a_leaver_frees_its_rank(
+        tiny_model: TinyModel, rpc_port: int, front_end: Server) -> None:
+    """Before the real node joins (the tests after this one show that it does), with
+    strangers' connections and a 400 MB frame on the join port first."""
+    deadline = time.monotonic() + 120
+    while port_is_free(rpc_port):  # the front end is still starting
+        assert time.monotonic() < deadline and front_end.proc.poll() is None, front_end.log()
+        time.sleep(0.1)
+    poke_like_a_stranger(rpc_port)
+    api = psutil.Process(front_end.proc.pid)
+    before, peak = peak_rss_during(api, partial(stream_huge_frame, rpc_port))
+    print(f"\na {HUGE_FRAME_BYTES >> 20} MiB frame on the join port: front end RSS "
+          f"{before >> 20} MiB before, {peak >> 20} MiB at most")
+    assert peak - before < RSS_SLACK_BYTES
+    config = EngineConfig.from_kwargs(model=str(tiny_model.folder), dtype="float32",
+                                      data_parallel_size=2)
+    identity = engine_identity(config, tiny_model.folder)
+    context = zmq.Context()
+    try:
+        claimant, replayer, latecomer = (join_socket(context, rpc_port) for _ in range(3))
+        hello, sealed = signed_hello(claimant, identity)
+        exchange(replayer, seal(Knock(), b""))  # its own challenge, which the copy ignores
+        replayed = exchange(replayer, sealed)
+        assert isinstance(replayed, Refused) and "a replayed handshake" in replayed.reason
+        welcome = exchange(claimant, sealed, hello.nonce)  # on its own connection it joins
+        assert isinstance(welcome, Welcome), welcome
+        _, second_claim = signed_hello(latecomer, identity)
+        taken = exchange(latecomer, second_claim)
+        assert isinstance(taken, Refused) and "rank 1 has joined already" in taken.reason
+        claimant.close(linger=0)  # leaves before Ready
+        deadline = time.monotonic() + 10
+        while "rank 1 is free again" not in front_end.log():
+            assert time.monotonic() < deadline, front_end.log()
+            time.sleep(0.05)
+    finally:
+        context.destroy(linger=0)
+
+
 def test_front_end_and_headless_node_serve_the_openai_client(front_end: Server,
-                                                             node: HeadlessNode) -> None:
+                                                             node: HeadlessNode,
+                                                             rpc_port: int) -> None:
+    listeners = tcp_listeners(front_end.processes() + node_processes(node))
+    print(f"\nfront end and headless node listen on: {listeners}")
+    assert wildcard_listeners(listeners) == [], listeners
+    ports = [int(line.split()[0].rsplit(":", 1)[1]) for line in listeners]
+    ports.remove(front_end.port)
+    # Engine 1's two sockets; the join port closed once every engine had joined.
+    assert len(ports) == 2 and rpc_port not in ports, listeners
+    api = psutil.Process(front_end.proc.pid)
+    for port in ports:  # peers without the secret: none of this may end engine 1
+        poke_like_a_stranger(port)
+        before, peak = peak_rss_during(api, partial(stream_huge_frame, port, b"CURVE"))
+        print(f"a {HUGE_FRAME_BYTES >> 20} MiB frame on engine 1's port {port}: front end "
+              f"RSS {before >> 20} MiB before, {peak >> 20} MiB at most")
+        assert peak - before < RSS_SLACK_BYTES
     status, _, health = front_end.request("GET", "/health")
     assert status == 200 and health["status"] == "ok", health
     client = OpenAI(base_url=f"{front_end.url}/v1", api_key="none", max_retries=0, timeout=60)
@@ -137,6 +306,22 @@ def test_front_end_and_headless_node_serve_the_openai_client(front_end: Server,
     print(f"\n8 requests: {landed} per engine")
     assert min(landed.values()) >= 2, landed  # both engines served
     assert len(set(texts)) == 1, texts  # the same greedy text from either engine
+
+    # Prompt logprobs of a 450-token prompt: about 110 KiB of outputs in one message, which
+    # engine 1 sends as several 64 KiB frames; each engine's are the same.
+    before = requests_per_engine(front_end)
+
+    def prompt_logprobs(_: int) -> list:
+        choice = client.completions.create(model=model, prompt=PROMPT * 30, max_tokens=1,
+                                           temperature=0,
+                                           extra_body={"prompt_logprobs": 20}).choices[0]
+        return choice.model_extra["prompt_logprobs"]
+
+    with ThreadPoolExecutor(4) as pool:
+        logprobs = list(pool.map(prompt_logprobs, range(4)))
+    after = requests_per_engine(front_end)
+    assert after["1"] > before["1"], (before, after)
+    assert len(logprobs[0]) == 450 and all(each == logprobs[0] for each in logprobs)
 
 
 def test_killing_the_headless_node_degrades_health_and_fails_its_requests(

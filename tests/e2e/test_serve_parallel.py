@@ -1,5 +1,7 @@
 """``octavo serve -tp 2``: a worker process per rank behind the real server, the official
-``openai`` client (streaming included) getting the tokens one rank would give; and SIGKILL
+``openai`` client (streaming included) getting the tokens one rank would give, with no
+socket listening beyond loopback (``ss -ltnp``; torch's rendezvous store would listen on
+every interface unless bound for it); and SIGKILL
 of one worker mid-stream: the stream ends with an error, /health answers 503 within a
 second, and no Octavo process is left once the server has exited.
 
@@ -20,7 +22,7 @@ from openai import OpenAI
 from octavo import LLM, SamplingParams
 
 from .conftest import TINY_SERVER_ARGS, TinyModel
-from .server import Server, still_running
+from .server import Server, still_running, tcp_listeners, wildcard_listeners
 from .test_serve_faults import RawStream
 
 PROMPT = "Tell me a story"
@@ -42,6 +44,8 @@ def test_tp2_server_answers_the_openai_client(tiny_model: TinyModel, tmp_path: P
                                                               ignore_eos=True))[0].outputs[0]
     with start_tp2_server(tiny_model, tmp_path) as server:
         assert len(worker_processes(server)) == 2
+        listeners = tcp_listeners(server.processes())
+        workers = [f"pid={worker.pid}," for worker in worker_processes(server)]
         client = OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0, timeout=60)
         whole = client.completions.create(model=str(tiny_model.folder), prompt=PROMPT,
                                           max_tokens=16, temperature=0,
@@ -52,6 +56,10 @@ def test_tp2_server_answers_the_openai_client(tiny_model: TinyModel, tmp_path: P
                 stream=True, extra_body={"ignore_eos": True}))
     assert whole.choices[0].text == reference.text, f"seed {tiny_model.seed}"
     assert streamed == reference.text
+    print(f"\n-tp 2 listeners: {listeners}")
+    assert wildcard_listeners(listeners) == [], listeners
+    # The rendezvous store (rank 0) and gloo's sockets are among them, on loopback.
+    assert all(any(pid in line for line in listeners) for pid in workers), listeners
 
 
 def test_worker_killed_mid_stream(tiny_model: TinyModel, tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from octavo.distributed.rendezvous import rendezvous_store
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -182,9 +184,10 @@ def init_distributed(info: RankInfo, backend: str, init_method: str, timeout_s: 
     unless ``tensor_communicator`` (the platform's) makes something faster of it, which
     every rank of the group calls together. The state is set for this process and returned.
     """
-    dist.init_process_group(backend=backend, init_method=init_method, rank=info.rank,
-                            world_size=info.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = rendezvous_store(init_method, info.rank, info.world_size, timeout)
+    dist.init_process_group(backend=backend, store=store, rank=info.rank,
+                            world_size=info.world_size, timeout=timeout)
     tp_group = pp_group = None
     for pp_rank in range(info.pp_size):
         group = dist.new_group(info.tp_group_ranks(pp_rank))

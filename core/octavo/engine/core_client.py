@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any, Protocol
@@ -227,18 +227,22 @@ class EngineCoreClient:
                     # connection, on the first output of a headless engine); a message is
                     # received whole or not at all, so nothing was lost: wait again.
                     continue
-                try:
-                    kind, payload = self._decoder.decode([frame.buffer for frame in frames])
-                except Exception as exc:  # one bad frame is not the engine's death
-                    log_dropped_frame("output", exc)
-                    continue
-                if kind is OutputKind.UTILITY_RESULT:
-                    self._resolve_call(payload)
-                else:
-                    self._outputs.put_nowait(payload)
+                self._dispatch([frame.buffer for frame in frames])
         except Exception as exc:  # without this task no output arrives: fail, don't hang
             logger.exception("lost the engine core's output stream")
             self._fail_all(EngineDeadError(f"lost the engine core's output stream: {exc}"))
+
+    def _dispatch(self, buffers: Sequence[bytes | memoryview]) -> None:
+        """One message from the core: a utility call's result, or a step's outputs."""
+        try:
+            kind, payload = self._decoder.decode(buffers)
+        except Exception as exc:  # one bad frame is not the engine's death
+            log_dropped_frame("output", exc)
+            return
+        if kind is OutputKind.UTILITY_RESULT:
+            self._resolve_call(payload)
+        else:
+            self._outputs.put_nowait(payload)
 
     def _resolve_call(self, result: UtilityResult) -> None:
         future = self._calls.get(result.call_id)

@@ -47,13 +47,14 @@ from zmq.utils.monitor import recv_monitor_message
 
 from octavo.config import ConfigError, EngineConfig, PoolerConfig
 from octavo.engine.errors import EngineStartError, StepError
-from octavo.engine.ipc import CoreEndpoint
+from octavo.engine.ipc import TCP_FRAME_BYTES, CoreEndpoint
 from octavo.engine.serial import (
     Decoder,
     Encoder,
     OutputKind,
     RequestKind,
     log_dropped_frame,
+    split_payload,
     undecodable_request_id,
 )
 from octavo.outputs import (
@@ -140,6 +141,9 @@ class EngineCoreProc:
         self._failed_steps = 0  # in a row
         self._num_received = 0  # ADD messages taken in
         self.stopping = threading.Event()  # told to stop: a disconnect is no failure then
+        # The first message, sent as the output socket connects: a headless engine's front
+        # end learns from it which TCP connection is the engine's (RemoteEngineClient).
+        self.outputs.put(self._message([], self.core.scheduler.make_stats()))
         self.input_thread = _start_thread("input", self._receive_inputs)
         self.output_thread = _start_thread("output", self._send_outputs)
 
@@ -268,7 +272,9 @@ class EngineCoreProc:
         while (message := self.outputs.get()) is not _SHUTDOWN:
             kind = (OutputKind.UTILITY_RESULT if isinstance(message, UtilityResult)
                     else OutputKind.OUTPUTS)
-            socket.send_multipart(encoder.encode(kind, message), copy=False)
+            frames = encoder.encode(kind, message)
+            socket.send_multipart(split_payload(frames, TCP_FRAME_BYTES) if self.endpoint.is_tcp
+                                  else frames, copy=False)
         if self.endpoint.is_tcp:
             socket.disable_monitor()  # its watch thread closes the monitor and ends
         socket.close()

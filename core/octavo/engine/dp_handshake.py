@@ -4,19 +4,25 @@ A headless node (``octavo serve --headless``) runs data-parallel engines for a f
 another node. Each engine joins over one ZMQ DEALER -> ROUTER connection to the front
 end's ``--data-parallel-address:--data-parallel-rpc-port``:
 
-1. ``Hello`` (the engine's rank, its ``identity``: the model's fingerprint and every setting
-   that must match, a fresh nonce), sealed with an HMAC of the shared secret
-   (``--data-parallel-secret``);
-2. the front end checks the seal (a wrong secret is refused, saying so), the protocol, the
-   rank (one of the remote ranks, not taken) and the identity key by key (a refusal names
-   what differs); then answers ``Welcome`` (its nonce and the TCP addresses of the two
-   sockets it bound for this engine), sealed over the engine's nonce - or ``Refused``;
-3. both ends derive the CURVE keys of those sockets from the secret and the two nonces
+1. ``Knock``; the front end answers ``Challenge``: a fresh nonce bound to this connection
+   (``ChallengeIssuer``), so a ``Hello`` captured on one connection is worth nothing on
+   another, nor against a later front end;
+2. ``Hello`` (the engine's rank, its ``identity``: the model's fingerprint and every setting
+   that must match, the challenge, a fresh nonce), sealed with an HMAC of the shared secret
+   (``--data-parallel-secret``) over the challenge;
+3. the front end checks the challenge and the seal (a wrong secret is refused, saying so),
+   the protocol, the rank (one of the remote ranks, not taken) and the identity key by key
+   (a refusal names what differs); then answers ``Welcome`` (its nonce and the TCP
+   addresses of the two sockets it bound for this engine), sealed over the engine's
+   nonce - or ``Refused``;
+4. both ends derive the CURVE keys of those sockets from the secret and the two nonces
    (``CurveKeys.derive``); no key travels. The node starts the engine core, which connects;
-4. once it has loaded the model: ``Ready`` (or ``Failed`` with the load error), sealed over
+5. once it has loaded the model: ``Ready`` (or ``Failed`` with the load error), sealed over
    both nonces, and the front end serves it.
 
-Nothing in a message is unpickled: they are msgspec JSON of the plain dataclasses below.
+Nothing in a message is unpickled: they are msgspec JSON of the plain dataclasses below,
+and no frame on the join port may exceed ``MAX_FRAME_BYTES`` (the socket drops a peer that
+sends a longer one before buffering it).
 """
 
 from __future__ import annotations
@@ -34,15 +40,28 @@ from octavo.config import EngineConfig
 from octavo.engine.errors import HandshakeError
 from octavo.version import __version__
 
-PROTOCOL = 1
+PROTOCOL = 2
 SECRET_ENV = "OCTAVO_DATA_PARALLEL_SECRET"
 _SAMPLE_BYTES = 1 << 20  # of each end of a weights file, for its fingerprint
+MAX_FRAME_BYTES = 16 << 10  # of any message on the join port (a Hello is about 1 KB)
+MAX_REASON_CHARS = 4000  # of the reason in a Failed, to stay within MAX_FRAME_BYTES
+
+
+@dataclass
+class Knock:
+    """The engine asks for a challenge (unsealed: it proves nothing)."""
+
+
+@dataclass
+class Challenge:
+    nonce: str  # hex, bound to the connection it was sent on
 
 
 @dataclass
 class Hello:
     rank: int
     identity: dict[str, str]
+    challenge: str  # the front end's, as received; the seal is over it
     nonce: str  # hex
     node: str  # the node's host name, for the front end's messages
     protocol: int = PROTOCOL
@@ -76,9 +95,10 @@ class Failed:
     reason: str
 
 
-Message = Hello | Welcome | Refused | Ready | Failed
-_KINDS: dict[str, type[Any]] = {cls.__name__: cls for cls in (Hello, Welcome, Refused,
-                                                             Ready, Failed)}
+Message = Knock | Challenge | Hello | Welcome | Refused | Ready | Failed
+_KINDS: dict[str, type[Any]] = {cls.__name__: cls for cls in (Knock, Challenge, Hello, Welcome,
+                                                             Refused, Ready, Failed)}
+_UNSEALED = (Knock, Challenge, Refused)  # sent before (or instead of) proving the secret
 
 
 @dataclass
@@ -99,18 +119,43 @@ def seal(message: Message, secret: bytes, salt: str = "") -> bytes:
 
 
 def unseal(data: bytes, secret: bytes, salt: str = "") -> Message:
-    """The message; ``HandshakeError`` when it does not decode or its seal is wrong."""
+    """The message; ``HandshakeError`` when it does not decode or its seal is wrong (a
+    ``Hello``'s seal is over its own ``challenge``, whatever ``salt`` says)."""
     try:
         envelope = msgspec.json.decode(data, type=Envelope)
         cls = _KINDS[envelope.kind]
         message = msgspec.convert(envelope.body, type=cls)
     except (msgspec.DecodeError, msgspec.ValidationError, KeyError) as exc:
         raise HandshakeError(f"an unreadable handshake message ({exc})") from None
-    if not isinstance(message, Refused) and not hmac.compare_digest(
+    if isinstance(message, Hello):
+        salt = message.challenge  # which the front end checks is one it issued
+    if not isinstance(message, _UNSEALED) and not hmac.compare_digest(
             envelope.seal, _mac(secret, envelope.kind, envelope.body, salt)):
         raise HandshakeError("the handshake's seal does not match: the two nodes were given "
                              "different --data-parallel-secret values")
     return message  # type: ignore[no-any-return]
+
+
+class ChallengeIssuer:
+    """The front end's challenges, with no state per peer: a nonce and its MAC (under a key
+    made for this front end) over the ZMQ routing id of the connection it was issued on. A
+    challenge is good only on that connection of this front end, so a replayed Hello - on
+    another connection, or to a later front end - fails, and a flood of ``Knock`` costs no
+    memory."""
+
+    def __init__(self) -> None:
+        self._key = secrets.token_bytes(32)
+
+    def issue(self, peer: bytes) -> Challenge:
+        token = new_nonce()
+        return Challenge(token + self._tag(peer, token))
+
+    def verify(self, peer: bytes, challenge: str) -> bool:
+        token, tag = challenge[:32], challenge[32:]
+        return hmac.compare_digest(tag, self._tag(peer, token))
+
+    def _tag(self, peer: bytes, token: str) -> str:
+        return hmac.new(self._key, peer + token.encode(), hashlib.sha256).hexdigest()
 
 
 def _mac(secret: bytes, kind: str, body: dict[str, Any], salt: str) -> str:

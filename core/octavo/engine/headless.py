@@ -23,14 +23,19 @@ from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
+from typing import TypeVar
 
 import zmq
 
 from octavo.config import EngineConfig
 from octavo.engine.core_proc import EngineReady, read_handshake, start_engine_core_process
 from octavo.engine.dp_handshake import (
+    MAX_FRAME_BYTES,
+    MAX_REASON_CHARS,
+    Challenge,
     Failed,
     Hello,
+    Knock,
     Ready,
     Refused,
     Welcome,
@@ -44,6 +49,7 @@ from octavo.engine.ipc import CoreEndpoint, CurveKeys, set_heartbeat
 
 logger = logging.getLogger(__name__)
 
+Answer = TypeVar("Answer", Challenge, Welcome)
 JOIN_TIMEOUT_S = 600.0  # for the front end to answer (it may start after this node)
 STOP_TIMEOUT_S = 5.0
 
@@ -91,19 +97,14 @@ def _join(context: zmq.Context, front_end: str, secret: bytes, identity: dict[st
     rank = config.parallel.engine_index
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
     set_heartbeat(dealer)
     dealer.connect(front_end)
-    hello = Hello(rank, identity, new_nonce(), socket.gethostname())
-    dealer.send(seal(hello, secret))
-    if not dealer.poll(JOIN_TIMEOUT_S * 1000):
-        raise EngineStartError(f"engine {rank}: no answer from the front end at {front_end} "
-                               f"within {JOIN_TIMEOUT_S:.0f} s (is it started with "
-                               "--data-parallel-size and this address and port?)")
-    answer = unseal(dealer.recv(), secret, hello.nonce)
-    if isinstance(answer, Refused):
-        raise EngineStartError(f"the front end refused engine {rank}: {answer.reason}")
-    if not isinstance(answer, Welcome):
-        raise EngineStartError(f"engine {rank}: unexpected answer {type(answer).__name__}")
+    dealer.send(seal(Knock(), secret))
+    challenge = _answer(dealer, front_end, rank, secret, "", Challenge)
+    hello = Hello(rank, identity, challenge.nonce, new_nonce(), socket.gethostname())
+    dealer.send(seal(hello, secret, challenge.nonce))
+    answer = _answer(dealer, front_end, rank, secret, hello.nonce, Welcome)
     salt = hello.nonce + answer.nonce
     keys = CurveKeys.derive(secret, salt.encode())
     endpoint = CoreEndpoint(answer.input_address, answer.output_address, keys.server_public,
@@ -112,12 +113,27 @@ def _join(context: zmq.Context, front_end: str, secret: bytes, identity: dict[st
     return _Engine(rank, salt, dealer, proc, handshake)
 
 
+def _answer(dealer: zmq.Socket, front_end: str, rank: int, secret: bytes, salt: str,
+            expected: type[Answer]) -> Answer:
+    """The front end's next message, an ``expected`` one; ``EngineStartError`` otherwise."""
+    if not dealer.poll(int(JOIN_TIMEOUT_S * 1000)):
+        raise EngineStartError(f"engine {rank}: no answer from the front end at {front_end} "
+                               f"within {JOIN_TIMEOUT_S:.0f} s (is it started with "
+                               "--data-parallel-size and this address and port?)")
+    answer = unseal(dealer.recv(), secret, salt)
+    if isinstance(answer, Refused):
+        raise EngineStartError(f"the front end refused engine {rank}: {answer.reason}")
+    if not isinstance(answer, expected):
+        raise EngineStartError(f"engine {rank}: unexpected answer {type(answer).__name__}")
+    return answer
+
+
 def _report_ready(engine: _Engine, secret: bytes) -> None:
     """Wait for the core to load its model and tell the front end how that went."""
     try:
         ready: EngineReady = read_handshake(engine.proc, engine.handshake)
     except EngineStartError as exc:
-        engine.dealer.send(seal(Failed(str(exc)), secret, engine.salt))
+        engine.dealer.send(seal(Failed(str(exc)[:MAX_REASON_CHARS]), secret, engine.salt))
         raise
     finally:
         engine.handshake.close()

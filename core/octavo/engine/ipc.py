@@ -19,7 +19,11 @@ instead: the sockets bind to ``--data-parallel-address`` on ports the system pic
 ZMTP heartbeats (a vanished peer is noticed within ``HEARTBEAT_TIMEOUT_MS``), and the keys
 are not sent at all: both ends derive them from the shared secret and the two nonces of
 their handshake (``CurveKeys.derive``, ``octavo.engine.dp_handshake``). CURVE then
-authenticates and encrypts the TCP traffic as it does the ``ipc://`` traffic.
+authenticates and encrypts the TCP traffic as it does the ``ipc://`` traffic. Anyone who
+reaches a TCP port can send a frame before CURVE refuses them, and libzmq buffers a frame
+whole: so the input socket takes frames of at most ``MAX_HANDSHAKE_BYTES`` and the output
+socket of at most ``TCP_FRAME_BYTES`` (the core cuts its messages to fit,
+``serial.split_payload``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ ZAP_DOMAIN = "octavo-engine"
 _SOCKET_NAMES = ("input", "output")
 HEARTBEAT_IVL_MS = 1000  # TCP sockets ping their peer this often...
 HEARTBEAT_TIMEOUT_MS = 3000  # ...and drop the connection when no answer came for this long
+MAX_HANDSHAKE_BYTES = 4096  # of a frame on the input socket, which receives no message
+TCP_FRAME_BYTES = 64 << 10  # of a payload frame on a TCP output socket (the core splits)
+CURVE_FRAME_OVERHEAD = 256  # what CURVE adds to a frame on the wire (33 bytes), with room
 
 
 @dataclass(frozen=True)
@@ -176,8 +183,12 @@ class EngineSockets:
         socket.curve_server = True
         socket.curve_secretkey = secret_key
         socket.zap_domain = ZAP_DOMAIN.encode()
+        if socket_type == zmq.PUSH:  # it receives only CURVE's handshake: bound it
+            socket.setsockopt(zmq.MAXMSGSIZE, MAX_HANDSHAKE_BYTES)
         if address.startswith("tcp://"):
             set_heartbeat(socket)
+            if socket_type == zmq.PULL:  # a stranger's frame, before CURVE, is cut here
+                socket.setsockopt(zmq.MAXMSGSIZE, TCP_FRAME_BYTES + CURVE_FRAME_OVERHEAD)
         socket.bind(address)
         return socket
 

@@ -4,7 +4,8 @@ Messages are the engine's own plain dataclasses - ``Request`` (with its ``Sampli
 one way, ``EngineCoreOutputs`` and the utility calls the other, all defined in
 ``octavo.outputs`` - encoded with msgspec's msgpack (``octavo.codec``).
 
-A message is two ZMQ frames: one byte naming its kind, then the payload. A message that
+A message is two ZMQ frames: one byte naming its kind, then the payload (over TCP, the
+payload in frames of at most ``ipc.TCP_FRAME_BYTES``: ``split_payload``). A message that
 does not decode is dropped by its receiver, with a rate-limited warning
 (``log_dropped_frame``): it is never a reason to stop serving. A dropped request that
 names itself (``undecodable_request_id``) is refused, so its client is not left waiting.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -76,12 +78,30 @@ class Decoder:
         self._kinds = kinds
         self._decoders = {kind: codec.decoder(t) for kind, t in types.items()}
 
-    def decode(self, frames: list[bytes] | list[memoryview]) -> tuple[Any, Any]:
+    def decode(self, frames: Sequence[bytes | memoryview]) -> tuple[Any, Any]:
         if len(frames) != _NUM_FRAMES:
             raise ValueError(f"a message has {_NUM_FRAMES} frames, not {len(frames)}")
         kind = self._kinds(bytes(frames[0]))
         decoder = self._decoders.get(kind)
         return kind, None if decoder is None else decoder.decode(frames[1])
+
+
+def split_payload(frames: list[bytes], limit: int) -> list[bytes | memoryview]:
+    """A message with its payload cut into frames of at most ``limit`` bytes, for a socket
+    that drops a peer sending a longer frame (a TCP socket, which anyone who reaches it can
+    send a frame before authenticating: libzmq would buffer it whole)."""
+    kind, payload = frames
+    view = memoryview(payload)
+    chunks: list[bytes | memoryview] = [view[start:start + limit]
+                                        for start in range(0, len(view), limit)]
+    return [kind, *(chunks or [b""])]
+
+
+def join_payload(buffers: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    """``split_payload``'s message as ``Decoder.decode`` takes it."""
+    if len(buffers) <= _NUM_FRAMES:
+        return list(buffers)
+    return [buffers[0], b"".join(buffers[1:])]
 
 
 def undecodable_request_id(frames: list[bytes] | list[memoryview]) -> str | None:

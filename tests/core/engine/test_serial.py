@@ -1,12 +1,20 @@
 """The wire between the API process and the engine core: every message kind survives an
-encode/decode round trip exactly, numpy arrays included."""
+encode/decode round trip exactly, numpy arrays included, and so does a payload cut into
+frames for TCP (``split_payload``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from octavo.engine.serial import Decoder, Encoder, OutputKind, RequestKind
+from octavo.engine.serial import (
+    Decoder,
+    Encoder,
+    OutputKind,
+    RequestKind,
+    join_payload,
+    split_payload,
+)
 from octavo.outputs import (
     EngineCoreEvent,
     EngineCoreEventType,
@@ -94,6 +102,21 @@ def test_outputs_with_numpy_logprobs_round_trip(rng: tuple[np.random.Generator, 
             np.testing.assert_array_equal(got_array, sent_array, err_msg=f"seed {seed}")
         got.new_logprobs = sent.new_logprobs = None
         assert got == sent, f"seed {seed}"
+
+
+def test_a_payload_cut_into_frames_round_trips(rng: tuple[np.random.Generator, int]) -> None:
+    generator, seed = rng
+    ids = generator.integers(0, 50000, 3000).astype(np.int64)
+    output = EngineCoreOutput(request_id="r", new_token_ids=[int(t) for t in ids])
+    frames = Encoder().encode(OutputKind.OUTPUTS, EngineCoreOutputs([output],
+                                                                    SchedulerStats.stopped()))
+    limit = 1000
+    split = split_payload(frames, limit)
+    assert len(split) == 1 + -(-len(frames[1]) // limit) and max(map(len, split)) <= limit
+    kind, decoded = Decoder(OutputKind).decode(join_payload(split))
+    assert kind is OutputKind.OUTPUTS and decoded.outputs == [output], f"seed {seed}"
+    empty = split_payload([OutputKind.OUTPUTS.value, b""], limit)  # still two frames
+    assert empty == [OutputKind.OUTPUTS.value, b""] and join_payload(empty) == empty
 
 
 def test_unknown_message_kind_is_an_error() -> None:
