@@ -41,6 +41,12 @@ def sampling_params(kwargs: dict[str, Any]) -> SamplingParams:
         raise click.UsageError(str(exc)) from None
 
 
+class BadModel(click.ClickException):
+    """Exit code 2, as for any bad input: a model file or config that cannot be used."""
+
+    exit_code = 2
+
+
 def make_engine(config: EngineConfig) -> Any:
     """Build a generation engine, turning every user-facing failure into a clean CLI
     error (a model the pooling runner serves among them)."""
@@ -53,7 +59,9 @@ def make_engine(config: EngineConfig) -> Any:
     try:
         engine = LLMEngine(config)
         engine.processor.check_generation()
-    except (ModelLoadError, ConfigError, WorkerDiedError, InvalidRequestError) as exc:
+    except (ModelLoadError, ConfigError) as exc:
+        raise BadModel(str(exc)) from None
+    except (WorkerDiedError, InvalidRequestError) as exc:
         raise click.ClickException(str(exc)) from None
     return engine
 
