@@ -43,7 +43,7 @@ class _Cursor:
         self.path, self.data, self.pos = path, data, 0
 
     def fail(self, what: str, problem: str) -> ModelLoadError:
-        return ModelLoadError(f"{self.path}: malformed GGUF: {what}: {problem}")
+        return ModelLoadError(f"{self.path}: not a readable GGUF file: {what}: {problem}")
 
     def take(self, size: int, what: str) -> int:
         """Advance over ``size`` bytes; where they start."""

@@ -190,13 +190,13 @@ def _hostile_folder(folder: Path, edits: dict) -> Path:
 
 
 def test_cli_refuses_hostile_models_with_exit_2_and_a_small_peak_rss(tiny_gguf, tmp_path):
-    """``octavo generate`` on two of the GGUFs above, and on a config whose every number is in
-    range but whose declared weights (~4 TiB) cannot fit: exit 2, one line, < 1 GiB."""
+    """``octavo generate`` on two of the GGUFs above, and on a config whose every number is
+    in range but whose declared weights (~2 TiB) cannot fit: exit 2, one line, < 1 GiB."""
     print(f"tiny model seed {SEED}")
     cases = {
         "gguf head_count 0": _hostile_gguf(tiny_gguf, HOSTILE_GGUFS["head_count 0"][0],
                                            tmp_path),
-        "hf declared 4 TiB": _hostile_folder(tmp_path / "big", {
+        "hf declared 2 TiB": _hostile_folder(tmp_path / "big", {
             "vocab_size": 2**24, "hidden_size": 2**16, "intermediate_size": 2**16,
             "head_dim": 16}),
     }
@@ -221,4 +221,4 @@ def test_cli_refuses_hostile_models_with_exit_2_and_a_small_peak_rss(tiny_gguf, 
               f"{errors}")
         assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in text, text
         assert usage.ru_maxrss < RSS_LIMIT_KIB, name
-    assert "GiB in" in (tmp_path / "hf declared 4 TiB.txt").read_text()
+    assert "GiB in" in (tmp_path / "hf declared 2 TiB.txt").read_text()
