@@ -29,6 +29,8 @@ from octavo.models.loader import ModelFiles, ModelLoadError
 from octavo.models.loader.config_ranges import check_config_ranges
 
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
+# Model types whose positions are learned embeddings, not RoPE (their heads may be odd).
+ABSOLUTE_POSITIONS = ("bert",)
 # What HF's config classes assume for keys a config.json may leave out, where it matters and
 # differs from the Llama family's defaults below (transformers' Gemma3TextConfig).
 MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -158,13 +160,13 @@ class ArchConfig:
             max_position_embeddings=int(reader.optional("max_position_embeddings", 0)),
             type_vocab_size=int(reader.optional("type_vocab_size", 0)),
         )
-        _check_attention_shape(reader, config)
+        _check_attention_shape(reader, config, rotary=model_type not in ABSOLUTE_POSITIONS)
         return config
 
 
-def _check_attention_shape(reader: ConfigReader, config: ArchConfig) -> None:
-    """The checks between fields: whole query heads per key/value head, and a head (and
-    the rotated share of it) of at least one pair of dimensions."""
+def _check_attention_shape(reader: ConfigReader, config: ArchConfig, rotary: bool) -> None:
+    """The checks between fields: whole query heads per key/value head, a head of at least
+    one dimension, and (``rotary``: the model uses RoPE) a rotated share of whole pairs."""
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     if heads % kv_heads:
         raise reader.error("num_key_value_heads", f"{kv_heads} does not divide the "
@@ -173,7 +175,7 @@ def _check_attention_shape(reader: ConfigReader, config: ArchConfig) -> None:
         raise reader.error("head_dim", f"is {config.head_dim} (hidden_size "
                                        f"{config.hidden_size} / {heads} heads)")
     rotated = int(config.head_dim * config.rope.partial_rotary_factor)
-    if config.mla is None and (rotated < 2 or rotated % 2):
+    if rotary and config.mla is None and (rotated < 2 or rotated % 2):
         raise reader.error("partial_rotary_factor", f"rotates {rotated} of the "
                                                     f"{config.head_dim} dimensions of a head; "
                                                     "RoPE needs a positive, even number")

@@ -8,6 +8,7 @@ import time
 import tracemalloc
 from typing import Any
 
+import jinja2
 import pytest
 
 from octavo.entrypoints.openai.chat_template import (
@@ -124,3 +125,11 @@ def test_the_servers_template_is_refused_at_start_in_one_line(template: str,
 def test_a_template_that_raises_for_some_conversations_starts() -> None:
     check_start_template(tiny_tokenizer(), "{% if messages[0].role != 'system' %}"
                                            "{{ raise_exception('system first') }}{% endif %}")
+
+
+@pytest.mark.parametrize("template", ["{% set ns = namespace(_x=1) %}",
+                                      "{% set ns = namespace() %}{% set ns._x = 1 %}",
+                                      "{{ ''.__class__.__mro__ }}"])
+def test_the_sandbox_still_refuses_underscore_attributes(template: str) -> None:
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        render_template(template, {})

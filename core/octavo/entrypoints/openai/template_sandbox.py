@@ -86,11 +86,9 @@ _BUDGET: ContextVar[_Budget | None] = ContextVar("template_budget", default=None
 
 
 def _budget() -> _Budget:
-    budget = _BUDGET.get()
-    if budget is None:  # rendered outside render_template: the default limits
-        budget = _Budget(TemplateLimits())
-        _BUDGET.set(budget)
-    return budget
+    """The current render's budget; outside ``render_template`` a fresh one per operation
+    (sizes are still checked, steps and time are render_template's to count)."""
+    return _BUDGET.get() or _Budget(TemplateLimits())
 
 
 def _size(value: Any) -> int:
@@ -191,12 +189,22 @@ class GenerationBlock(Extension):
 class _TemplateNamespace(Namespace):
     """transformers' namespace: no underscore attributes, and (here) no value over the limit."""
 
+    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 (Namespace's signature)
+        self, attrs = args[0], dict(*args[1:], **kwargs)
+        for name in attrs:
+            _check_name(name)
+        Namespace.__init__(self, attrs)
+
     def __setitem__(self, name: str, value: Any) -> None:
-        if isinstance(name, str) and name.startswith("_"):
-            raise jinja2.exceptions.SecurityError(
-                f"chat templates cannot store underscore attributes on a namespace: {name!r}")
+        _check_name(name)
         _budget().check_size(_size(value))
         super().__setitem__(name, value)
+
+
+def _check_name(name: Any) -> None:
+    if isinstance(name, str) and name.startswith("_"):
+        raise jinja2.exceptions.SecurityError(
+            f"chat templates cannot store underscore attributes on a namespace: {name!r}")
 
 
 class _TemplateDict:
