@@ -182,6 +182,16 @@ def _check_attention_shape(reader: ConfigReader, config: ArchConfig, rotary: boo
 
 
 def _sliding_windows(reader: ConfigReader, num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's window (None: full attention); a layer that uses one must see at
+    least itself."""
+    windows = _layer_windows(reader, num_layers)
+    if any(window is not None and window < 1 for window in windows):
+        raise reader.error("sliding_window", f"{reader.raw['sliding_window']} tokens: the "
+                                             "layers that use it need a window of at least 1")
+    return windows
+
+
+def _layer_windows(reader: ConfigReader, num_layers: int) -> tuple[int | None, ...]:
     """Which layers use a sliding window, in the four ways HF configs say it.
 
     ``layer_types`` lists each layer; older Gemma 3 files give a ``sliding_window_pattern``

@@ -31,7 +31,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "head_dim": (1, 4 * _K),
     "max_position_embeddings": (1, 16 * _M),
     "original_max_position_embeddings": (1, 16 * _M),
-    "sliding_window": (1, 16 * _M),
+    "sliding_window": (0, 16 * _M),  # Qwen writes 0 with use_sliding_window false
     "type_vocab_size": (0, 64 * _K),
     "num_experts": (0, 4 * _K),
     "num_local_experts": (0, 4 * _K),
