@@ -168,6 +168,33 @@ def test_templates_render_sandboxed_and_errors_are_400(client: OpenAI, model: st
     assert error in refused.value.body["message"], refused.value.body
 
 
+TEMPLATE_BOMBS = {  # template -> the limit its 400 names
+    "{{ 'x' * 10**10 }}": "over its limit of 8,388,608",
+    "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}":
+        "the chat template took",  # more than its 2,000,000 steps or its 0.5 s
+    "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+    "{% endfor %}": "over its limit of 8,388,608",
+    "{{ 'x' | center(10**10) }}{{ 10 ** 10 ** 10 ** 10 }}": "over its limit of 8,388,608",
+    "{{ (10 ** 99) ** 99 ** 99 }}": "bits, over its limit of 4,096",
+}
+
+
+def test_template_bombs_are_400_within_a_second_and_the_server_serves_on(
+        client: OpenAI, server: Server, model: str) -> None:
+    for template, limit in TEMPLATE_BOMBS.items():
+        start = time.monotonic()
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model=model, max_tokens=2,
+                                           messages=[{"role": "user", "content": "hi"}],
+                                           extra_body={"chat_template": template})
+        elapsed = time.monotonic() - start
+        assert limit in refused.value.body["message"], refused.value.body
+        assert elapsed < 1.0, (template, elapsed)
+    reply = client.chat.completions.create(**scripted(model, ANSWER))
+    assert reply.choices[0].message.content == ANSWER
+    assert server.request("GET", "/health")[0] == 200
+
+
 def test_hostile_tools_are_400_never_500(client: OpenAI, server: Server, model: str) -> None:
     walks = ("{% for t in tools %}{% for k, v in t.function.parameters.properties.items() %}"
              "{{ k }}{% endfor %}{% endfor %}" + TEMPLATE)
@@ -176,14 +203,17 @@ def test_hostile_tools_are_400_never_500(client: OpenAI, server: Server, model: 
     deep = {"type": "object"}
     for _ in range(400):
         deep = {"type": "object", "properties": {"a": deep}}
-    for tools, template in ((bad_schema, walks),
-                            ([{"type": "function", "function": {"name": "g",
-                                                                "parameters": deep}}], walks)):
-        with pytest.raises(openai.BadRequestError):
-            client.chat.completions.create(model=model, max_tokens=2, tools=tools,
-                                           tool_choice="none",
-                                           messages=[{"role": "user", "content": "hi"}],
-                                           extra_body={"chat_template": template})
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=model, max_tokens=2, tools=bad_schema,
+                                       tool_choice="none",
+                                       messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"chat_template": walks})
+    # A deep schema the template walks one level of renders (the sandbox copies nothing).
+    deep_tools = [{"type": "function", "function": {"name": "g", "parameters": deep}}]
+    reply = client.chat.completions.create(
+        model=model, max_tokens=2, tools=deep_tools, tool_choice="none",
+        messages=[{"role": "user", "content": "hi"}], extra_body={"chat_template": walks})
+    assert reply.choices[0].finish_reason in ("length", "stop")
     odd_name = [{"type": "function", "function": {"name": "x\"}]}<|eos|>{{7*7}}",
                                                   "parameters": {"type": "object"}}}]
     reply = client.chat.completions.create(

@@ -41,6 +41,12 @@ def sampling_params(kwargs: dict[str, Any]) -> SamplingParams:
         raise click.UsageError(str(exc)) from None
 
 
+class BadModel(click.ClickException):
+    """Exit code 2, as for any bad input: a model file or config that cannot be used."""
+
+    exit_code = 2
+
+
 def make_engine(config: EngineConfig) -> Any:
     """Build a generation engine, turning every user-facing failure into a clean CLI
     error (a model the pooling runner serves among them)."""
@@ -53,9 +59,23 @@ def make_engine(config: EngineConfig) -> Any:
     try:
         engine = LLMEngine(config)
         engine.processor.check_generation()
-    except (ModelLoadError, ConfigError, WorkerDiedError, InvalidRequestError) as exc:
+    except (ModelLoadError, ConfigError) as exc:
+        raise BadModel(str(exc)) from None
+    except (WorkerDiedError, InvalidRequestError) as exc:
         raise click.ClickException(str(exc)) from None
     return engine
+
+
+def chat_prompt(engine: Any, messages: list[dict[str, str]]) -> list[int]:
+    """The token ids of ``messages`` through the model's chat template, rendered within
+    the server's bounds; a template that cannot render them exits 2 in one line."""
+    from octavo.entrypoints.openai.chat_template import ChatTemplateError, render_chat
+
+    try:
+        text = render_chat(engine.tokenizer, messages)
+    except ChatTemplateError as exc:
+        raise BadModel(str(exc)) from None
+    return list(engine.tokenizer.encode(text, add_special_tokens=False))
 
 
 def stream(engine: Any, prompt: Any, params: SamplingParams) -> str:
@@ -87,10 +107,8 @@ def generate(prompt: str, raw: bool, **kwargs: Any) -> None:
     if raw or not getattr(tokenizer, "chat_template", None):
         stream(engine, prompt, params)
         return
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                        add_generation_prompt=True, tokenize=True,
-                                        return_dict=False)
-    stream(engine, {"prompt_token_ids": list(ids)}, params)
+    stream(engine, {"prompt_token_ids": chat_prompt(
+        engine, [{"role": "user", "content": prompt}])}, params)
 
 
 @click.command()
@@ -110,8 +128,7 @@ def chat(system: str | None, **kwargs: Any) -> None:
         if not user.strip():
             break
         messages.append({"role": "user", "content": user})
-        ids = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                   tokenize=True, return_dict=False)
+        ids = chat_prompt(engine, messages)
         click.echo("model> ", nl=False)
-        reply = stream(engine, {"prompt_token_ids": list(ids)}, params)
+        reply = stream(engine, {"prompt_token_ids": ids}, params)
         messages.append({"role": "assistant", "content": reply})

@@ -152,9 +152,11 @@ def serve(served_model_name: str | None, headless: bool, data_parallel_secret: s
     settings = ServerSettings(
         served_model_name=served_model_name or config.model.model or DEFAULT_MODEL_NAME,
         **kwargs)
+    from octavo.entrypoints.openai.chat_template import ChatTemplateError
+
     try:
         asyncio.run(run_server(config, settings, secret))
-    except (EngineStartError, EngineDeadError) as exc:
+    except (EngineStartError, EngineDeadError, ChatTemplateError) as exc:
         raise click.ClickException(str(exc)) from None  # exit code 1
 
 

@@ -82,16 +82,41 @@ def check_weights_fit(config: EngineConfig, files: ModelFiles, platform: type[Pl
     available = platform.free_memory()
     if available <= 0:  # unknown here
         return
+    dtype = config.model.torch_dtype(platform.default_dtype)
+    arch = ArchConfig.from_hf(files.hf_config, files.source)
+    # The declared sizes first: a model too big by its config alone is refused before it
+    # is built even on the meta device (whose modules still cost host memory per layer).
+    _check_weight_bytes(files, arch, declared_parameters(arch), dtype, available, "at least ")
     registries = get_registries()
     params = count_parameters(files, attention_backend(config, platform, registries),
                               registries.models.as_dict())
-    dtype = config.model.torch_dtype(platform.default_dtype)
+    _check_weight_bytes(files, arch, params, dtype, available, "")
+
+
+def declared_parameters(arch: ArchConfig) -> int:
+    """A lower bound of the model's parameters from its config alone: the embedding, and
+    per layer its MLP (two matrices at least; every expert's in a mixture) and the query
+    and output projections of its attention (latent attention: the query's rotated part)."""
+    total = arch.vocab_size * arch.hidden_size
+    moe = arch.moe
+    attention = (1 if arch.mla else 2) * arch.hidden_size * arch.num_attention_heads * \
+        arch.head_dim
+    for layer in range(arch.num_hidden_layers):
+        sparse = moe is not None and moe.layers[layer]
+        width = moe.num_experts * moe.intermediate_size if sparse and moe else \
+            arch.intermediate_size
+        attends = arch.mamba is None or arch.mamba.attention_layers[layer]
+        total += 2 * arch.hidden_size * width + (attention if attends else 0)
+    return total
+
+
+def _check_weight_bytes(files: ModelFiles, arch: ArchConfig, params: int, dtype: torch.dtype,
+                        available: int, bound: str) -> None:
     weight_bytes = params * torch.finfo(dtype).bits // 8
     if weight_bytes > available:
-        arch = ArchConfig.from_hf(files.hf_config, files.source)
         experts = f", {arch.num_experts} experts" if arch.num_experts else ""
         raise ConfigError(
-            f"{files.source}: the weights take {weight_bytes / 2**30:.1f} GiB in {dtype} "
-            f"({params:,} parameters: vocabulary {arch.vocab_size}, hidden size "
-            f"{arch.hidden_size}, {arch.num_hidden_layers} layers{experts}), more than the "
-            f"{available / 2**30:.1f} GiB of memory available")
+            f"{files.source}: the weights take {bound}{weight_bytes / 2**30:.1f} GiB in "
+            f"{dtype} ({bound}{params:,} parameters: vocabulary {arch.vocab_size}, hidden "
+            f"size {arch.hidden_size}, {arch.num_hidden_layers} layers{experts}), more than "
+            f"the {available / 2**30:.1f} GiB of memory available")

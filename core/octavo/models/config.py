@@ -26,8 +26,11 @@ from octavo.models.config_reader import ConfigReader
 from octavo.models.config_rope import RopeConfig, read_ropes
 from octavo.models.generation_config import GenerationConfig, read_generation_config
 from octavo.models.loader import ModelFiles, ModelLoadError
+from octavo.models.loader.config_ranges import check_config_ranges
 
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
+# Model types whose positions are learned embeddings, not RoPE (their heads may be odd).
+ABSOLUTE_POSITIONS = ("bert",)
 # What HF's config classes assume for keys a config.json may leave out, where it matters and
 # differs from the Llama family's defaults below (transformers' Gemma3TextConfig).
 MODEL_TYPE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -104,6 +107,7 @@ class ArchConfig:
             raise ModelLoadError(f"{source}: config field 'model_type': must be a string, got "
                                  f"{model_type!r}")
         defaults = MODEL_TYPE_DEFAULTS.get(model_type or "", {})
+        check_config_ranges({**defaults, **hf_config}, source)
         reader = ConfigReader({**defaults, **hf_config}, str(source))
         hidden_size = reader.positive_int("hidden_size")
         num_heads = reader.positive_int("num_attention_heads")
@@ -126,7 +130,7 @@ class ArchConfig:
         intermediate_size = reader.positive_int("intermediate_size")
         moe = read_moe(reader, num_layers, intermediate_size)
         mla = read_mla(reader)
-        return cls(
+        config = cls(
             vocab_size=reader.positive_int("vocab_size"),
             hidden_size=hidden_size,
             intermediate_size=intermediate_size,
@@ -156,9 +160,38 @@ class ArchConfig:
             max_position_embeddings=int(reader.optional("max_position_embeddings", 0)),
             type_vocab_size=int(reader.optional("type_vocab_size", 0)),
         )
+        _check_attention_shape(reader, config, rotary=model_type not in ABSOLUTE_POSITIONS)
+        return config
+
+
+def _check_attention_shape(reader: ConfigReader, config: ArchConfig, rotary: bool) -> None:
+    """The checks between fields: whole query heads per key/value head, a head of at least
+    one dimension, and (``rotary``: the model uses RoPE) a rotated share of whole pairs."""
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if heads % kv_heads:
+        raise reader.error("num_key_value_heads", f"{kv_heads} does not divide the "
+                                                  f"{heads} attention heads")
+    if config.head_dim < 1:  # hidden_size // num_attention_heads where head_dim is unset
+        raise reader.error("head_dim", f"is {config.head_dim} (hidden_size "
+                                       f"{config.hidden_size} / {heads} heads)")
+    rotated = int(config.head_dim * config.rope.partial_rotary_factor)
+    if rotary and config.mla is None and (rotated < 2 or rotated % 2):
+        raise reader.error("partial_rotary_factor", f"rotates {rotated} of the "
+                                                    f"{config.head_dim} dimensions of a head; "
+                                                    "RoPE needs a positive, even number")
 
 
 def _sliding_windows(reader: ConfigReader, num_layers: int) -> tuple[int | None, ...]:
+    """Each layer's window (None: full attention); a layer that uses one must see at
+    least itself."""
+    windows = _layer_windows(reader, num_layers)
+    if any(window is not None and window < 1 for window in windows):
+        raise reader.error("sliding_window", f"{reader.raw['sliding_window']} tokens: the "
+                                             "layers that use it need a window of at least 1")
+    return windows
+
+
+def _layer_windows(reader: ConfigReader, num_layers: int) -> tuple[int | None, ...]:
     """Which layers use a sliding window, in the four ways HF configs say it.
 
     ``layer_types`` lists each layer; older Gemma 3 files give a ``sliding_window_pattern``

@@ -47,12 +47,14 @@ async def run_server(config: EngineConfig, settings: ServerSettings,
     # the first structured request instead, they stalled every request and /health as long.
     import octavo.structured.grammar  # noqa: F401
     from octavo.entrypoints.openai.app import build_app
+    from octavo.entrypoints.openai.chat_template import check_start_template
     from octavo.entrypoints.openai.supervisor import DrainingServer, supervise
 
     engine = await starting
     if not config.observability.disable_log_stats:
         engine.stat_loggers.append(LoggingStatLogger(config.observability.log_stats_interval))
     try:
+        check_start_template(engine.tokenizer, settings.chat_template)
         ready = engine.ready
         logger.info("engine core process pid %d: platform %s, model %s, %d KV blocks of %d "
                     "tokens, max_model_len %d", ready.pid, ready.platform, ready.model,

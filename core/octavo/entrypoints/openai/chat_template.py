@@ -6,12 +6,14 @@ else the model's own (``tokenizer_config.json``, or a GGUF's ``tokenizer.chat_te
 request may bring its own (``chat_template``) only when the server trusts them
 (``--trust-request-chat-template``, vLLM's flag): a template is a program.
 
-Rendering goes through HF transformers' ``apply_chat_template``, whose Jinja environment is
-an ``ImmutableSandboxedEnvironment`` (no ``__class__``, ``__globals__``, ``__init__`` or any
-other underscore attribute; no mutation of the data it is given). Whatever fails while a
-template renders a client's conversation, tools, documents or ``chat_template_kwargs`` - a
-``raise_exception`` in the template, a tool schema of the wrong shape, a sandbox refusal -
-is that client's 400, naming the template line; never a 500.
+Rendering does what HF transformers' ``apply_chat_template`` does, in the environment of
+``template_sandbox``: transformers' ``ImmutableSandboxedEnvironment`` (no ``__class__``,
+``__globals__``, ``__init__`` or any other underscore attribute; no mutation of the data it
+is given) with the cost of a render bounded too (length of what it makes, steps, time).
+Whatever fails while a template renders a client's conversation, tools, documents or
+``chat_template_kwargs`` - a ``raise_exception`` in the template, a tool schema of the wrong
+shape, a sandbox refusal, a limit - is that client's 400, naming the template line or the
+limit; never a 500.
 """
 
 from __future__ import annotations
@@ -23,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import jinja2.parser
-from jinja2 import nodes
-from jinja2.ext import Extension
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from octavo.entrypoints.openai.errors import OpenAIError
+from octavo.entrypoints.openai.template_sandbox import (
+    TemplateLimitError,
+    compile_template,
+    render_template,
+)
 from octavo.sampling_params import check_text
 
 # What tells a template apart from a path (vLLM's rule): a path has none of these.
@@ -40,6 +43,12 @@ RESERVED_KWARGS = frozenset({
     "continue_final_message", "tokenize", "padding", "truncation", "max_length",
     "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
     "processor_kwargs"})
+
+
+# transformers' marker for continue_final_message: where the final message ends.
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+# The names a message's reasoning goes by, the standard one first (transformers' order).
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
 class ChatTemplateError(ValueError):
@@ -59,26 +68,41 @@ def load_chat_template(value: str | None) -> str | None:
         except OSError as exc:
             raise ChatTemplateError(f"--chat-template {value!r} looks like a file path, but it "
                                     f"cannot be read: {exc.strerror}") from None
-    environment = ImmutableSandboxedEnvironment(
-        extensions=["jinja2.ext.loopcontrols", _GenerationBlock])
     try:
-        environment.parse(template)
+        compile_template(template)
     except jinja2.TemplateSyntaxError as exc:
         raise ChatTemplateError(f"--chat-template {value[:80]!r}: {exc.message} (line "
                                 f"{exc.lineno})") from None
     return template
 
 
-class _GenerationBlock(Extension):
-    """Parses HF's ``{% generation %}...{% endgeneration %}`` (which transformers' own
-    environment knows), so that a template using it passes the start-up check."""
+def check_start_template(tokenizer: Any, server_template: str | None) -> None:
+    """At start: the template the server renders with (``--chat-template``, else the
+    model's) must compile and render a one-message conversation within its limits; a
+    ``ChatTemplateError`` in one line otherwise. Errors a template raises on purpose
+    (``raise_exception``) depend on the conversation and are left to the requests."""
+    template = server_template or getattr(tokenizer, "chat_template", None)
+    if not template:
+        return
+    try:
+        _render_conversation(tokenizer, template, [{"role": "user", "content": "Hi"}],
+                             ChatRender())
+    except jinja2.TemplateSyntaxError as exc:
+        raise ChatTemplateError(f"the chat template cannot be parsed: {exc.message} (line "
+                                f"{exc.lineno})") from None
+    except TemplateLimitError as exc:
+        raise ChatTemplateError(f"the chat template cannot be used: {exc}") from None
+    except Exception:  # noqa: BLE001 (the conversation's fault, not the template's)
+        return
 
-    tags = {"generation"}
 
-    def parse(self, parser: jinja2.parser.Parser) -> nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return nodes.Scope(body).set_lineno(lineno)
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]]) -> str:
+    """The prompt of ``messages`` through the model's own template (``octavo generate`` and
+    ``chat``), with the bounds of a server's render; ``ChatTemplateError`` in one line."""
+    try:
+        return render(tokenizer, None, messages, ChatRender())
+    except OpenAIError as exc:
+        raise ChatTemplateError(exc.message) from None
 
 
 @dataclass
@@ -110,10 +134,9 @@ def render(tokenizer: Any, server_template: str | None, messages: list[dict[str,
     except ValueError as exc:  # a lone surrogate: the tokenizer would raise a TypeError
         raise OpenAIError(400, str(exc), param="messages") from None
     try:
-        text = tokenizer.apply_chat_template(
-            messages, chat_template=template, tools=how.tools, documents=how.documents,
-            add_generation_prompt=how.add_generation_prompt,
-            continue_final_message=how.continue_final_message, tokenize=False, **how.kwargs)
+        text = _render_conversation(tokenizer, template, messages, how)
+    except TemplateLimitError as exc:  # the template, not the request's data: name the limit
+        raise OpenAIError(400, str(exc), param="chat_template") from None
     except RecursionError:
         raise OpenAIError(400, "the request is nested too deeply for the chat template",
                           param="messages") from None
@@ -123,6 +146,46 @@ def render(tokenizer: Any, server_template: str | None, messages: list[dict[str,
     if not isinstance(text, str):
         raise OpenAIError(400, "the chat template did not render text", param="messages")
     return text
+
+
+def _render_conversation(tokenizer: Any, template: str | dict[str, str],
+                         messages: list[dict[str, Any]], how: ChatRender) -> str:
+    """What transformers' ``apply_chat_template(..., tokenize=False)`` renders - the
+    tokenizer's special tokens, keys set to None dropped, the reasoning under each name
+    templates read it by, ``continue_final_message``'s cut - but in the bounded sandbox."""
+    source = tokenizer.get_chat_template(template, how.tools)
+    conversation = [_template_message(message) for message in messages]
+    tag = _CONTINUE_TAG if how.continue_final_message else ""
+    if tag:
+        if how.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt do not go "
+                             "together")
+        final = conversation[-1].get("content") if conversation else None
+        if not isinstance(final, str) or "content" not in source:
+            raise ValueError("continue_final_message needs a final message with text "
+                             "content that the template renders")
+        conversation[-1]["content"] = final + tag
+    text = render_template(source, {
+        **tokenizer.special_tokens_map, **how.kwargs, "messages": conversation,
+        "tools": how.tools, "documents": how.documents,
+        "add_generation_prompt": how.add_generation_prompt})
+    if not tag:
+        return text
+    if str(final).strip() not in text or tag.strip() not in text:
+        raise ValueError("continue_final_message: the template dropped part of the final "
+                         "message")
+    at = text.rindex(tag.strip())
+    return text[:at] if text[at:at + len(tag)] == tag else text[:at].rstrip()
+
+
+def _template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as transformers hands it to templates: no None values, and its reasoning
+    under each name templates read (``reasoning_content``, gpt-oss's ``thinking``)."""
+    message = {key: value for key, value in message.items() if value is not None}
+    reasoning = next((message[key] for key in _REASONING_FIELDS if key in message), None)
+    if reasoning is None:
+        return message
+    return {"thinking": reasoning, **message, "reasoning_content": reasoning}
 
 
 def _describe(exc: Exception) -> str:

@@ -33,7 +33,7 @@ from octavo.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2  # bump when what an entry holds, or how it is derived, changes
+FORMAT_VERSION = 3  # bump when what an entry holds, or how it is derived, changes
 MANIFEST = "octavo-cache.json"
 WEIGHTS = "model.safetensors"
 

@@ -35,11 +35,17 @@ def synthesize_hf_config(gguf: GgufFile, arch: GgufArchitecture) -> dict[str, An
         raise ModelLoadError(f"{gguf.path}: RoPE scaling type {scaling!r} is not supported")
     rope_scaling = None if scaling == "none" else {
         "rope_type": "linear", "factor": gguf.require(key("rope.scaling.factor"))}
-    hidden_size = gguf.require(key("embedding_length"))
-    num_heads = gguf.require(key("attention.head_count"))
+    hidden_size = _count(gguf, key("embedding_length"))
+    num_heads = _count(gguf, key("attention.head_count"))
+    head_dim = _count(gguf, key("attention.key_length"), hidden_size // num_heads)
     embedding = gguf.tensors.get("token_embd.weight")
     if embedding is None:
         raise ModelLoadError(f"{gguf.path}: GGUF has no token_embd.weight tensor")
+    vocab_size = int(embedding.shape[1])
+    declared_vocab = gguf.get(key("vocab_size"), vocab_size)
+    if declared_vocab != vocab_size:
+        raise ModelLoadError(f"{gguf.path}: GGUF metadata {key('vocab_size')!r}: "
+                             f"{declared_vocab!r}, but token_embd.weight has {vocab_size} rows")
     config = {
         "architectures": [arch.hf_architecture],
         "model_type": arch.model_type,
@@ -47,10 +53,12 @@ def synthesize_hf_config(gguf: GgufFile, arch: GgufArchitecture) -> dict[str, An
         "num_hidden_layers": gguf.require(key("block_count")),
         "num_attention_heads": num_heads,
         "num_key_value_heads": gguf.get(key("attention.head_count_kv"), num_heads),
-        "head_dim": gguf.get(key("attention.key_length"), hidden_size // num_heads),
+        "head_dim": head_dim,
+        "partial_rotary_factor": _rotated_dims(gguf, key("rope.dimension_count"), head_dim)
+        / head_dim,
         "intermediate_size": gguf.require(key("feed_forward_length")),
         # The embedding's row count, not tokenizer metadata: it is what the weights hold.
-        "vocab_size": int(embedding.shape[1]),
+        "vocab_size": vocab_size,
         "rms_norm_eps": gguf.require(key("attention.layer_norm_rms_epsilon")),
         "rope_theta": gguf.get(key("rope.freq_base"), DEFAULT_ROPE_THETA),
         "rope_scaling": rope_scaling,
@@ -70,6 +78,26 @@ def synthesize_hf_config(gguf: GgufFile, arch: GgufArchitecture) -> dict[str, An
     if fields is not None:
         config.update(fields(gguf, key, config))
     return config
+
+
+def _count(gguf: GgufFile, name: str, default: int | None = None) -> int:
+    """A positive integer of the metadata (``default`` where it is absent and one is given):
+    the sizes a config is derived from, checked before they are divided by."""
+    value = gguf.get(name, default) if default is not None else gguf.require(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelLoadError(f"{gguf.path}: GGUF metadata {name!r}: must be a positive "
+                             f"integer, got {value!r}")
+    return value
+
+
+def _rotated_dims(gguf: GgufFile, name: str, head_dim: int) -> int:
+    """The dimensions of a head that RoPE rotates (all where the metadata says nothing):
+    pairs of them, at most the head."""
+    dims = _count(gguf, name, head_dim)
+    if dims % 2 or dims > head_dim:
+        raise ModelLoadError(f"{gguf.path}: GGUF metadata {name!r}: {dims} must be even and "
+                             f"at most the head's {head_dim} dimensions")
+    return dims
 
 
 def _gemma3_fields(gguf: GgufFile, key: Callable[[str], str], config: dict[str, Any],
@@ -112,12 +140,9 @@ def _gemma2_fields(gguf: GgufFile, key: Callable[[str], str], config: dict[str, 
 def _phi3_fields(gguf: GgufFile, key: Callable[[str], str], config: dict[str, Any],
                  ) -> dict[str, Any]:
     """Phi-3's: LongRoPE where llama.cpp wrote its factors as tensors (with the original
-    context and the attention factor in the metadata), the window (0: none), the rotated
-    share of each head."""
+    context and the attention factor in the metadata), the window (0: none)."""
     fields: dict[str, Any] = {
         "sliding_window": gguf.get(key("attention.sliding_window")) or None,
-        "partial_rotary_factor": (gguf.get(key("rope.dimension_count"), config["head_dim"])
-                                  / config["head_dim"]),
     }
     factors = {name: gguf.tensors.get(f"rope_factors_{name}.weight") for name in ("long", "short")}
     if factors["long"] is not None and factors["short"] is not None:

@@ -10,6 +10,7 @@ import torch
 from gguf import ReaderTensor
 
 from octavo.models.loader import gguf_cache
+from octavo.models.loader.config_ranges import check_config_ranges
 from octavo.models.loader.dequant import SUPPORTED_TYPES
 from octavo.models.loader.errors import ModelLoadError
 from octavo.models.loader.files import ModelFiles, WeightSource
@@ -77,6 +78,7 @@ def read_gguf(path: Path) -> ModelFiles:
             f"supported: {', '.join(ARCHITECTURES)}"
         )
     config = synthesize_hf_config(gguf, arch)
+    check_config_ranges(config, path)
     tensors = _hf_named_tensors(gguf, arch)
     permuted_heads = _permuted_heads(gguf, config, tensors) if arch.permuted_qk else {}
     weights = GgufWeights(gguf, tensors, permuted_heads, arch.norm_shift)

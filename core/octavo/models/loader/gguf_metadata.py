@@ -8,6 +8,7 @@ from typing import Any
 from gguf import GGUFReader, GGUFValueType, ReaderField, ReaderTensor
 
 from octavo.models.loader.errors import ModelLoadError
+from octavo.models.loader.gguf_layout import check_gguf_layout
 
 
 def _field_value(field: ReaderField) -> Any:
@@ -29,6 +30,7 @@ class GgufFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        check_gguf_layout(path)  # GGUFReader trusts its counts and offsets
         try:
             self.reader = GGUFReader(path)
         except (OSError, ValueError, IndexError) as e:
