@@ -31,24 +31,25 @@ fi
 #   spec_decode near 14 GB) are in this lane, one after the other; a main-lane folder peaks
 #   under 2.5 GB.
 # Tests marked `alone` (in tests/bench) measure the whole machine's load: they run first,
-# with nothing beside them.
+# with nothing beside them. Tests marked `timed` (a wall-clock bound) in the lane beside
+# run in the main lane, at its end.
 # A new folder runs in the main lane until it is named below.
 BESIDE=" tests/core tests/spec_decode tests/tpu tests/triton tests/cuda tests/neuron tests/rocm tests/structured "
 logs=$(mktemp -d)
 fail() { echo "$1" >> "$logs/failed"; }
-pytest_in() {  # folder [pytest options...]: one pytest; a failure is noted, not fatal
-    local folder=$1
+pytest_in() {  # marker expression, folders or files...: one pytest; a failure is noted
+    local marks=$1
     shift
-    "$VENV/bin/python" -m pytest "$folder" -m "not alone" "$@" || fail "$folder (exit $?)"
+    "$VENV/bin/python" -m pytest -m "$marks" "$@" || fail "$* -m '$marks' (exit $?)"
 }
 echo "=== pytest -m alone tests/bench"
-"$VENV/bin/python" -m pytest tests/bench -m alone || fail "tests/bench -m alone (exit $?)"
+pytest_in alone tests/bench
 (
     renice -n 10 -p "$BASHPID" > /dev/null  # this lane and every process it starts
     "$VENV/bin/mypy" || fail "mypy (exit $?)"
     for folder in $BESIDE; do
         [ -d "$folder" ] || continue
-        pytest_in "$folder" > "$logs/${folder//\//_}.log" 2>&1
+        pytest_in "not alone and not timed" "$folder" > "$logs/${folder//\//_}.log" 2>&1
         echo "=== pytest $folder ended beside (its log follows the main lane's)"
     done
 ) &
@@ -58,8 +59,15 @@ for folder in tests/*/; do
     [ -n "$(find "$folder" -name 'test_*.py' -print -quit)" ] || continue
     [[ "$BESIDE" == *" $folder "* ]] && continue
     echo "=== pytest $folder"
-    pytest_in "$folder"
+    pytest_in "not alone" "$folder"
 done
+# shellcheck disable=SC2086
+timed=$(grep -rl --include='test_*.py' "pytest.mark.timed" $BESIDE || true)
+if [ -n "$timed" ]; then
+    echo "=== pytest -m timed, from the folders beside"
+    # shellcheck disable=SC2086
+    pytest_in timed $timed
+fi
 wait "$beside"
 for folder in $BESIDE; do
     if [ -f "$logs/${folder//\//_}.log" ]; then

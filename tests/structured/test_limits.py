@@ -53,6 +53,7 @@ def test_a_schema_at_the_depth_limit_is_checked_by_xgrammar() -> None:
                                                "type": "nonsense"}))
 
 
+@pytest.mark.timed
 @pytest.mark.parametrize("schema", [nested_arrays(MAX_SCHEMA_DEPTH + 1), nested_objects(470)])
 def test_a_deeper_schema_is_refused_before_xgrammar_sees_it(schema: dict[str, Any]) -> None:
     start = time.monotonic()

@@ -195,6 +195,7 @@ async def _max_tick_while(work: Any) -> tuple[Any, float]:
     return outcome, max(gaps, default=0.0)
 
 
+@pytest.mark.timed
 def test_a_huge_prompt_is_tokenized_off_the_loop_and_leaves_nothing(harness: Harness) -> None:
     """Megabytes of prompt take a while to tokenize: on a processing thread, while the event
     loop runs on. Too long to serve, the request fails without a trace, as does one whose

@@ -51,6 +51,7 @@ MAX_SECONDS = 1.0  # the render's own limit is 0.5 s
 MAX_TRACED_BYTES = 64 << 20  # the largest value allowed is 8 Mi characters
 
 
+@pytest.mark.timed
 @pytest.mark.parametrize("template", BOMBS.values(), ids=BOMBS)
 def test_template_bombs_stop_at_a_named_limit(template: str) -> None:
     tracemalloc.start()

@@ -149,6 +149,7 @@ def test_a_slow_reader_blocks_the_writer(socket_dir, spawn):
         assert conn.recv() == _digest(payloads[4])
 
 
+@pytest.mark.timed
 def test_should_stop_and_timeout_end_a_wait(socket_dir):
     with MessageQueue.create(1, socket_dir, num_chunks=2, chunk_bytes=CHUNK) as queue:
         # An overflow waits for every reader's subscription; none has attached yet.
