@@ -26,15 +26,20 @@ fi
 # average (servers starting, clients waiting on them):
 # - the main lane: the folders with time bounds (servers, clusters, soak), at normal priority;
 # - the lane beside it, at nice 10 (about a tenth of a CPU the main lane wants): mypy, then
-#   the folders that compute without time bounds - kernels under interpreters and emulators,
-#   tests/core and tests/spec_decode. The two largest (tests/core peaks near 12 GB, tests/
-#   spec_decode near 14 GB) are in this lane, one after the other; a main-lane folder peaks
-#   under 2.5 GB.
+#   folders that compute without time bounds - tests/core, tests/spec_decode and the TPU
+#   and Triton kernels under their interpreters. The two largest (tests/core peaks near
+#   12 GB, tests/spec_decode near 14 GB) are in this lane, one after the other; a main-lane
+#   folder peaks under 2.5 GB. The main lane holds the other kernel folders (cuda, neuron,
+#   rocm, structured) so that both lanes end at about the same time.
+# OpenMP's threads sleep when they wait instead of spinning (OMP_WAIT_POLICY=PASSIVE): with
+# two lanes on two cores, a spinning thread takes the core another process needs (the first
+# two-lane run spent 3,290 s of CPU where one lane had spent 2,545).
 # Tests marked `alone` (in tests/bench) measure the whole machine's load: they run first,
 # with nothing beside them. Tests marked `timed` (a wall-clock bound) in the lane beside
 # run in the main lane, at its end.
 # A new folder runs in the main lane until it is named below.
-BESIDE=" tests/core tests/spec_decode tests/tpu tests/triton tests/cuda tests/neuron tests/rocm tests/structured "
+BESIDE=" tests/core tests/spec_decode tests/tpu tests/triton "
+export OMP_WAIT_POLICY=PASSIVE
 logs=$(mktemp -d)
 fail() { echo "$1" >> "$logs/failed"; }
 pytest_in() {  # marker expression, folders or files...: one pytest; a failure is noted

@@ -35,7 +35,9 @@ TEMPLATE = (
     "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}"
     "{% endif %}")
 REASONING, ANSWER = "I add 2 and 2.", "It is 4."
-WAITING_TOKENS = 32  # of each request queued behind the running one in the priority test
+# The priority test's requests: the one behind which two wait, and the one that should run
+# last, ask for LONG_TOKENS; the one that should run second for WAITING_TOKENS.
+LONG_TOKENS, WAITING_TOKENS = 400, 32
 REPLY = f"<think>{REASONING}</think>{ANSWER}"
 
 
@@ -228,9 +230,10 @@ def test_priority_decides_which_waiting_request_runs_first(client: OpenAI, model
                                                            server: Server) -> None:
     """One request runs (--max-num-seqs 1); of the two that wait behind it, the one sent
     later with the lower priority value runs first. The order is the order in which the
-    client threads hear back, so each request behind the first runs for WAITING_TOKENS
-    steps: long beside a thread's wake-up, even on a busy machine (with 4, a run there saw
-    the first request's thread append after the second request had finished)."""
+    client threads hear back, so the gap between two answers must be long beside a thread's
+    wake-up on a busy machine: the request that should run last asks for LONG_TOKENS, so
+    run in the right order it ends LONG_TOKENS steps after the one before it (with 32 each,
+    a CI run with both cores busy heard the two behind the first in the wrong order)."""
     finished: list[str] = []
 
     def send(name: str, max_tokens: int, priority: int) -> threading.Thread:
@@ -249,9 +252,9 @@ def test_priority_decides_which_waiting_request_runs_first(client: OpenAI, model
             assert time.monotonic() < deadline, f"not within 60 s: {what}"
             time.sleep(0.02)
 
-    threads = [send("running", 400, 0)]
+    threads = [send("running", LONG_TOKENS, 0)]
     until(lambda m: m["vllm:num_requests_running"] == 1, "the first request runs")
-    threads += [send("later", WAITING_TOKENS, 5), send("sooner", WAITING_TOKENS, -1)]
+    threads += [send("later", LONG_TOKENS, 5), send("sooner", WAITING_TOKENS, -1)]
     until(lambda m: m["vllm:num_requests_waiting"] == 2, "two requests wait")
     assert finished == [], "the first request ended before the others queued behind it"
     for thread in threads:
