@@ -1,11 +1,14 @@
 """Where Octavo keeps files: between runs, one user cache folder, ``$OCTAVO_CACHE_DIR`` or
 the platform's (``~/.cache/octavo`` on Linux), which holds the GGUF conversion cache and the
 CPU kernels' compiled library; for one run, private directories for the ``ipc://`` sockets
-between its processes (``make_socket_dir``)."""
+between its processes (``make_socket_dir``), named for the process that made them so that a
+later run removes those whose maker died without cleaning up (a SIGKILL)."""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -13,6 +16,8 @@ import platformdirs
 
 CACHE_DIR_ENV = "OCTAVO_CACHE_DIR"
 SOCKET_DIR_PREFIX = "octavo-"
+# A socket directory's name: the prefix, the pid of the process that made it, mkdtemp's suffix.
+_SOCKET_DIR_NAME = re.compile(re.escape(SOCKET_DIR_PREFIX) + r"([1-9]\d{0,9})-[^/]+")
 # A Unix socket path must fit sockaddr_un.sun_path: 108 bytes with the terminating NUL.
 MAX_SOCKET_PATH = 107
 # The longest socket name a caller puts in the directory ("output", "worker-7-reply", ...).
@@ -26,20 +31,55 @@ def cache_root() -> Path:
 def make_socket_dir() -> Path:
     """A fresh directory of mode 0700 whose socket paths (names up to ``MAX_SOCKET_NAME``)
     fit ``MAX_SOCKET_PATH``: under ``$XDG_RUNTIME_DIR`` (per-user, on tmpfs) when set and
-    usable, else the temp dir. Only this user can reach the sockets in it."""
-    # mkdtemp appends 8 random characters to the prefix.
-    room = len(SOCKET_DIR_PREFIX) + 8 + 1 + MAX_SOCKET_NAME
+    usable, else the temp dir. Only this user can reach the sockets in it. Stale ones of
+    this user beside it (their maker's pid is gone) are removed first."""
+    prefix = f"{SOCKET_DIR_PREFIX}{os.getpid()}-"
+    room = len(prefix) + 8 + 1 + MAX_SOCKET_NAME  # mkdtemp appends 8 random characters
     for base in _socket_dir_bases():
         if len(os.fsencode(base)) + 1 + room > MAX_SOCKET_PATH:
             continue
+        remove_stale_socket_dirs(Path(base))
         try:
-            directory = tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX, dir=base)
+            directory = tempfile.mkdtemp(prefix=prefix, dir=base)
         except OSError:
             continue
         os.chmod(directory, 0o700)  # mkdtemp's mode, whatever the umask
         return Path(directory)
     raise OSError("no directory for the engine's sockets: $XDG_RUNTIME_DIR, the temp dir "
                   f"and /tmp are unusable or too long for a {MAX_SOCKET_PATH}-byte socket path")
+
+
+def remove_stale_socket_dirs(base: Path) -> list[Path]:
+    """Remove this user's socket directories in ``base`` whose maker is no longer running
+    (a process killed before its cleanup ran leaves its directory behind); returns them.
+    Another user's directories, and those of a pid that exists, are left alone."""
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _SOCKET_DIR_NAME.fullmatch(entry.name)
+        try:
+            if (match is None or not entry.is_dir(follow_symlinks=False)
+                    or entry.stat(follow_symlinks=False).st_uid != os.getuid()
+                    or _pid_exists(int(match.group(1)))):
+                continue
+        except OSError:  # gone meanwhile
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(Path(entry.path))
+    return removed
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _socket_dir_bases() -> list[str]:

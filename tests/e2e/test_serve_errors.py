@@ -122,6 +122,8 @@ CASES: list[tuple[str, str, Any, int, str | None, str]] = [
      400, None, "repetition_penalty must be a finite number"),
     ("presence-penalty-nan", COMPLETIONS, b'{"prompt": "hi", "presence_penalty": NaN}', 400,
      "presence_penalty", "presence_penalty"),
+    ("tokenize-lone-surrogate", "/tokenize", {"prompt": "hi \ud800"}, 400, "prompt",
+     "prompt is not valid Unicode text"),
     ("tokenize-neither", "/tokenize", {"model": None}, 400, None, "prompt or messages"),
     ("detokenize-outside-vocab", "/detokenize", {"tokens": [99999]}, 400, "tokens",
      "outside the vocabulary"),

@@ -14,6 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from octavo.entrypoints.openai.http_guard import MAX_HEAD_BYTES as MAX_HEAD
+
 from .conftest import TinyModel, start_tiny_server
 from .server import HOST, HealthPoller, Server
 
@@ -122,13 +124,40 @@ def test_a_chunked_body_is_cut_at_the_limit(server: Server) -> None:
     assert "exceeds the limit" in json_error(response)
 
 
-def test_a_huge_header_gets_431(server: Server) -> None:
-    head = (f"GET /health HTTP/1.1\r\nHost: {HOST}\r\nX-Big: {'a' * 1024 * 1024}\r\n\r\n"
-            ).encode()
-    response, _ = raw_exchange(server, head)
+def big_header_request(size: int) -> bytes:
+    """A GET /health whose head (request line plus headers) is ``size`` bytes."""
+    start = f"GET /health HTTP/1.1\r\nHost: {HOST}\r\nConnection: close\r\nX-Big: "
+    end = "\r\n\r\n"
+    return (start + "a" * (size - len(start) - len(end)) + end).encode()
+
+
+@pytest.mark.parametrize("size", [MAX_HEAD + 1, 100 * 1024, 1024 * 1024])
+def test_a_huge_header_gets_431(server: Server, size: int) -> None:
+    """In one write: h11 alone checks only a head that arrives in pieces (100 KiB got 200)."""
+    response, _ = raw_exchange(server, big_header_request(size))
     assert status_of(response) == 431, response[:300]
     assert "headers exceed" in json_error(response)
     assert server.request("GET", "/health")[0] == 200
+
+
+def test_a_header_at_the_limit_is_served(server: Server) -> None:
+    response, _ = raw_exchange(server, big_header_request(MAX_HEAD))
+    assert status_of(response) == 200, response[:300]
+
+
+def test_a_body_over_the_limit_sent_at_once_gets_413_not_a_reset(server: Server) -> None:
+    """A client that writes its whole body before reading: the server reads and drops the
+    rest after its 413 (a lingering close), so the answer is not lost to a TCP reset."""
+    size = 4 * BODY_LIMIT
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json"
+            f"\r\nContent-Length: {size}\r\n\r\n").encode()
+    with socket.create_connection((HOST, server.port), timeout=30) as sock:
+        sock.sendall(head + b"a" * size)
+        response = b""
+        while data := sock.recv(65536):  # a reset here raises ConnectionResetError
+            response += data
+    assert status_of(response) == 413, response[:300]
+    assert "exceeds the limit" in json_error(response)
 
 
 def test_a_body_that_never_arrives_gets_408(server: Server) -> None:

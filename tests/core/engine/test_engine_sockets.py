@@ -234,3 +234,31 @@ def test_a_failed_start_removes_the_socket_directory(tmp_path: Path) -> None:
     finally:
         loop.close()
     assert list(runtime_dir.iterdir()) == []
+
+
+def test_a_killed_makers_socket_directory_is_removed_by_the_next_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process SIGKILLed before its cleanup (a ``-tp`` worker's engine) leaves its socket
+    directory; the next one made beside it removes it, and nothing whose maker lives, nor a
+    symlink dressed as a stale directory."""
+    with tempfile.TemporaryDirectory(prefix="sd-", dir="/tmp") as base_name:
+        base = Path(base_name)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", base_name)
+        maker = subprocess.Popen(
+            [sys.executable, "-c", "import time; from octavo.paths import make_socket_dir; "
+             "print(make_socket_dir(), flush=True); time.sleep(60)"],
+            stdout=subprocess.PIPE, text=True, env={**os.environ})
+        assert maker.stdout is not None
+        stale = Path(maker.stdout.readline().strip())
+        maker.kill()
+        maker.wait()
+        (stale / "output").write_text("")  # as if a socket were left in it
+        kept = base / "kept"
+        kept.mkdir()
+        decoy = base / f"{SOCKET_DIR_PREFIX}{maker.pid}-decoy"
+        decoy.symlink_to(kept)
+        live = make_socket_dir()
+        assert stale.parent == base and live.parent == base
+        assert not stale.exists()
+        fresh = make_socket_dir()
+        assert live.exists() and fresh.exists() and kept.exists() and decoy.is_symlink()

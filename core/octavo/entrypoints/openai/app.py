@@ -66,6 +66,7 @@ from octavo.entrypoints.openai.serving_responses import OpenAIServingResponses
 from octavo.entrypoints.openai.settings import ServerSettings
 from octavo.entrypoints.openai.web_safety import install_web_safety, require_json
 from octavo.outputs import SchedulerStats
+from octavo.sampling_params import check_text
 from octavo.version import __version__
 
 JSON_ONLY = [Depends(require_json)]
@@ -227,6 +228,10 @@ def _tokenize(engine: AsyncLLM, chat: OpenAIServingChat, request: TokenizeReques
         _, tokens = chat.render_prompt(request.messages, request, request.tools,
                                        bool(request.add_special_tokens))
     else:
+        try:  # the tokenizer would raise a TypeError (a 500) on a lone surrogate
+            check_text("prompt", request.prompt or "")
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc), param="prompt") from None
         add_special = request.add_special_tokens is not False
         tokens = list(engine.tokenizer.encode(request.prompt, add_special_tokens=add_special))
     body = TokenizeResponse(count=len(tokens), max_model_len=engine.max_model_len,
