@@ -18,6 +18,11 @@ from typing import Any, Protocol
 KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 # Integers the engine's arrays hold (int64): every integer field must fit.
 INT64_MAX = 2**63 - 1
+# Stop strings per request, and their characters together: what the front end's matcher
+# (an automaton of about one state per character) holds per request. 600,000 of them once
+# stalled the server; vLLM sets no limit.
+MAX_STOP_STRINGS = 1024
+MAX_STOP_CHARS = 32 * 1024
 
 
 def check_text(name: str, text: str) -> None:
@@ -210,6 +215,13 @@ class SamplingParams:
                      "repetition_penalty"):
             if not math.isfinite(getattr(self, name)):  # the kernels' inputs: no inf or NaN
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop holds {len(self.stop)} strings; at most "
+                             f"{MAX_STOP_STRINGS} are allowed")
+        stop_chars = sum(len(text) for text in self.stop)
+        if stop_chars > MAX_STOP_CHARS:
+            raise ValueError(f"stop strings hold {stop_chars} characters together; at most "
+                             f"{MAX_STOP_CHARS} are allowed")
         for text in [*self.stop, *self.bad_words]:
             check_text("a stop string or bad word", text)
 

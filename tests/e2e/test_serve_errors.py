@@ -122,6 +122,11 @@ CASES: list[tuple[str, str, Any, int, str | None, str]] = [
      400, None, "repetition_penalty must be a finite number"),
     ("presence-penalty-nan", COMPLETIONS, b'{"prompt": "hi", "presence_penalty": NaN}', 400,
      "presence_penalty", "presence_penalty"),
+    ("600k-stop-strings", COMPLETIONS,  # 6.6 MB, the probe's: it stalled /health 6-7 s
+     {"prompt": "hi", "stop": [f"s{i}" for i in range(600_000)]}, 400, None,
+     "stop holds 600000 strings; at most 1024"),
+    ("stop-strings-too-long", COMPLETIONS, {"prompt": "hi", "stop": ["s" * 20_000] * 2}, 400,
+     None, "stop strings hold 40000 characters together; at most 32768"),
     ("tokenize-lone-surrogate", "/tokenize", {"prompt": "hi \ud800"}, 400, "prompt",
      "prompt is not valid Unicode text"),
     ("tokenize-neither", "/tokenize", {"model": None}, 400, None, "prompt or messages"),

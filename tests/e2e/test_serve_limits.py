@@ -160,6 +160,24 @@ def test_a_body_over_the_limit_sent_at_once_gets_413_not_a_reset(server: Server)
     assert "exceeds the limit" in json_error(response)
 
 
+def test_a_thousand_stop_strings_with_n_8_leave_health_fast(server: Server) -> None:
+    """Stop strings are matched by one automaton per request (issue 54: 600,000 of them were
+    searched one by one per token on the event loop and stalled /health 6-7 s)."""
+    stop = [f"\u00a7never-{i:025d}" for i in range(1000)]  # 32 characters each, never met
+    body = {"prompt": "hi", "max_tokens": 96, "ignore_eos": True, "n": 8, "stop": stop}
+    with HealthPoller(server) as poller:
+        time.sleep(0.1)
+        status, _, payload = server.request("POST", "/v1/completions", body)
+        time.sleep(0.1)
+    times = sorted(seconds for _, seconds in poller.answers)
+    p99 = times[min(len(times) - 1, int(len(times) * 0.99))]
+    print(f"\n1,000 stop strings, n=8: /health p99 {p99 * 1000:.1f} ms over {len(times)} polls")
+    assert status == 200, payload
+    assert [c["finish_reason"] for c in payload["choices"]] == ["length"] * 8, payload
+    assert {status for status, _ in poller.answers} == {200}, poller.answers
+    assert p99 < 0.2, health_summary(poller)
+
+
 def test_a_body_that_never_arrives_gets_408(server: Server) -> None:
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json"
             "\r\nContent-Length: 100\r\n\r\n{\"prompt\":").encode()

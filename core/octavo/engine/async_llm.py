@@ -40,6 +40,7 @@ from octavo.engine.launch import start_engine_client
 from octavo.engine.output_processor import OutputProcessor, ParentState
 from octavo.engine.outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
 from octavo.engine.processor import ProcessedPrompt, PromptType
+from octavo.engine.stop_strings import StopStrings
 from octavo.outputs import EngineCoreEventType, EngineCoreOutputs, SchedulerStats
 from octavo.platforms import Platform
 from octavo.plugins import get_registries
@@ -293,12 +294,12 @@ class AsyncLLM:
         self.check_health()
         self._num_processing += 1  # waiting already: a burst cannot slip past a cap meanwhile
         try:
-            processed, children = await self.run_in_pool(self._process_request, prompt,
-                                                         sampling_params, request_id, priority,
-                                                         time.monotonic())
+            processed, children, stops = await self.run_in_pool(
+                self._process_request, prompt, sampling_params, request_id, priority,
+                time.monotonic())
         finally:
             self._num_processing -= 1
-        return self._register(request_id, processed, children)
+        return self._register(request_id, processed, children, stops)
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
                        request_id: str, priority: int = 0,
@@ -326,23 +327,24 @@ class AsyncLLM:
     def _process_request(self, prompt: PromptType,
                          sampling_params: SamplingParams | PoolingParams,
                          request_id: str, priority: int, arrival_time: float,
-                         ) -> tuple[ProcessedPrompt, list[Request]]:
+                         ) -> tuple[ProcessedPrompt, list[Request], StopStrings]:
         """On a processing thread. The request arrived before it waited for one, so its
-        latency counts that wait and this work."""
+        latency counts that wait and this work (its stop strings' automaton too)."""
         processed = self.processor.process_prompt(prompt)
-        return processed, self.processor.make_requests(request_id, processed, sampling_params,
-                                                       priority, strict_length=True,
-                                                       arrival_time=arrival_time)
+        children = self.processor.make_requests(request_id, processed, sampling_params,
+                                                priority, strict_length=True,
+                                                arrival_time=arrival_time)
+        return processed, children, StopStrings(children[0].sampling_params.stop)
 
     def _register(self, request_id: str, processed: ProcessedPrompt, children: list[Request],
-                  ) -> AsyncGenerator[Any, None]:
+                  stops: StopStrings) -> AsyncGenerator[Any, None]:
         """Track a processed request and send it to the core (on the event loop, which owns
         ``_states``); the engine may have died, or the id been taken, while it was processed."""
         self.check_health()
         if request_id in self._states:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         state = _RequestState(children[0].arrival_time, children[0].sampling_params.max_tokens)
-        self.output_processor.add_request(request_id, processed.prompt, children)
+        self.output_processor.add_request(request_id, processed.prompt, children, stops)
         self._states[request_id] = state
         try:
             self.client.add_requests(children)

@@ -4,14 +4,15 @@ Decoding token by token is wrong for byte-level and byte-fallback tokenizers: on
 character may span several tokens, and a token's leading space depends on what precedes
 it. So each step decodes a short window of ids twice - the already-emitted part and the
 window with the new token - and emits the difference, holding back while the text ends in
-an incomplete character (U+FFFD). Stop strings are searched only in the region the new
-text can complete.
+an incomplete character (U+FFFD). Stop strings are found by feeding each new piece of text
+to the request's ``StopStrings`` automaton, at a cost that does not grow with their number.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from octavo.engine.stop_strings import ROOT, StopStrings
 from octavo.sampling_params import SamplingParams
 
 REPLACEMENT_CHAR = "\ufffd"
@@ -19,15 +20,19 @@ PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded with the first output, for it
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def __init__(self, tokenizer: Any, prompt_token_ids: list[int], params: SamplingParams,
+                 stops: StopStrings | None = None) -> None:
+        """``stops``: the automaton of ``params.stop``, built once for all of a request's
+        sequences (built here when not given)."""
         self.tokenizer = tokenizer
         self.params = params
         self.ids = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.output_text = ""
-        self.stop_strings = [s for s in params.stop if s]
-        self._max_stop_len = max((len(s) for s in self.stop_strings), default=0)
+        self.stops = StopStrings(params.stop) if stops is None else stops
+        self._max_stop_len = self.stops.max_len
+        self._stop_state = ROOT
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(
@@ -49,17 +54,17 @@ class IncrementalDetokenizer:
     def check_stop_strings(self, new_chars: int) -> str | None:
         """After ``new_chars`` were appended: the stop string now present, truncating the
         text at it (keeping it with ``include_stop_str_in_output``), or None."""
-        if not self.stop_strings or not new_chars:
+        if not self.stops or not new_chars:
             return None
-        start = max(0, len(self.output_text) - new_chars - self._max_stop_len + 1)
-        hits = [(index, stop) for stop in self.stop_strings
-                if (index := self.output_text.find(stop, start)) != -1]
-        if not hits:
+        start = len(self.output_text) - new_chars
+        self._stop_state, hit = self.stops.scan(self._stop_state,
+                                                self.output_text[start:])
+        if hit is None:
             return None
-        index, stop = min(hits)
-        end = index + len(stop) if self.params.include_stop_str_in_output else index
-        self.output_text = self.output_text[:end]
-        return stop
+        end = start + hit.end
+        self.output_text = self.output_text[:end if self.params.include_stop_str_in_output
+                                            else end - len(hit.stop)]
+        return hit.stop
 
     def streamable_text_len(self, finished: bool) -> int:
         """How much of the text is safe to stream: all when finished, else all but the last

@@ -25,6 +25,7 @@ from octavo.engine.outputs import (
     RequestOutput,
     SampleLogprobs,
 )
+from octavo.engine.stop_strings import StopStrings
 from octavo.outputs import EngineCoreEventType, EngineCoreOutput, LogprobsLists
 from octavo.pooling_params import PoolingParams
 from octavo.request import Request
@@ -81,16 +82,20 @@ class OutputProcessor:
         self.parents: dict[str, ParentState] = {}
         self.sequences: dict[str, tuple[ParentState, SequenceState]] = {}
 
-    def add_request(self, request_id: str, prompt: str | None,
-                    children: list[Request]) -> None:
+    def add_request(self, request_id: str, prompt: str | None, children: list[Request],
+                    stops: StopStrings | None = None) -> None:
+        """``stops``: the children's stop strings, compiled (``AsyncLLM`` does it on a
+        processing thread: for many stop strings it takes milliseconds); built here if not."""
         parent = ParentState(request_id, prompt, children[0].prompt_token_ids)
+        if stops is None:
+            stops = StopStrings(children[0].sampling_params.stop)
         if children[0].sampling_params.prompt_logprobs is not None:
             parent.prompt_logprobs = [None]
         for index, child in enumerate(children):
             params = child.sampling_params
             # A prompt of embeddings has placeholder ids: no text context for the first token.
             context = [] if child.prompt_embeds is not None else child.prompt_token_ids
-            detok = (IncrementalDetokenizer(self.tokenizer, context, params)
+            detok = (IncrementalDetokenizer(self.tokenizer, context, params, stops)
                      if params.detokenize else None)
             state = SequenceState(index, child, detok,
                                   CompletionOutput(index=index,
