@@ -9,7 +9,7 @@ import inspect
 
 import h11
 from uvicorn.config import Config
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import H11Protocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from octavo.entrypoints.openai.http_guard import ConnectionLimits, protocol_class
@@ -25,6 +25,7 @@ def test_the_h11_protocol_methods_the_guard_overrides_keep_their_signatures() ->
     expected = {"connection_made": ["self", "transport"],
                 "connection_lost": ["self", "exc"],
                 "data_received": ["self", "data"],
+                "eof_received": ["self"],
                 "on_response_complete": ["self"],
                 "send_400_response": ["self", "msg"]}
     for name, params in expected.items():
@@ -52,6 +53,14 @@ def test_the_protocol_state_the_guard_reads_is_there() -> None:
     assert protocol.conn.their_state is h11.IDLE
     data, closed = protocol.conn.trailing_data
     assert data == b"" and closed is False
+
+
+def test_the_request_cycle_closes_through_the_protocols_transport() -> None:
+    """The lingering close wraps ``protocol.transport``: the request cycle must take that
+    one (not the one ``connection_made`` got) and close the connection through it."""
+    handle_events = inspect.getsource(H11Protocol.handle_events)
+    assert "transport=self.transport" in handle_events
+    assert "self.transport.close()" in inspect.getsource(RequestResponseCycle.send)
 
 
 def test_h11s_error_carries_the_status_the_guard_answers() -> None:
