@@ -3,7 +3,8 @@
 socket listening beyond loopback (``ss -ltnp``; torch's rendezvous store would listen on
 every interface unless bound for it); and SIGKILL
 of one worker mid-stream: the stream ends with an error, /health answers 503 within a
-second, and no Octavo process is left once the server has exited.
+second, no Octavo process is left once the server has exited, and the dead engine core's
+socket directory is removed by the new one's.
 
 The worker is killed under ``--restart-engine``, so /health stays 503 while a new engine
 core and its workers start (without it the server exits at once and /health may never be
@@ -13,10 +14,13 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
+import pytest
 from openai import OpenAI
 
 from octavo import LLM, SamplingParams
@@ -62,9 +66,25 @@ def test_tp2_server_answers_the_openai_client(tiny_model: TinyModel, tmp_path: P
     assert all(any(pid in line for line in listeners) for pid in workers), listeners
 
 
-def test_worker_killed_mid_stream(tiny_model: TinyModel, tmp_path: Path) -> None:
+@pytest.fixture
+def socket_base(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A runtime dir of the test's own (short: socket paths must fit), for the server's
+    socket directories."""
+    with tempfile.TemporaryDirectory(prefix="sd-", dir="/tmp") as base:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", base)
+        yield Path(base)
+
+
+def socket_dir_owners(base: Path) -> set[int]:
+    return {int(path.name.split("-")[1]) for path in base.iterdir()}
+
+
+def test_worker_killed_mid_stream(tiny_model: TinyModel, tmp_path: Path,
+                                  socket_base: Path) -> None:
     server = start_tp2_server(tiny_model, tmp_path, "--restart-engine")
     try:
+        first_core = server.engine_pid()
+        assert first_core in socket_dir_owners(socket_base)  # its executor's directory
         stream = RawStream(server, max_tokens=400, prompt=PROMPT)
         stream.read_event()
         victim = worker_processes(server)[1]
@@ -79,6 +99,8 @@ def test_worker_killed_mid_stream(tiny_model: TinyModel, tmp_path: Path) -> None
             assert time.monotonic() - killed < 120, "the engine was not restarted"
             time.sleep(0.2)
         after = server.request("POST", "/v1/completions", {"prompt": PROMPT, "max_tokens": 3})
+        owners = socket_dir_owners(socket_base)  # the dead core's is gone, the live ones stay
+        live = {server.proc.pid, server.engine_pid()}
         everything = server.processes()
         assert len(worker_processes(server)) == 2
     finally:
@@ -88,6 +110,7 @@ def test_worker_killed_mid_stream(tiny_model: TinyModel, tmp_path: Path) -> None
     assert stream.events[-1] == "[DONE]", stream.events[-3:]
     assert [e["code"] for e in stream.errors()] == ["engine_dead"], stream.events[-3:]
     assert after[0] == 200, after
+    assert owners == live, (owners, live, first_core)
     assert not still_running(everything, timeout=10)
 
 
