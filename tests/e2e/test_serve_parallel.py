@@ -76,7 +76,8 @@ def socket_base(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def socket_dir_owners(base: Path) -> set[int]:
-    return {int(path.name.split("-")[1]) for path in base.iterdir()}
+    """The pids that made the socket directories in ``base`` (octavo-<namespace>-<pid>-...)."""
+    return {int(path.name.split("-")[2]) for path in base.iterdir()}
 
 
 def test_worker_killed_mid_stream(tiny_model: TinyModel, tmp_path: Path,

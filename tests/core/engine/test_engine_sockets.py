@@ -27,6 +27,7 @@ from octavo import SamplingParams
 from octavo.config import EngineConfig
 from octavo.engine.errors import EngineStartError, InvalidRequestError
 from octavo.engine.ipc import MAX_SOCKET_PATH, SOCKET_DIR_PREFIX, CoreEndpoint, make_socket_dir
+from octavo.paths import pid_namespace
 from octavo.testing.seeds import draw_seed
 from tests.core.loop_engine import LoopEngine, start_async_llm
 from tests.core.tiny_models import save_tiny_model
@@ -240,7 +241,8 @@ def test_a_killed_makers_socket_directory_is_removed_by_the_next_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A process SIGKILLed before its cleanup (a ``-tp`` worker's engine) leaves its socket
     directory; the next one made beside it removes it, and nothing whose maker lives, nor a
-    symlink dressed as a stale directory."""
+    symlink dressed as a stale directory, nor one made in another PID namespace (the Ray
+    tests' `unshare --pid` shares this temp dir with the tests running beside them)."""
     with tempfile.TemporaryDirectory(prefix="sd-", dir="/tmp") as base_name:
         base = Path(base_name)
         monkeypatch.setenv("XDG_RUNTIME_DIR", base_name)
@@ -255,10 +257,15 @@ def test_a_killed_makers_socket_directory_is_removed_by_the_next_one(
         (stale / "output").write_text("")  # as if a socket were left in it
         kept = base / "kept"
         kept.mkdir()
-        decoy = base / f"{SOCKET_DIR_PREFIX}{maker.pid}-decoy"
+        namespace = pid_namespace()
+        decoy = base / f"{SOCKET_DIR_PREFIX}{namespace}-{maker.pid}-decoy"
         decoy.symlink_to(kept)
+        # A directory of a dead pid made in another PID namespace: that pid is not ours.
+        elsewhere = base / f"{SOCKET_DIR_PREFIX}{namespace + 1}-{maker.pid}-abcdefgh"
+        elsewhere.mkdir()
         live = make_socket_dir()
         assert stale.parent == base and live.parent == base
         assert not stale.exists()
         fresh = make_socket_dir()
         assert live.exists() and fresh.exists() and kept.exists() and decoy.is_symlink()
+        assert elsewhere.exists()
