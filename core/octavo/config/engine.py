@@ -95,12 +95,18 @@ def check_parallel_combinations(config: EngineConfig) -> None:
     if parallel.world_size == 1:
         return
     sizes = (f"tensor_parallel_size={parallel.tensor_parallel_size}, "
+             f"sequence_parallel_size={parallel.sequence_parallel_size}, "
              f"pipeline_parallel_size={parallel.pipeline_parallel_size}")
     # With n-gram drafts at TP=2 a run was seen to differ from the same run without them
     # (seed 653238017 of tests/parallel), which one rank never does: refused until found.
     if config.speculative is not None:
         raise ConfigError(f"speculative decoding does not run with several workers yet "
                           f"({sizes}); use one worker")
+    # A connector stores each rank's shard under its tensor and pipeline coordinates: the
+    # sequence ranks' different heads would share names.
+    if config.kv_transfer is not None and parallel.sequence_parallel_size > 1:
+        raise ConfigError(f"a KV connector (kv_transfer_config) does not run with sequence "
+                          f"parallelism yet ({sizes})")
 
 
 def check_pooling_combinations(config: EngineConfig) -> None:
@@ -115,6 +121,8 @@ def check_pooling_combinations(config: EngineConfig) -> None:
          config.parallel.tensor_parallel_size > 1),
         (f"pipeline_parallel_size={config.parallel.pipeline_parallel_size}",
          config.parallel.pipeline_parallel_size > 1),
+        (f"sequence_parallel_size={config.parallel.sequence_parallel_size}",
+         config.parallel.sequence_parallel_size > 1),
         (f"data_parallel_size={config.parallel.data_parallel_size}",
          config.parallel.data_parallel_size > 1),
         (f"scheduler_cls={config.scheduler.scheduler_cls}",

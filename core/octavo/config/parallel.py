@@ -26,6 +26,10 @@ class ParallelConfig:
     pipeline_parallel_size: int = field(default=1, metadata={
         "help": "Pipeline stages: each worker holds a run of consecutive layers.",
         "alias": "-pp"})
+    sequence_parallel_size: int = field(default=1, metadata={
+        "help": "Ulysses sequence-parallel workers (per tensor rank): each runs a slice of "
+                "every step's tokens, and attention over all of them for a slice of the "
+                "heads.", "alias": "-sp"})
     data_parallel_size: int = field(default=1, metadata={
         "help": "Engines behind one server, each with its own workers (replicas); requests "
                 "go to the least loaded.", "alias": "-dp"})
@@ -57,6 +61,7 @@ class ParallelConfig:
     def __post_init__(self) -> None:
         check_positive_ints("", tensor_parallel_size=self.tensor_parallel_size,
                             pipeline_parallel_size=self.pipeline_parallel_size,
+                            sequence_parallel_size=self.sequence_parallel_size,
                             data_parallel_size=self.data_parallel_size,
                             data_parallel_rpc_port=self.data_parallel_rpc_port)
         backend = self.distributed_executor_backend
@@ -78,8 +83,9 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        """Workers of one engine: tensor x pipeline."""
-        return self.tensor_parallel_size * self.pipeline_parallel_size
+        """Workers of one engine: tensor x sequence x pipeline."""
+        return (self.tensor_parallel_size * self.sequence_parallel_size
+                * self.pipeline_parallel_size)
 
     @property
     def engine_index(self) -> int:
@@ -121,11 +127,16 @@ class ParallelConfig:
             raise ConfigError(f"the 'ray' backend needs Ray. {RAY_MISSING}")
         if self.distributed_executor_backend == "uni" and self.world_size > 1:
             raise ConfigError(f"distributed_executor_backend='uni' runs one worker, but "
-                              f"tensor_parallel_size x pipeline_parallel_size = "
-                              f"{self.world_size}; use 'mp'")
+                              f"tensor_parallel_size x sequence_parallel_size x "
+                              f"pipeline_parallel_size = {self.world_size}; use 'mp'")
         if self.enable_expert_parallel and self.tensor_parallel_size == 1:
             raise ConfigError("enable_expert_parallel shards experts over the "
                               "tensor-parallel workers: it needs tensor_parallel_size > 1")
+        if self.sequence_parallel_size > 1 and self.pipeline_parallel_size > 1:
+            raise ConfigError(f"sequence_parallel_size={self.sequence_parallel_size} with "
+                              f"pipeline_parallel_size={self.pipeline_parallel_size} is not "
+                              "built: a stage would hand the next a slice of the sequence; "
+                              "use one of them")
         if self.enable_expert_parallel and self.data_parallel_size > 1:
             raise ConfigError("enable_expert_parallel with data_parallel_size > 1 is not "
                               "built: Octavo's expert group is one engine's tensor-parallel "

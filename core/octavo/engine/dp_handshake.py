@@ -194,6 +194,7 @@ def engine_identity(config: EngineConfig, model_path: Path) -> dict[str, str]:
         "block_size": str(config.cache.block_size),
         "tensor_parallel_size": str(parallel.tensor_parallel_size),
         "pipeline_parallel_size": str(parallel.pipeline_parallel_size),
+        "sequence_parallel_size": str(parallel.sequence_parallel_size),
         "data_parallel_size": str(parallel.data_parallel_size),
         "speculative_config": repr(config.speculative),
         "max_num_seqs": str(config.scheduler.max_num_seqs),

@@ -41,7 +41,8 @@ class RankedExecutor(Executor):
         super().__init__(config, platform, files)
         self.world_size = config.parallel.world_size
         self.output_rank = output_rank(config.parallel.tensor_parallel_size,
-                                       config.parallel.pipeline_parallel_size)
+                                       config.parallel.pipeline_parallel_size,
+                                       config.parallel.sequence_parallel_size)
         self.on_failure = on_failure  # run (on a monitor thread) when a worker dies unasked
         self.failure: str | None = None  # why the executor is dead
         self._stopping = False
@@ -94,7 +95,8 @@ def start_rank(config: EngineConfig, rank: int, platform_name: str, init_method:
     from octavo.plugins.resolve import resolve_platform
 
     parallel = config.parallel
-    info = RankInfo.of(rank, parallel.tensor_parallel_size, parallel.pipeline_parallel_size)
+    info = RankInfo.of(rank, parallel.tensor_parallel_size, parallel.pipeline_parallel_size,
+                       parallel.sequence_parallel_size)
     platform = resolve_platform(platform_name, get_registries().platforms)
     platform.init_worker_process(*node_index)
     init_distributed(info, platform.dist_backend, init_method, DIST_TIMEOUT_S,

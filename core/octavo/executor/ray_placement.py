@@ -80,8 +80,8 @@ def reserve(resource: str, count: int, size: int = 1, what: str | None = None,
     """``count`` bundles of ``size`` ``resource`` each (one per rank; one per engine, of
     its workers' share, for data-parallel engines), placed - or a ``ConfigError`` saying
     what the cluster has and what ``what`` (default: the engine's workers) need."""
-    what = what or (f"the engine's tensor_parallel_size x pipeline_parallel_size = {count} "
-                    "workers")
+    what = what or (f"the engine's tensor_parallel_size x sequence_parallel_size x "
+                    f"pipeline_parallel_size = {count} workers")
     total = ray.cluster_resources().get(resource, 0.0)
     if total < count * size:
         raise ConfigError(
