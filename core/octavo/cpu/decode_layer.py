@@ -29,6 +29,7 @@ from octavo.cpu.gemm import CpuGemm
 from octavo.cpu.layers import CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
 from octavo.models.layers.linear import LinearBase
 from octavo.models.layers.rotary import RotaryEmbedding
+from octavo.models.layers.sequence_parallel import sp_size
 from octavo.models.layers.switch import switch_layers
 from octavo.models.llama import LlamaDecoderLayer, LlamaMLP, LlamaModel
 
@@ -213,7 +214,7 @@ def use_fused_decode_layers(model: torch.nn.Module) -> int:
     """Switch ``model``'s Llama-family decoder layers onto :class:`CpuLlamaDecoderLayer`
     (call it after the GEMMs and layers are switched); returns how many. Each one checks at
     its first call whether the fused call can run it, and otherwise stays portable."""
-    if kernels.library() is None:
-        return 0
+    if kernels.library() is None or sp_size() > 1:
+        return 0  # the fused call attends with every head of the rank's own tokens
     switch_layers(model, {LlamaModel: CpuLlamaModel})
     return switch_layers(model, {LlamaDecoderLayer: CpuLlamaDecoderLayer})

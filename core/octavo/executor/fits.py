@@ -23,7 +23,7 @@ def check_model_fits(config: EngineConfig, hf_config: dict, source: str | Path) 
     """Raise ``ConfigError`` naming the model's dimension that does not split."""
     parallel = config.parallel
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
-    if tp * pp == 1:
+    if parallel.world_size == 1:
         return
     arch = ArchConfig.from_hf(hf_config, source)
     sliced = [(arch.num_attention_heads, "attention heads")]
@@ -44,12 +44,25 @@ def check_model_fits(config: EngineConfig, hf_config: dict, source: str | Path) 
     if parallel.enable_expert_parallel and arch.num_experts % tp:
         problems.append(f"its {arch.num_experts} experts do not divide by "
                         f"tensor_parallel_size={tp} (expert parallelism)")
+    problems += sequence_split_problems(arch, tp, parallel.sequence_parallel_size)
     if arch.num_hidden_layers < pp:
         problems.append(f"its {arch.num_hidden_layers} layers are fewer than "
                         f"pipeline_parallel_size={pp}")
     if problems:
         raise ConfigError(f"{source}: the model cannot be split over the workers: "
                           + "; ".join(problems))
+
+
+def sequence_split_problems(arch: ArchConfig, tp: int, sp: int) -> list[str]:
+    """Why a tensor rank's heads do not split over ``sp`` sequence ranks (each attends with
+    a whole share of the query and the key/value heads; replicated KV heads cannot)."""
+    if sp == 1:
+        return []
+    heads, kv = arch.num_attention_heads, arch.num_key_value_heads
+    return [f"its {count} {what} do not divide by tensor_parallel_size x "
+            f"sequence_parallel_size = {tp} x {sp} = {tp * sp}"
+            for count, what in ((heads, "attention heads"), (kv, "key/value heads"))
+            if count % (tp * sp)]
 
 
 def check_model_features(config: EngineConfig, hf_config: dict, source: str | Path) -> None:

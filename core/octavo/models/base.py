@@ -126,6 +126,10 @@ class CausalLM(nn.Module):
     # Whether the model builds only its pipeline stage's layers (see the module docstring);
     # one that does not runs with one stage only.
     supports_pp: ClassVar[bool] = False
+    # Whether the model runs with Ulysses sequence parallelism: its stack computes a slice
+    # of the step's tokens and its attention trades tokens for heads around the backend
+    # (``octavo.models.layers.sequence_parallel``; the Llama family's dense models do).
+    supports_sp: ClassVar[bool] = False
     # The config's hidden_act values the model's MLP computes; any other is refused.
     activations: ClassVar[tuple[str, ...]] = ("silu",)
     # An encoder (BERT): bidirectional attention over each prompt, computed whole in one
@@ -149,6 +153,8 @@ class CausalLM(nn.Module):
                              f"{', '.join(self.activations)})")
         if self.ranks.pp_size > 1 and not self.supports_pp:
             raise ValueError(f"{type(self).__name__} does not support pipeline parallelism")
+        if self.ranks.sp_size > 1 and not self.supports_sp:
+            raise ValueError(f"{type(self).__name__} does not support sequence parallelism")
         self.layer_range = pp_layer_range(config.num_hidden_layers, self.ranks.pp_rank,
                                           self.ranks.pp_size)
 
@@ -159,9 +165,10 @@ class CausalLM(nn.Module):
 
     @property
     def num_kv_heads(self) -> int:
-        """Key/value heads on this rank (its tensor-parallel share)."""
+        """Key/value heads on this rank (its tensor-parallel share, of which a sequence
+        rank holds its own slice)."""
         return kv_head_shards(self.config.num_key_value_heads, self.ranks.tp_rank,
-                              self.ranks.tp_size)[0]
+                              self.ranks.tp_size)[0] // self.ranks.sp_size
 
     @property
     def head_dim(self) -> int:

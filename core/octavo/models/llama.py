@@ -31,6 +31,13 @@ from octavo.models.layers.linear import (
 )
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.rotary import RotaryEmbedding, rotary_embedding
+from octavo.models.layers.sequence_parallel import (
+    gather_tokens,
+    heads_to_tokens,
+    shard_tokens,
+    sp_size,
+    tokens_to_heads,
+)
 
 
 class LlamaAttention(nn.Module):
@@ -59,8 +66,11 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps) if qk_norm else None
         self.rotary_emb = rotary_emb or rotary_embedding(head_dim, config.rope)
-        self.attn = attn_backend.make_impl(self.num_heads, head_dim, head_dim**-0.5,
-                                           self.num_kv_heads, sliding_window)
+        # Sequence parallelism: this rank attends with its share of its tensor rank's heads
+        # (the model's check refused heads that do not divide).
+        sp = sp_size()
+        self.attn = attn_backend.make_impl(self.num_heads // sp, head_dim, head_dim**-0.5,
+                                           self.num_kv_heads // sp, sliding_window)
 
     def forward(
         self,
@@ -78,8 +88,13 @@ class LlamaAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k, attn_metadata.rope_lengths)
+        lengths = attn_metadata.rope_lengths
+        q, k = self.rotary_emb(positions, q, k, None if lengths is None else
+                               shard_tokens(lengths))
+        # Sequence parallelism: every token of the step for this rank's heads, and back.
+        q, k, v = tokens_to_heads([q, k, v], attn_metadata.num_actual_tokens)
         out = self.attn.forward(q, k, v, kv_cache, attn_metadata)
+        out = heads_to_tokens(out.reshape(q.shape), num_tokens)
         return self.o_proj(out.reshape(num_tokens, q_size))
 
 
@@ -184,12 +199,16 @@ class LlamaModel(nn.Module):
         """``inputs_embeds``: the first layer's input ``[T, hidden]`` given instead of the
         ids' embeddings (prompt embeddings; the first stage only)."""
         residual: torch.Tensor | None
+        # Sequence parallelism (``layers.sequence_parallel``): this rank's slice of the
+        # tokens through the layers, every rank's gathered at the end (pipeline stages are
+        # refused with it, so the slice never crosses a stage).
+        num_tokens, positions = positions.shape[0], shard_tokens(positions)
         if intermediate_tensors is not None:
             hidden, residual = intermediate_tensors.hidden, intermediate_tensors.residual
         elif inputs_embeds is not None:
-            hidden, residual = inputs_embeds, None
+            hidden, residual = shard_tokens(inputs_embeds), None
         else:
-            hidden, residual = self.embed(input_ids), None
+            hidden, residual = self.embed(shard_tokens(input_ids)), None
         hidden, residual = self.run_layers(positions, hidden, residual, kv_caches,
                                            attn_metadata)
         if isinstance(self.norm, PPMissingLayer):
@@ -197,7 +216,7 @@ class LlamaModel(nn.Module):
         hidden, prenorm = self.norm(hidden, residual)
         if self.keep_prenorm_hidden:
             self.prenorm_hidden = prenorm
-        return hidden
+        return gather_tokens(hidden, num_tokens)
 
     def run_layers(
         self,
@@ -231,6 +250,7 @@ class LlamaForCausalLM(CausalLM):
     qk_norm: ClassVar[bool] = False  # RMSNorm of each head of q and k before RoPE
     rope_neox_style: ClassVar[bool] = True  # RoPE on halves (else adjacent pairs) of a head
     supports_pp = True
+    supports_sp = True
     model: LlamaModel
 
     stacked_params: ClassVar[tuple[tuple[str, str, object], ...]] = (

@@ -104,6 +104,9 @@ class ExpertWeights(CausalLM):
     class it extends: ``class M(ExpertWeights, LlamaForCausalLM)``)."""
 
     expert_names: ClassVar[ExpertNames]
+    # The MoE, Mamba (Jamba) and latent-attention (DeepSeek) members of the Llama family
+    # have not been built for sequence parallelism.
+    supports_sp: ClassVar[bool] = False
 
     def param_for(self, hf_name: str) -> tuple[str, object]:
         found = self.expert_names.param_for(hf_name)
