@@ -53,6 +53,7 @@ def test_each_default_is_written_once_and_the_flags_come_from_it() -> None:
     assert result.output.split() == ["4", str(2**20), "False", "True"], result.output
     help_text = runner.invoke(command, ["--help"]).output
     for flag in ("--scheduler-cls", "--kv-manager", "-tp, --tensor-parallel-size",
+                 "-sp, --sequence-parallel-size",
                  "--distributed-executor-backend", "--disable-log-stats",
                  "--speculative-config", "--structured-outputs-config"):
         assert flag in help_text
@@ -72,6 +73,11 @@ def test_each_default_is_written_once_and_the_flags_come_from_it() -> None:
     ({"distributed_executor_backend": "uni", "tensor_parallel_size": 2},
      "'uni' runs one worker"),
     ({"tensor_parallel_size": 0}, "tensor_parallel_size must be a positive integer"),
+    ({"sequence_parallel_size": 0}, "sequence_parallel_size must be a positive integer"),
+    ({"sequence_parallel_size": 2, "pipeline_parallel_size": 2},
+     "sequence_parallel_size=2 with pipeline_parallel_size=2 is not built"),
+    ({"distributed_executor_backend": "uni", "sequence_parallel_size": 2},
+     "'uni' runs one worker"),
 ])
 def test_parallelism_not_built_yet_is_refused_clearly(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
@@ -100,6 +106,7 @@ def test_executor_backend_follows_the_world_size() -> None:
     assert ParallelConfig(tensor_parallel_size=2,
                           pipeline_parallel_size=2).distributed_executor_backend == "mp"
     assert ParallelConfig(tensor_parallel_size=2).world_size == 2
+    assert ParallelConfig(tensor_parallel_size=2, sequence_parallel_size=3).world_size == 6
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -107,6 +114,8 @@ def test_executor_backend_follows_the_world_size() -> None:
       "num_speculative_tokens": 2}}, "speculative decoding does not run with several workers"),
     ({"tensor_parallel_size": 2, "speculative_config": {"method": "medusa", "model": "m",
       "num_speculative_tokens": 2}}, "speculative decoding does not run with several workers"),
+    ({"sequence_parallel_size": 2, "kv_transfer_config": {"connector": "shared_storage"}},
+     "a KV connector .* does not run with sequence parallelism yet"),
 ])
 def test_parallel_combinations_not_built_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -26,6 +26,9 @@ MIXTRAL = {**SMOLLM2, "architectures": ["MixtralForCausalLM"], "num_attention_he
     (SMOLLM2, {"tensor_parallel_size": 3, "pipeline_parallel_size": 2}),
     (MIXTRAL, {"tensor_parallel_size": 2}),  # 98 features and 6 experts halve
     (MIXTRAL, {"tensor_parallel_size": 2, "enable_expert_parallel": True}),
+    (SMOLLM2, {"sequence_parallel_size": 3}),  # 3 query heads and 1 KV head per rank
+    ({**SMOLLM2, "num_attention_heads": 8, "num_key_value_heads": 4},
+     {"tensor_parallel_size": 2, "sequence_parallel_size": 2}),
 ])
 def test_splits_that_fit(hf: dict, kwargs: dict) -> None:
     check_model_fits(EngineConfig.from_kwargs(**kwargs), hf, "m")
@@ -45,6 +48,11 @@ def test_expert_parallel_needs_whole_experts_not_sliced_features() -> None:
     ({"tensor_parallel_size": 2}, "9 attention heads do not divide by tensor_parallel_size=2"),
     ({"tensor_parallel_size": 2}, "3 key/value heads neither divide nor are a multiple"),
     ({"pipeline_parallel_size": 31}, "30 layers are fewer than pipeline_parallel_size=31"),
+    ({"sequence_parallel_size": 2}, "its 9 attention heads do not divide by "
+     "tensor_parallel_size x sequence_parallel_size = 1 x 2 = 2; its 3 key/value heads do "
+     "not divide by tensor_parallel_size x sequence_parallel_size = 1 x 2 = 2"),
+    ({"tensor_parallel_size": 3, "sequence_parallel_size": 3}, "its 3 key/value heads do not "
+     "divide by tensor_parallel_size x sequence_parallel_size = 3 x 3 = 9"),
 ])
 def test_splits_that_do_not_fit_are_named(kwargs: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=f"cannot be split over the workers: .*{message}"):
