@@ -6,8 +6,8 @@ logprobs within 1e-4, on prompts longer than 2,000 tokens.
   every chunk, the last one (2 tokens) and the decode steps (1 token) do not divide by 3, so
   each is padded.
 - A tiny Llama (8 query / 4 KV heads) at SP=2 x TP=2 (each rank attends with 2 query heads
-  and 1 KV head), the long prompt whole in one step beside a short one, whose decode
-  tokens then share steps with it.
+  and 1 KV head): the long prompt and a short one whole in the first step (2,137 tokens,
+  padded to 2,138), then decoded together.
 - Heads that do not split over the ranks are refused before any worker starts (the other
   refusals: tests/core/config/test_config.py and tests/core/executor/test_model_fits.py).
 """
