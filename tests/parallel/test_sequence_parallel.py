@@ -45,7 +45,9 @@ def test_default_model_sp3_chunked_prefill() -> None:
         reference = run(model, prompts, 8, **engine)
     parallel = run(model, prompts, 8, sequence_parallel_size=3, **engine)
     assert parallel.tokens == reference.tokens
-    assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE
+    gap = max_logprob_gap(parallel, reference)
+    print(f"largest logprob difference from one rank: {gap:.3g}")
+    assert gap < LOGPROB_TOLERANCE
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +67,9 @@ def test_tiny_llama_sp2_tp2(llama_8q_4kv: str) -> None:
     parallel = run(llama_8q_4kv, prompts, 16, sequence_parallel_size=2, tensor_parallel_size=2,
                    **engine)
     assert parallel.tokens == reference.tokens
-    assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE
+    gap = max_logprob_gap(parallel, reference)
+    print(f"largest logprob difference from one rank: {gap:.3g}")
+    assert gap < LOGPROB_TOLERANCE
 
 
 def test_heads_not_divisible_are_refused(llama_8q_4kv: str) -> None:
