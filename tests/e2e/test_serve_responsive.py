@@ -8,7 +8,7 @@ tiny model answers too fast for a giant request to hold anyone up):
 
 - A request behind 200 prompts x n=16 gets its first token within 2 s: the giant one is
   sent to the engine through a window of 16 sequences (``--request-sequence-window``).
-- Windowed outputs are those of the prompts sent alone, in order, streamed or not.
+- Windowed outputs are those of the prompts sent with n=1, in order, streamed or not.
 - A request of more sequences than ``--max-sequences-per-request`` is a 400 naming it (the
   ``--max-waiting-requests`` refusal of 60 prompts x n=8 is in test_serve_lifecycle.py,
   whose server has a cap).
@@ -303,22 +303,20 @@ def test_a_request_behind_a_giant_one_starts_within_2_s(smol_server: Server) -> 
 
 
 def test_windowed_outputs_are_those_of_each_prompt_alone(smol_server: Server) -> None:
-    """3 prompts x n=8 go 2 prompts at a time (16 sequences): choices in prompt order,
-    each as the prompt gives alone (greedy), streamed the same, usage counting all."""
+    """3 prompts x n=6 go 2 prompts at a time (12 sequences of the window's 16): choices in
+    prompt order, each as the prompt gives with n=1 (all 3 in the engine at once; greedy),
+    streamed the same, usage counting all."""
     prompts = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
-    body = {"prompt": prompts, "n": 8, "max_tokens": 4, "temperature": 0.0,
+    body = {"prompt": prompts, "n": 6, "max_tokens": 3, "temperature": 0.0,
             "ignore_eos": True}
     status, _, batch = smol_server.request("POST", "/v1/completions", body)
     assert status == 200, batch
-    alone = []
-    for prompt in prompts:
-        status, _, reply = smol_server.request("POST", "/v1/completions",
-                                          {**body, "prompt": prompt, "n": 1})
-        assert status == 200, reply
-        alone.append(reply["choices"][0]["text"])
-    assert [c["index"] for c in batch["choices"]] == list(range(24))
-    assert [c["text"] for c in batch["choices"]] == [text for text in alone for _ in range(8)]
-    assert batch["usage"]["completion_tokens"] == 24 * 4
+    status, _, single = smol_server.request("POST", "/v1/completions", {**body, "n": 1})
+    assert status == 200, single
+    alone = [choice["text"] for choice in single["choices"]]
+    assert [c["index"] for c in batch["choices"]] == list(range(18))
+    assert [c["text"] for c in batch["choices"]] == [text for text in alone for _ in range(6)]
+    assert batch["usage"]["completion_tokens"] == 18 * 3
     streamed = streamed_texts(smol_server, {**body, "stream": True})
     assert streamed == [c["text"] for c in batch["choices"]]
 
@@ -345,7 +343,7 @@ def test_a_request_of_too_many_sequences_is_a_400(smol_server: Server) -> None:
 async def stall_and_resume(server: Server) -> dict[str, object]:
     pid = server.engine_pid()
     seen: dict[str, object] = {}
-    body = {"prompt": "Once upon a time", "max_tokens": 40, "ignore_eos": True,
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
     async with aiohttp.ClientSession(server.url,
                                      timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -406,4 +404,4 @@ def test_a_stopped_engine_is_reported_stalled_and_recovers(smol_server: Server) 
     status, refusal = seen["new_request"]  # type: ignore[misc]
     assert status == 503 and refusal["error"]["code"] == "engine_stalled", refusal
     assert seen["health_after"]["status"] == "ok", seen  # type: ignore[index]
-    assert seen["tokens"] == 40 and seen["last"] == b"data: [DONE]", seen
+    assert seen["tokens"] == 24 and seen["last"] == b"data: [DONE]", seen
