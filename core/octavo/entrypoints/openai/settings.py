@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -40,7 +41,7 @@ class ServerSettings:
     # An engine with work and no finished step for this long is stalled (see stall.py;
     # 0: never); "keep" its requests waiting for it, or "fail" them.
     engine_stall_timeout: float = 300.0
-    engine_stall_action: str = "keep"
+    engine_stall_action: Literal["keep", "fail"] = "keep"
     # Chat (see chat_template.py, tool_calls.py, reasoning_parsers.py; vLLM's flags).
     chat_template: str | None = None  # the template text (--chat-template, read at start)
     trust_request_chat_template: bool = False  # requests may bring their own template
