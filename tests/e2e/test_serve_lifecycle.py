@@ -83,6 +83,46 @@ def test_overload_answers_503_with_retry_after(small_server: Server,
     assert client.completions.create(model=model, prompt="calm", max_tokens=3).usage
 
 
+def test_the_cap_counts_sequences_not_requests(small_server: Server,
+                                               tiny_model: TinyModel) -> None:
+    """The probe's 60 prompts x n=8 was admitted under a cap of 4: it counted as one
+    request. Now its 480 sequences are a 400 (no wait could make room for them), and the
+    sequences of a waiting 2-prompt request fill the cap of 2, so a third is refused."""
+    model = str(tiny_model.folder)
+    giant = {"model": model, "prompt": ["hi"] * 60, "n": 8, "max_tokens": 2}
+    status, _, body = small_server.request("POST", "/v1/completions", giant)
+    assert status == 400, body
+    assert "480 sequences" in body["error"]["message"], body
+    assert "--max-waiting-requests 2" in body["error"]["message"], body
+
+    async def fill_then_ask() -> tuple[int, dict, int]:
+        client = AsyncOpenAI(base_url=f"{small_server.url}/v1", api_key="unused",
+                             max_retries=0, timeout=120)
+        try:
+            stream = await client.completions.create(  # holds the only running slot
+                model=model, prompt="long", max_tokens=OVERLOAD_TOKENS, stream=True,
+                extra_body={"ignore_eos": True})
+            await stream.__anext__()
+            pair = asyncio.ensure_future(client.completions.create(
+                model=model, prompt=["one", "two"], max_tokens=2))
+            while small_server.metrics()["vllm:num_requests_waiting"] < 2:
+                await asyncio.sleep(0.02)
+            try:
+                await client.completions.create(model=model, prompt="three", max_tokens=2)
+                refused: tuple[int, dict] = (200, {})
+            except openai.APIStatusError as exc:
+                refused = (exc.status_code, exc.body)
+            await stream.close()
+            return *refused, len((await pair).choices)
+        finally:
+            await client.close()
+
+    status, body, pair_choices = asyncio.run(fill_then_ask())
+    assert status == 503, body
+    assert "2 sequences are waiting" in body["message"], body
+    assert pair_choices == 2
+
+
 def test_engine_death_is_noticed_at_once(small_server: Server, tiny_model: TinyModel) -> None:
     model = str(tiny_model.folder)
     client = OpenAI(base_url=f"{small_server.url}/v1", api_key="unused", max_retries=0,

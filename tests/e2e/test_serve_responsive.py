@@ -1,18 +1,36 @@
 """The API's event loop stays responsive: tokenizing megabytes of
 prompt, chat templates and schema checks run on processing threads while ``/health`` keeps
 answering; a schema too deep or a constraint too long is refused at once, naming the limit;
-and a client that leaves while its request is processed leaves no engine work behind."""
+and a client that leaves while its request is processed leaves no engine work behind.
+
+The server stays fair and says when it cannot answer (on the default model, the probe's: a
+tiny model answers too fast for a giant request to hold anyone up):
+
+- A request behind 200 prompts x n=16 gets its first token within 2 s: the giant one is
+  sent to the engine through a window of 16 sequences (``--request-sequence-window``).
+- Windowed outputs are those of the prompts sent with n=1, in order, streamed or not.
+- A request of more sequences than ``--max-sequences-per-request`` is a 400 naming it (the
+  ``--max-waiting-requests`` refusal of 60 prompts x n=8 is in test_serve_lifecycle.py,
+  whose server has a cap).
+- SIGSTOP of the engine core with a request running: ``/health`` 503 within
+  ``--engine-stall-timeout`` + 1 s, new requests 503, ``octavo:engine_stalled`` 1; after
+  SIGCONT ``/health`` is 200 again and the request completes.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import aiohttp
 import pytest
 
 from octavo.structured.grammar import MAX_SCHEMA_DEPTH, MAX_SPEC_BYTES
@@ -31,6 +49,12 @@ POLL_INTERVAL_S = 0.02
 MAX_HEALTH_S = 0.1
 MAX_HEALTH_OUTLIER_S = 1.0
 MAX_OUTLIER_SHARE = 0.05
+MAX_SEQUENCES = 3200  # 200 prompts x n=16, the probe's giant request
+# --request-sequence-window: smaller than the default 64, so that a small request shows
+# the window at work too (with 64 here, the first token came after 0.58 s, at a load of 6).
+WINDOW = 16
+STALL_TIMEOUT_S = 2.0
+FIRST_TOKEN_BOUND_S = 2.0
 
 
 def deep_schema(levels: int) -> dict[str, Any]:
@@ -66,7 +90,10 @@ def smol_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The default model: a real tokenizer (about six bytes a token here), not the tiny
     model's byte-per-token one."""
     server = Server(["--dtype", "float32", "--max-model-len", "1024",
-                     "--kv-cache-memory", "64MiB"],
+                     "--kv-cache-memory", "128MiB",
+                     "--max-sequences-per-request", str(MAX_SEQUENCES),
+                     "--request-sequence-window", str(WINDOW),
+                     "--engine-stall-timeout", str(STALL_TIMEOUT_S)],
                     tmp_path_factory.mktemp("responsive") / "server.log")
     try:
         yield server.wait_ready(timeout=600)
@@ -202,3 +229,179 @@ def _wait_for(condition: Any, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def giant_body(prompts: int, n: int) -> dict[str, object]:
+    return {"prompt": [f"Story {i}: once upon a time" for i in range(prompts)], "n": n,
+            "max_tokens": 16, "ignore_eos": True, "temperature": 1.0, "seed": 0}
+
+
+async def first_token_delay(session: aiohttp.ClientSession) -> tuple[float, int]:
+    """Seconds from sending an ordinary 4-token stream to its first text, and its tokens."""
+    body = {"prompt": "The capital of France is", "max_tokens": 4, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    start = time.monotonic()
+    first = None
+    tokens = 0
+    async with session.post("/v1/completions", json=body) as response:
+        assert response.status == 200, await response.text()
+        async for line in response.content:
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[len(b"data: "):])
+            if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
+                first = time.monotonic() - start
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    assert first is not None
+    return first, tokens
+
+
+async def engine_load(session: aiohttp.ClientSession) -> float:
+    """Sequences in the engine: running and waiting."""
+    async with session.get("/metrics") as response:
+        text = await response.text()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{")))
+
+
+async def wait_engine_load(session: aiohttp.ClientSession, above: float,
+                           timeout: float = 60) -> float:
+    deadline = time.monotonic() + timeout
+    while (load := await engine_load(session)) <= above:
+        assert time.monotonic() < deadline, f"engine load still {load}"
+        await asyncio.sleep(0.1)
+    return load
+
+
+async def behind_a_giant(server: Server) -> tuple[float, int, float]:
+    async with aiohttp.ClientSession(server.url,
+                                     timeout=aiohttp.ClientTimeout(total=120)) as session:
+        giant = asyncio.ensure_future(session.post("/v1/completions",
+                                                   json=giant_body(200, 16)))
+        try:
+            load = await wait_engine_load(session, above=WINDOW - 1)
+            delay, tokens = await first_token_delay(session)
+            load = max(load, await engine_load(session))
+        finally:
+            giant.cancel()  # the client goes away: its requests are aborted
+            await asyncio.gather(giant, return_exceptions=True)
+        deadline = time.monotonic() + 30
+        while await engine_load(session) > 0:
+            assert time.monotonic() < deadline, "the giant request was not aborted"
+            await asyncio.sleep(0.1)
+    return delay, tokens, load
+
+
+def test_a_request_behind_a_giant_one_starts_within_2_s(smol_server: Server) -> None:
+    delay, tokens, load = asyncio.run(behind_a_giant(smol_server))
+    print(f"\nfirst token behind 200 prompts x n=16: {delay:.2f} s; most sequences in the "
+          f"engine meanwhile: {load:.0f}")
+    assert tokens == 4
+    assert load <= WINDOW + 1  # the giant's window and the ordinary request
+    assert delay < FIRST_TOKEN_BOUND_S
+
+
+def test_windowed_outputs_are_those_of_each_prompt_alone(smol_server: Server) -> None:
+    """3 prompts x n=6 go 2 prompts at a time (12 sequences of the window's 16): choices in
+    prompt order, each as the prompt gives with n=1 (all 3 in the engine at once; greedy),
+    streamed the same, usage counting all."""
+    prompts = ["The capital of France is", "def fibonacci(n):", "Water boils at"]
+    body = {"prompt": prompts, "n": 6, "max_tokens": 3, "temperature": 0.0,
+            "ignore_eos": True}
+    status, _, batch = smol_server.request("POST", "/v1/completions", body)
+    assert status == 200, batch
+    status, _, single = smol_server.request("POST", "/v1/completions", {**body, "n": 1})
+    assert status == 200, single
+    alone = [choice["text"] for choice in single["choices"]]
+    assert [c["index"] for c in batch["choices"]] == list(range(18))
+    assert [c["text"] for c in batch["choices"]] == [text for text in alone for _ in range(6)]
+    assert batch["usage"]["completion_tokens"] == 18 * 3
+    streamed = streamed_texts(smol_server, {**body, "stream": True})
+    assert streamed == [c["text"] for c in batch["choices"]]
+
+
+def streamed_texts(server: Server, body: dict[str, object]) -> list[str]:
+    status, _, text = server.request("POST", "/v1/completions", body)
+    assert status == 200, text
+    texts: dict[int, str] = {}
+    for line in text.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[len("data: "):])["choices"]:
+                texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+    return [texts[index] for index in sorted(texts)]
+
+
+def test_a_request_of_too_many_sequences_is_a_400(smol_server: Server) -> None:
+    status, _, body = smol_server.request("POST", "/v1/completions", giant_body(201, 16))
+    assert status == 400, body
+    message = body["error"]["message"]
+    assert "3216 sequences" in message and "--max-sequences-per-request" in message, message
+    assert str(MAX_SEQUENCES) in message, message
+
+
+async def stall_and_resume(server: Server) -> dict[str, object]:
+    pid = server.engine_pid()
+    seen: dict[str, object] = {}
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    async with aiohttp.ClientSession(server.url,
+                                     timeout=aiohttp.ClientTimeout(total=120)) as session:
+        async with session.post("/v1/completions", json=body) as response:
+            lines = response.content.__aiter__()
+            while not (await lines.__anext__()).startswith(b"data: {"):
+                pass  # the request runs
+            os.kill(pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            try:
+                seen["health"] = await wait_health(session, 503, timeout=10)
+                seen["stalled_after_s"] = time.monotonic() - stopped
+                seen["metric"] = await stalled_metric(session)
+                async with session.post("/v1/completions",
+                                        json={"prompt": "hi", "max_tokens": 2}) as refused:
+                    seen["new_request"] = (refused.status, await refused.json())
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            resumed = time.monotonic()
+            seen["health_after"] = await wait_health(session, 200, timeout=10)
+            seen["recovered_after_s"] = time.monotonic() - resumed
+            seen["metric_after"] = await stalled_metric(session)
+            rest = [line async for line in response.content if line.startswith(b"data: ")]
+    usage = [json.loads(line[6:])["usage"] for line in rest if b'"usage":{' in line]
+    seen["tokens"] = usage[-1]["completion_tokens"] if usage else None
+    seen["last"] = rest[-1].strip()
+    return seen
+
+
+async def wait_health(session: aiohttp.ClientSession, status: int,
+                      timeout: float) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        async with session.get("/health") as response:
+            if response.status == status:
+                return await response.json()
+        assert time.monotonic() < deadline, f"/health not {status} after {timeout} s"
+        await asyncio.sleep(0.05)
+
+
+async def stalled_metric(session: aiohttp.ClientSession) -> float:
+    async with session.get("/metrics") as response:
+        text = await response.text()
+    return float(next(line for line in text.splitlines()
+                      if line.startswith("octavo:engine_stalled{")).rsplit(" ", 1)[1])
+
+
+def test_a_stopped_engine_is_reported_stalled_and_recovers(smol_server: Server) -> None:
+    seen = asyncio.run(stall_and_resume(smol_server))
+    print(f"\nSIGSTOP: /health 503 after {seen['stalled_after_s']:.2f} s; after SIGCONT "
+          f"200 again in {seen['recovered_after_s']:.2f} s")
+    assert seen["stalled_after_s"] <= STALL_TIMEOUT_S + 1  # type: ignore[operator]
+    health = seen["health"]
+    assert isinstance(health, dict)
+    assert health["error"]["code"] == "engine_stalled", health
+    assert "--engine-stall-timeout 2" in health["error"]["message"], health
+    assert seen["metric"] == 1.0 and seen["metric_after"] == 0.0, seen
+    status, refusal = seen["new_request"]  # type: ignore[misc]
+    assert status == 503 and refusal["error"]["code"] == "engine_stalled", refusal
+    assert seen["health_after"]["status"] == "ok", seen  # type: ignore[index]
+    assert seen["tokens"] == 24 and seen["last"] == b"data: [DONE]", seen

@@ -40,6 +40,7 @@ from octavo.engine.launch import start_engine_client
 from octavo.engine.output_processor import OutputProcessor, ParentState
 from octavo.engine.outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
 from octavo.engine.processor import ProcessedPrompt, PromptType
+from octavo.engine.stall_watch import StallWatch
 from octavo.engine.stop_strings import StopStrings
 from octavo.outputs import EngineCoreEventType, EngineCoreOutputs, SchedulerStats
 from octavo.platforms import Platform
@@ -108,6 +109,20 @@ class IterationStats:
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
 
 
+@dataclass
+class PreparedRequest:
+    """A request validated and tokenized, not yet sent to the core (``AsyncLLM.prepare``)."""
+
+    request_id: str
+    processed: ProcessedPrompt
+    children: list[Request]  # one engine request per sample
+    stops: StopStrings
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self.children)
+
+
 class StatLogger(Protocol):
     """Told about every batch of core outputs (e.g. the Prometheus metrics)."""
 
@@ -119,10 +134,12 @@ class StatLogger(Protocol):
 class _RequestState:
     """One user request in flight: the newest snapshot for its consumer, and its timing."""
 
-    def __init__(self, arrival_time: float, max_tokens: int | None = None) -> None:
+    def __init__(self, arrival_time: float, max_tokens: int | None = None,
+                 num_sequences: int = 1) -> None:
         self.arrival_time = arrival_time
         self.max_tokens = max_tokens  # the request's parameter, for the metrics
         self.num_tokens = 0  # output tokens over all n sequences, so far
+        self.num_waiting_sequences = num_sequences  # of its n, those without a token yet
         self.last_token_time = arrival_time
         self._latest: RequestOutput | EmbeddingRequestOutput | Exception | None = None
         self._ready = asyncio.Event()
@@ -142,6 +159,7 @@ class _RequestState:
 
     def record(self, output: RequestOutput, now: float, stats: IterationStats) -> None:
         num_tokens = sum(len(c.token_ids) for c in output.outputs)
+        self.num_waiting_sequences = sum(not c.token_ids for c in output.outputs)
         if num_tokens > self.num_tokens:
             if self.num_tokens == 0:
                 stats.time_to_first_tokens.append(now - self.arrival_time)
@@ -198,7 +216,9 @@ class AsyncLLM:
         self._states: dict[str, _RequestState] = {}
         # Each engine's newest scheduler state, by data-parallel rank (for /health).
         self.engine_stats: dict[int, SchedulerStats] = {}
-        self._num_processing = 0  # requests on the processing threads, not yet in _states
+        self._num_processing = 0  # sequences on the processing threads, not yet in _states
+        self.stall_watch = StallWatch(config.parallel.data_parallel_size, None,
+                                      time.monotonic())
         self._error: Exception | None = None
         self._handler = asyncio.get_running_loop().create_task(self._handle_outputs())
 
@@ -224,6 +244,8 @@ class AsyncLLM:
         self._fail_all(EngineDeadError("the engine core was restarted"))
         self.output_processor = OutputProcessor(ready.tokenizer)
         self.client, self.ready, self._error = client, ready, None
+        self.stall_watch = StallWatch(self.config.parallel.data_parallel_size,
+                                      self.stall_watch.timeout_s, time.monotonic())
         self._handler = asyncio.get_running_loop().create_task(self._handle_outputs())
 
     def is_running(self) -> bool:
@@ -248,12 +270,12 @@ class AsyncLLM:
         return len(self._states)
 
     @property
-    def num_waiting_requests(self) -> int:
-        """Requests accepted that have not produced a token yet (queued or prefilling):
-        known here exactly and at once, unlike the core's count, which arrives a step late.
-        Requests still being tokenized count too."""
-        return self._num_processing + sum(1 for state in self._states.values()
-                                          if state.num_tokens == 0)
+    def num_waiting_sequences(self) -> int:
+        """Sequences (each of a request's ``n``) accepted that have not produced a token yet
+        (queued or prefilling): known here exactly and at once, unlike the core's count,
+        which arrives a step late. Those of requests still being tokenized count too."""
+        return self._num_processing + sum(state.num_waiting_sequences
+                                          for state in self._states.values())
 
     async def run_in_pool(self, func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``func(*args, **kwargs)`` on a processing thread, so the event loop keeps serving
@@ -291,15 +313,29 @@ class AsyncLLM:
         request stays before the return - one that fails, or whose caller is cancelled while
         it is processed. Closing the iterator before the last output aborts the request.
         """
+        return self.submit(await self.prepare(prompt, sampling_params, request_id, priority))
+
+    async def prepare(self, prompt: PromptType, sampling_params: SamplingParams | PoolingParams,
+                      request_id: str, priority: int = 0) -> PreparedRequest:
+        """The first half of ``add_request``: validate and tokenize (raising
+        ``InvalidRequestError``), without sending anything to the core, so that a caller
+        with many prompts can check them all before any runs and send them as it likes."""
         self.check_health()
-        self._num_processing += 1  # waiting already: a burst cannot slip past a cap meanwhile
+        num_sequences = (sampling_params.n if isinstance(sampling_params, SamplingParams)
+                         else 1)
+        self._num_processing += num_sequences  # waiting already: no burst slips past a cap
         try:
             processed, children, stops = await self.run_in_pool(
                 self._process_request, prompt, sampling_params, request_id, priority,
                 time.monotonic())
         finally:
-            self._num_processing -= 1
-        return self._register(request_id, processed, children, stops)
+            self._num_processing -= num_sequences
+        return PreparedRequest(request_id, processed, children, stops)
+
+    def submit(self, prepared: PreparedRequest) -> AsyncGenerator[Any, None]:
+        """The second half of ``add_request``: send a prepared request to the core."""
+        return self._register(prepared.request_id, prepared.processed, prepared.children,
+                              prepared.stops)
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
                        request_id: str, priority: int = 0,
@@ -343,9 +379,11 @@ class AsyncLLM:
         self.check_health()
         if request_id in self._states:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
-        state = _RequestState(children[0].arrival_time, children[0].sampling_params.max_tokens)
+        state = _RequestState(children[0].arrival_time, children[0].sampling_params.max_tokens,
+                              len(children))
         self.output_processor.add_request(request_id, processed.prompt, children, stops)
         self._states[request_id] = state
+        self.stall_watch.sent(time.monotonic())
         try:
             self.client.add_requests(children)
         except Exception as exc:  # cannot be encoded for the core: nothing of it stays
@@ -406,6 +444,7 @@ class AsyncLLM:
             self._fail_request(refused.request_id, request_error(refused))
         if message.scheduler_stats is not None:
             self.engine_stats[message.engine_index] = message.scheduler_stats
+        self.stall_watch.heard(message.engine_index, message.scheduler_stats, now)
         stats = IterationStats(num_preempted_reqs=sum(
             event.type == EngineCoreEventType.PREEMPTED
             for out in message.outputs for event in out.events))
@@ -440,6 +479,13 @@ class AsyncLLM:
         self.client.abort_requests(self.output_processor.abort_request(parent))
         if state is not None:
             state.put(error)
+
+    def fail_running(self, error: Exception) -> None:
+        """End every request in flight with ``error`` and abort it in its engine (the
+        ``fail`` action on a stalled engine)."""
+        for request_id in list(self._states):
+            self._states.pop(request_id).put(error)
+            self.client.abort_requests(self.output_processor.abort_request(request_id))
 
     def _fail_all(self, error: Exception) -> None:
         for state in self._states.values():

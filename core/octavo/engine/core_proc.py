@@ -36,6 +36,7 @@ import os
 import queue
 import signal
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,6 +79,9 @@ _SHUTDOWN = object()  # tells the output thread to stop
 # Steps failing this many times in a row, with no step succeeding in between, mean the
 # engine itself is broken (its device, its memory), not one request: exit, don't spin.
 MAX_CONSECUTIVE_FAILED_STEPS = 5
+# While it has work the core reports at least this often, news or not: the front end takes
+# silence from a busy core for longer than --engine-stall-timeout as a stall.
+HEARTBEAT_S = 1.0
 
 
 @dataclass
@@ -138,6 +142,7 @@ class EngineCoreProc:
         self.endpoint = endpoint
         self.engine_index = config.parallel.engine_index
         self._reported: tuple[SchedulerStats, int] | None = None  # stats, requests taken in
+        self._reported_at = 0.0  # time.monotonic() of the last report
         self._failed_steps = 0  # in a row
         self._num_received = 0  # ADD messages taken in
         self.stopping = threading.Event()  # told to stop: a disconnect is no failure then
@@ -224,13 +229,15 @@ class EngineCoreProc:
         self.outputs.put(self._message([refused], self.core.scheduler.make_stats()))
 
     def _report(self, outputs: list[EngineCoreOutput]) -> None:
-        """Send the outputs and the scheduler's state; nothing when neither is news (a step
-        of a long prefill chunk, say), so the front end is not flooded."""
+        """Send the outputs and the scheduler's state after a step; when neither is news (a
+        step of a long prefill chunk, say) only once per ``HEARTBEAT_S``, so the front end
+        is not flooded and still hears that the core steps."""
         stats = self.core.scheduler.make_stats()
         news = (stats, self._num_received)
-        if outputs or news != self._reported:
+        now = time.monotonic()
+        if outputs or news != self._reported or now - self._reported_at >= HEARTBEAT_S:
             self.outputs.put(self._message(outputs, stats))
-            self._reported = news
+            self._reported, self._reported_at = news, now
 
     def _message(self, outputs: list[EngineCoreOutput], stats: SchedulerStats,
                  ) -> EngineCoreOutputs:

@@ -45,6 +45,11 @@ class EngineDeadError(RuntimeError):
     """The engine core process is gone; no request can be served any more."""
 
 
+class EngineStalledError(EngineDeadError):
+    """The request's engine has had work and not finished a step for longer than
+    ``--engine-stall-timeout``, and ``--engine-stall-action fail`` ended its requests."""
+
+
 class EngineStartError(RuntimeError):
     """The core process could not start; the message is the reason (e.g. a load error)."""
 

@@ -64,8 +64,26 @@ class NameList(click.ParamType):
               help="The model name clients use (default: the --model path, or "
                    f"{DEFAULT_MODEL_NAME} for the default model).")
 @click.option("--max-waiting-requests", type=click.IntRange(min=1), default=None,
-              help="Answer 503 with Retry-After when this many accepted requests are still "
-                   "waiting for their first token (default: no cap).")
+              help="Answer 503 with Retry-After when a request would bring the sequences "
+                   "(prompts x n) waiting for their first token above this many (default: "
+                   "no cap); a request of more sequences than this is a 400.")
+@click.option("--max-sequences-per-request", type=click.IntRange(min=1), default=4096,
+              show_default=True,
+              help="A request creating more sequences (prompts x n) is a 400.")
+@click.option("--request-sequence-window", type=click.IntRange(min=1), default=64,
+              show_default=True,
+              help="At most this many sequences of one request are in the engine at once "
+                   "(at least one prompt's n); the rest wait, so that requests behind it "
+                   "do not wait for all of it.")
+@click.option("--engine-stall-timeout", type=click.FloatRange(min=0), default=300.0,
+              show_default=True,
+              help="Seconds an engine with work may go without finishing a step before "
+                   "/health answers 503 (0: never). Keep it above the longest honest step "
+                   "(a full prefill chunk of a large model on a CPU).")
+@click.option("--engine-stall-action", type=click.Choice(["keep", "fail"]), default="keep",
+              show_default=True,
+              help="What a stall does to the requests in flight: keep them waiting for the "
+                   "engine, or fail them with an error.")
 @click.option("--allowed-hosts", type=NameList(), default=None,
               help="Host names (any port) the server answers for; others get 400 (\"*\": "
                    "any). Default: on a loopback address, localhost, 127.0.0.1, [::1] and "

@@ -5,6 +5,8 @@ free KV blocks, and utility calls."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,6 +123,47 @@ def test_closing_or_aborting_a_stream_frees_its_blocks(harness: Harness) -> None
     stats = harness.run(read_two_then_leave())
     assert stats is not None and stats.num_running_reqs == 0 and stats.kv_cache_usage == 0.0
     assert harness.engine.num_unfinished_requests == 0
+
+
+def test_a_stopped_core_is_seen_stalled_and_fail_ends_its_requests(harness: Harness) -> None:
+    """SIGSTOP the core under a running request: past the timeout the ``StallWatch`` names
+    it, ``fail_running`` (``--engine-stall-action fail``) ends the request with
+    ``EngineStalledError``; after SIGCONT the core reports again and serves."""
+    from octavo.engine.errors import EngineStalledError
+
+    engine = harness.engine
+    params = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+    engine.stall_watch.timeout_s = 0.5
+
+    async def stall_then_fail() -> tuple[dict[int, float], BaseException | None]:
+        stream = await engine.add_request("a long story", params, "stalled")
+        await anext(stream)
+        os.kill(engine.ready.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 10
+            while not (silences := engine.stall_watch.silences(time.monotonic())):
+                assert time.monotonic() < deadline, "not seen stalled in 10 s"
+                await asyncio.sleep(0.05)
+            engine.fail_running(EngineStalledError("stalled"))
+            try:
+                async for _ in stream:
+                    pass
+                error = None
+            except EngineStalledError as exc:
+                error = exc
+        finally:
+            os.kill(engine.ready.pid, signal.SIGCONT)
+        return silences, error
+
+    try:
+        silences, error = harness.run(stall_then_fail())
+    finally:
+        engine.stall_watch.timeout_s = None
+    assert list(silences) == [0] and silences[0] > 0.5, silences
+    assert isinstance(error, EngineStalledError), error
+    assert engine.num_unfinished_requests == 0
+    short = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    assert len(harness.run(final(engine, "after", short, "after")).outputs[0].token_ids) == 2
 
 
 def test_reset_prefix_cache_is_a_utility_call(harness: Harness) -> None:

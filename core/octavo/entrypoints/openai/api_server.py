@@ -48,6 +48,7 @@ async def run_server(config: EngineConfig, settings: ServerSettings,
     import octavo.structured.grammar  # noqa: F401
     from octavo.entrypoints.openai.app import build_app
     from octavo.entrypoints.openai.chat_template import check_start_template
+    from octavo.entrypoints.openai.stall import StallMonitor
     from octavo.entrypoints.openai.supervisor import DrainingServer, supervise
 
     engine = await starting
@@ -66,7 +67,10 @@ async def run_server(config: EngineConfig, settings: ServerSettings,
         server = DrainingServer(uvicorn_config(build_app(engine, settings), settings),
                                 engine, settings.shutdown_timeout_s)
         freeze_startup_heap()
-        watcher = asyncio.ensure_future(supervise(engine, server, settings.restart_engine))
+        engine.stall_watch.timeout_s = settings.engine_stall_timeout or None
+        stalls = StallMonitor(engine, fail_requests=settings.engine_stall_action == "fail")
+        watcher = asyncio.ensure_future(supervise(engine, server, settings.restart_engine,
+                                                  stalls))
         try:
             await server.serve()
         finally:

@@ -11,6 +11,7 @@ the Host header is checked (``web_safety``); each route documents its answers
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -64,6 +65,7 @@ from octavo.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from octavo.entrypoints.openai.serving_engine import OpenAIServing
 from octavo.entrypoints.openai.serving_responses import OpenAIServingResponses
 from octavo.entrypoints.openai.settings import ServerSettings
+from octavo.entrypoints.openai.stall import stall_reason
 from octavo.entrypoints.openai.web_safety import install_web_safety, require_json
 from octavo.outputs import SchedulerStats
 from octavo.sampling_params import check_text
@@ -125,6 +127,9 @@ def _open_routes(engine: AsyncLLM, metrics: PrometheusMetrics) -> APIRouter:
                 responses={**ok_json(HealthResponse), **errors(*ANY_ROUTE, 503)})
     async def health() -> dict[str, Any]:
         engine.check_health()  # no engine left (or restarting) -> 503
+        reason = stall_reason(engine)
+        if reason is not None:
+            raise OpenAIError(503, f"the engine is {reason}", code="engine_stalled")
         engines = [_engine_health(status, engine.engine_stats.get(status.index))
                    for status in engine.client.statuses()]
         degraded = not all(entry.alive for entry in engines)
@@ -141,6 +146,7 @@ def _open_routes(engine: AsyncLLM, metrics: PrometheusMetrics) -> APIRouter:
     @router.get("/metrics", response_class=Response, responses={
         **ok_text("Prometheus metrics (text format)"), **errors(*ANY_ROUTE)})
     async def prometheus_metrics() -> Response:
+        metrics.record_stalled(engine.stall_watch.silences(time.monotonic()))
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     return router

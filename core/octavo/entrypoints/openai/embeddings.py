@@ -71,7 +71,7 @@ class OpenAIServingEmbedding(OpenAIServing):
     async def create(self, request: EmbeddingRequest, raw: Request) -> Response:
         self.check_model(request.model)
         prompts = input_list(request.input)
-        self.check_capacity()
+        self.check_capacity(len(prompts))
         params = PoolingParams(dimensions=request.dimensions,
                                use_activation=request.use_activation)
         request_id = f"embd-{uuid.uuid4().hex}"

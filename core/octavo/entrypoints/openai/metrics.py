@@ -7,13 +7,14 @@ waiting and running requests and KV usage; sum over ``engine`` for the server's.
 
 Gauges follow the scheduler's state as each engine core reports it after each step (and
 after aborts, when no step follows); counters and histograms are fed from what the API
-process sees of each batch of outputs (``IterationStats``). Two families are Octavo's own,
-with no vLLM counterpart, and keep the ``octavo:`` prefix: ``octavo:prefix_cache_hit_rate``
-and the KV connector's ``octavo:kv_transfer_*`` counters.
+process sees of each batch of outputs (``IterationStats``). Three families are Octavo's
+own, with no vLLM counterpart, and keep the ``octavo:`` prefix: ``octavo:prefix_cache_hit_rate``,
+the KV connector's ``octavo:kv_transfer_*`` counters and ``octavo:engine_stalled``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -81,6 +82,9 @@ class _Families:
                               "Share of KV-cache blocks held by requests (1 = full).")
         self.prefix_hit_rate = gauge("octavo:prefix_cache_hit_rate",
                                      "Share of prompt tokens served from the prefix cache.")
+        self.stalled = gauge("octavo:engine_stalled",
+                             "1 while the engine has work and has finished no step for "
+                             "--engine-stall-timeout seconds, else 0.")
         self.prefix_queries = counter("vllm:prefix_cache_queries",
                                       "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("vllm:prefix_cache_hits",
@@ -191,6 +195,12 @@ class PrometheusMetrics:
         _observe(families.itl.labels(**labels), iteration.inter_token_latencies)
         for finished in iteration.finished_requests:
             self._record_finished(finished, labels)
+
+    def record_stalled(self, stalled: Collection[int]) -> None:
+        """Which engines (by index) are stalled now; the others are not."""
+        for engine_index in self._seen:
+            self._families.stalled.labels(**self._labels(engine_index)).set(
+                engine_index in stalled)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

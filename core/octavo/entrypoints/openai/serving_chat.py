@@ -103,7 +103,7 @@ class OpenAIServingChat(OpenAIServing):
         prompt, prompt_ids = await self.engine.run_in_pool(
             self.render_prompt, request.messages, request, request.tools,
             request.add_special_tokens, request.reasoning_effort)
-        self.check_capacity()
+        self.check_capacity(request.n)
         opening = (self.reasoning_parser.opening(prompt) if self.reasoning_parser is not None
                    else Opening.ANSWER)
         reader = ReplyReader(request, self.reasoning_parser, opening, self.tool_parser)

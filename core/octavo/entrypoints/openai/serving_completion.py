@@ -46,7 +46,7 @@ class OpenAIServingCompletion(OpenAIServing):
                                        self.engine.processor.enable_prompt_embeds)
         prompts = (prompt_list(request.prompt, request.add_special_tokens)
                    if embeds is None else [])
-        self.check_capacity()
+        self.check_capacity((len(prompts) + len(embeds or [])) * request.n)
         # echo shows the prompt's logprobs with the text's (vLLM does the same).
         params = self.sampling_params(request, request.max_tokens, request.logprobs,
                                       self.output_constraint(request),

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from octavo.engine.async_llm import AsyncLLM
 from octavo.engine.outputs import CompletionOutput, EmbeddingRequestOutput, Logprob, RequestOutput
 from octavo.engine.processor import PromptType
+from octavo.entrypoints.openai.admission import SequenceWindow, check_admission
 from octavo.entrypoints.openai.errors import OpenAIError
 from octavo.entrypoints.openai.protocol import (
     PromptLogprob,
@@ -25,6 +26,7 @@ from octavo.entrypoints.openai.protocol import (
     UsageInfo,
 )
 from octavo.entrypoints.openai.settings import ServerSettings
+from octavo.entrypoints.openai.stall import check_not_stalled
 from octavo.pooling_params import PoolingParams
 from octavo.sampling_params import SamplingParams, StructuredOutputsParams
 
@@ -55,16 +57,12 @@ class OpenAIServing:
         """``prefix`` and the client's ``request_id`` (vLLM's), else a fresh one."""
         return f"{prefix}{request.request_id or uuid.uuid4().hex}"
 
-    def check_capacity(self) -> None:
-        """503 at once when the engine is gone or too many requests wait for it."""
+    def check_capacity(self, num_sequences: int) -> None:
+        """503 at once when the engine is gone or too many sequences wait for it; 400 for a
+        request of more sequences than may ever run (see admission.py)."""
         self.engine.check_health()
-        cap = self.settings.max_waiting_requests
-        waiting = self.engine.num_waiting_requests
-        if cap is not None and waiting >= cap:
-            raise OpenAIError(503, f"the server is overloaded: {waiting} requests are waiting "
-                                   f"for the engine (--max-waiting-requests {cap}); retry later",
-                              code="overloaded",
-                              headers={"Retry-After": str(self.settings.retry_after_s)})
+        check_not_stalled(self.engine, self.settings)
+        check_admission(self.settings, num_sequences, self.engine.num_waiting_sequences)
 
     def sampling_params(self, request: SamplingRequest, max_tokens: int | None,
                         logprobs: int | None,
@@ -133,24 +131,18 @@ class OpenAIServing:
                     params: SamplingParams | PoolingParams, priority: int,
                     cache_salt: str | None = None) -> list[AsyncGenerator[Any, None]]:
         """One engine request per prompt, processed one after another (a batch takes one
-        processing thread at a time); a bad prompt fails the whole call (400) and aborts
-        those of the batch already sent, as does cancelling the call. ``cache_salt``
-        goes with every prompt."""
+        processing thread at a time) and sent to the engine through a ``SequenceWindow``;
+        a bad prompt fails the whole call (400) and aborts those of the batch already sent,
+        as does cancelling the call. ``cache_salt`` goes with every prompt."""
         if cache_salt is not None:
             prompts = [salted(prompt, cache_salt) for prompt in prompts]
         ids = ([request_id] if len(prompts) == 1
                else [f"{request_id}-{index}" for index in range(len(prompts))])
-        streams: list[AsyncGenerator[Any, None]] = []
-        try:
-            for prompt, engine_id in zip(prompts, ids):
-                streams.append(await self.engine.add_request(prompt, params, engine_id,
-                                                             priority))
-        except BaseException:
-            for engine_id in ids[: len(streams)]:
-                self.engine.abort(engine_id)
-            raise
-        return streams
-
+        prepared = (await self.engine.prepare(prompt, params, engine_id, priority)
+                    for prompt, engine_id in zip(prompts, ids))
+        per_prompt = params.n if isinstance(params, SamplingParams) else 1
+        window = SequenceWindow(self.engine, self.settings.request_sequence_window, per_prompt)
+        return await window.streams(prepared)
 
 def salted(prompt: PromptType, cache_salt: str) -> PromptType:
     """The prompt as a dict carrying ``cache_salt`` (the Processor's prompt form)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
@@ -22,9 +23,12 @@ class ServerSettings:
     allow_credentials: bool = False
     disable_docs: bool = False  # no /docs, /redoc, /openapi.json
     disable_playground: bool = False  # no web page at / and /playground
-    # Requests accepted but not yet producing tokens beyond which new ones get 503 with
-    # Retry-After (None: no cap), so overload shows up as a quick answer, not a timeout.
+    # Fair admission (see admission.py). Sequences (prompts x n) accepted but not yet
+    # producing tokens beyond which new requests get 503 with Retry-After (None: no cap),
+    # so overload shows up as a quick answer, not a timeout.
     max_waiting_requests: int | None = None
+    max_sequences_per_request: int = 4096  # a request creating more gets 400
+    request_sequence_window: int = 64  # sequences of one request in the engine at once
     retry_after_s: int = 1
     # Limits on what one client can hold (see http_guard.py and body_limit.py).
     max_request_body_size: int = 8 * 1024 * 1024  # bytes; larger bodies get 413
@@ -34,6 +38,10 @@ class ServerSettings:
     # After SIGTERM, seconds running requests get to finish before they end with an error.
     shutdown_timeout_s: float = 30.0
     restart_engine: bool = False  # on engine death: restart it (True) or exit non-zero
+    # An engine with work and no finished step for this long is stalled (see stall.py;
+    # 0: never); "keep" its requests waiting for it, or "fail" them.
+    engine_stall_timeout: float = 300.0
+    engine_stall_action: Literal["keep", "fail"] = "keep"
     # Chat (see chat_template.py, tool_calls.py, reasoning_parsers.py; vLLM's flags).
     chat_template: str | None = None  # the template text (--chat-template, read at start)
     trust_request_chat_template: bool = False  # requests may bring their own template

@@ -25,6 +25,7 @@ import uvicorn
 
 from octavo.engine.async_llm import AsyncLLM
 from octavo.engine.errors import EngineDeadError, EngineStartError
+from octavo.entrypoints.openai.stall import StallMonitor
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +65,14 @@ class DrainingServer(uvicorn.Server):
         self.engine.shutdown()
 
 
-async def supervise(engine: AsyncLLM, server: uvicorn.Server, restart: bool) -> None:
+async def supervise(engine: AsyncLLM, server: uvicorn.Server, restart: bool,
+                    stalls: StallMonitor) -> None:
     """Watch the engine core until the server stops; on its death, restart it, or stop the
-    server and raise ``EngineDeadError`` (``octavo serve`` then exits with code 1)."""
+    server and raise ``EngineDeadError`` (``octavo serve`` then exits with code 1). A
+    stall is ``stalls``'s to handle."""
     while not server.should_exit:
         await asyncio.sleep(WATCH_INTERVAL_S)
+        stalls.check()
         if engine.is_running() or server.should_exit:
             continue
         if not restart:
