@@ -45,9 +45,10 @@ class BodyBudget:
     large_in_flight: int = 0  # requests in flight with bodies of LARGE_BODY_BYTES or more
 
     def refusal(self, nbytes: int | None) -> str:
-        size = f"{nbytes} bytes" if nbytes is not None else "its body"
+        """The 503's message for a body of ``nbytes`` (None: a chunked body)."""
+        body = f"{nbytes} bytes more" if nbytes is not None else "this request's body"
         return (f"the server is processing {self.in_flight} bytes of request bodies; "
-                f"{size} more would pass the limit of {self.max_bytes} bytes "
+                f"{body} would pass the limit of {self.max_bytes} bytes "
                 "(--max-inflight-body-size); retry later")
 
 
@@ -75,7 +76,7 @@ class Reservation:
 
     async def end(self) -> None:
         """Give the bytes back. The last large body to end returns the heaps' free pages
-        (off the loop: trimming gigabytes of heap takes tens of milliseconds)."""
+        (off the loop: the trim's time grows with the heaps)."""
         budget = self.budget
         budget.in_flight -= self.nbytes
         self.nbytes = 0
@@ -83,4 +84,8 @@ class Reservation:
             self.large = False
             budget.large_in_flight -= 1
             if budget.large_in_flight == 0:
-                await asyncio.get_running_loop().run_in_executor(None, return_freed_memory)
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None,
+                                                                     return_freed_memory)
+                except RuntimeError:  # the loop's executor is shut down: the server stops
+                    pass

@@ -7,8 +7,10 @@ connection forever (tests/e2e/test_serve_limits.py:
 ``test_a_50mb_body_gets_413_at_once_and_health_stays_fast``,
 ``test_a_body_that_never_arrives_gets_408``). A declared ``Content-Length`` over the limit
 is answered 413 before a byte of the body is read; a chunked body is cut off at the limit; a
-body that does not arrive within ``timeout_s`` is answered 408. The app then gets the body in
-one message, and later messages (the client's disconnect) as they come.
+body that does not arrive within ``timeout_s`` is answered 408. A body that would take the
+bytes of all bodies in flight past the ``BodyBudget`` is answered 503 with Retry-After
+(``body_budget.py``); its bytes count until the app's answer is complete. The app then gets
+the body in one message, and later messages (the client's disconnect) as they come.
 """
 
 from __future__ import annotations
