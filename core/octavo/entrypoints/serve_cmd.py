@@ -90,7 +90,7 @@ class NameList(click.ParamType):
               default=None,
               help="Answer 503 with Retry-After to a request whose body would take the bytes "
                    "of the request bodies being processed at once past this (default: the "
-                   "machine's memory / 1024, at least --max-request-body-size).")
+                   "machine's memory / 1536, at least --max-request-body-size).")
 @click.option("--body-timeout", "body_timeout_s", type=click.FloatRange(min=0, min_open=True),
               default=30.0, show_default=True,
               help="Seconds to receive a request's body, else 408.")

@@ -22,14 +22,15 @@ from octavo.cpu.platform import CpuPlatform
 # Bodies at least this large end with a trim of the heaps (when no other one is in flight).
 LARGE_BODY_BYTES = 256 << 10
 # The default budget: a quarter of the machine's memory over what a body's processing may
-# take at its peak, ~170 bytes per body byte for a /tokenize call on a one-token-per-byte
-# tokenizer (the Rust tokenizer's Encoding: the token's text, offsets and masks), rounded up.
+# take at its peak: /tokenize on a one-token-per-byte tokenizer (the Rust tokenizer's
+# Encoding: each token's text, offsets and masks) took ~170 bytes per body byte at 1 MB and
+# ~330 at 8.3 MB; rounded up.
 MEMORY_SHARE = 4
-MEMORY_PER_BODY_BYTE = 256
+MEMORY_PER_BODY_BYTE = 384
 
 
 def default_inflight_body_size(max_request_body_size: int) -> int:
-    """The budget for this host (its memory / 1024, from /proc/meminfo), never below one
+    """The budget for this host (its memory / 1536, from /proc/meminfo), never below one
     body of the largest size."""
     machine = CpuPlatform.total_memory() // (MEMORY_SHARE * MEMORY_PER_BODY_BYTE)
     return max(machine, max_request_body_size)
