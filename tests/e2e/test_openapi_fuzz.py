@@ -1,6 +1,8 @@
 """Schemathesis against a real server: every operation of its OpenAPI document, fuzzed with
 schema-valid and schema-violating requests, must answer as the document says (statuses,
 content types, response and header schemas), never with a 5xx, and leave the engine alive.
+The routes the document leaves out (the API documentation's, the playground's) are called
+too, as the GET operations they are.
 
 The context is 128 tokens (``--max-model-len``) so that a generated request asking for the
 whole context stays cheap: most valid chat and Responses requests ask for it (no
@@ -16,8 +18,14 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+
+from octavo.entrypoints.openai.openapi_doc import docs_router
+from octavo.entrypoints.openai.playground import MEDIA_TYPES, ROUTES, playground_router
 
 from .conftest import TinyModel, start_tiny_server
 from .server import API_KEY, Server
@@ -68,9 +76,32 @@ def case_statuses(report_dir: Path) -> dict[str, collections.Counter[int]]:
     return statuses
 
 
+def undocumented_operations() -> dict[str, dict[str, Any]]:
+    """The routes the app serves outside its document (the API documentation's and the
+    playground's, from their routers), as GET operations answering their media types, so
+    that the fuzzer calls every route the server has."""
+    media = {"/openapi.json": "application/json"}
+    media.update({path: MEDIA_TYPES[name].split(";")[0] for path, name in ROUTES.items()})
+    routes = [*docs_router(FastAPI(), []).routes, *playground_router().routes]
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        assert isinstance(route, APIRoute) and route.methods == {"GET"}, route
+        content = media.get(route.path, "text/html")
+        paths[route.path] = {"get": {"responses": {
+            "200": {"description": "the page", "content": {content: {"schema": {}}}},
+            "401": {"description": "the API key", "content": {"application/json": {}}}}}}
+    return paths
+
+
 def test_server_conforms_to_its_openapi_document(fuzz_server: Server, tmp_path: Path) -> None:
     status, _, document = fuzz_server.request("GET", "/openapi.json", api_key=API_KEY)
     assert status == 200, document
+    hidden = undocumented_operations()
+    assert not hidden.keys() & document["paths"].keys()
+    for route in ("/tokenize", "/detokenize", "/v1/embeddings", "/v1/chat/completions",
+                  "/v1/completions", "/v1/models", "/health", "/metrics", "/version"):
+        assert route in document["paths"], route
+    document["paths"].update(hidden)
     schema = tmp_path / "openapi.json"
     schema.write_text(json.dumps(document))
     run = run_schemathesis(fuzz_server, schema, tmp_path)

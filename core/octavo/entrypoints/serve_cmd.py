@@ -104,6 +104,11 @@ class NameList(click.ParamType):
 @click.option("--max-request-body-size", "max_request_body_size", type=MemorySize(),
               default="8MiB", show_default=True,
               help="Answer 413 to a request body larger than this.")
+@click.option("--max-inflight-body-size", "max_inflight_body_size", type=MemorySize(),
+              default=None,
+              help="Answer 503 with Retry-After to a request whose body would take the bytes "
+                   "of the request bodies being processed at once past this (default: the "
+                   "machine's memory / 1536, at least --max-request-body-size).")
 @click.option("--body-timeout", "body_timeout_s", type=click.FloatRange(min=0, min_open=True),
               default=30.0, show_default=True,
               help="Seconds to receive a request's body, else 408.")

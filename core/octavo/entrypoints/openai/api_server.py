@@ -86,6 +86,7 @@ def uvicorn_config(app: Any, settings: ServerSettings) -> Any:
     """uvicorn's config for ``app`` with the per-client limits of ``settings``."""
     import uvicorn
 
+    from octavo.entrypoints.openai.body_budget import BodyBudget, default_inflight_body_size
     from octavo.entrypoints.openai.body_limit import BodyLimit
     from octavo.entrypoints.openai.http_guard import (
         MAX_HEAD_BYTES,
@@ -96,8 +97,11 @@ def uvicorn_config(app: Any, settings: ServerSettings) -> Any:
 
     limits = ConnectionLimits(settings.max_connections or default_max_connections(),
                               settings.header_timeout_s)
+    budget = BodyBudget(settings.max_inflight_body_size
+                        or default_inflight_body_size(settings.max_request_body_size))
     return uvicorn.Config(
-        BodyLimit(app, settings.max_request_body_size, settings.body_timeout_s),
+        BodyLimit(app, settings.max_request_body_size, settings.body_timeout_s, budget,
+                  settings.retry_after_s),
         host=settings.host, port=settings.port, log_level="info",
         http=protocol_class(limits), h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         # the backstop: the supervisor ends running requests at shutdown_timeout_s

@@ -176,18 +176,18 @@ def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
         return JSONResponse(ModelList(data=[card]).model_dump())
 
     @router.post("/v1/completions", dependencies=generation, responses={
-        **ok_stream(CompletionResponse, CompletionResponse), **errors(*BODY_ROUTE, 404, 503)})
+        **ok_stream(CompletionResponse, CompletionResponse), **errors(*BODY_ROUTE, 404)})
     async def create_completion(request: CompletionRequest, raw: Request) -> Response:
         return await completions.create(request, raw)
 
     @router.post("/v1/chat/completions", dependencies=generation, responses={
         **ok_stream(ChatCompletionResponse, ChatCompletionChunk),
-        **errors(*BODY_ROUTE, 404, 503)})
+        **errors(*BODY_ROUTE, 404)})
     async def create_chat_completion(request: ChatCompletionRequest, raw: Request) -> Response:
         return await chat.create(request, raw)
 
     @router.post("/v1/responses", dependencies=generation, responses={
-        **ok_events(ResponseObject, ResponseEvent), **errors(*BODY_ROUTE, 404, 503)})
+        **ok_events(ResponseObject, ResponseEvent), **errors(*BODY_ROUTE, 404)})
     async def create_response(request: ResponsesRequest, raw: Request) -> Response:
         return await responses.create(request, raw)
 
@@ -219,7 +219,7 @@ def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
     # JSON Content-Type that every POST needs; the server takes an empty body too.
     @router.post("/reset_prefix_cache", dependencies=JSON_ONLY, response_class=Response,
                  responses={**ok_empty("The prefix cache is emptied"),
-                            **errors(*BODY_ROUTE, 503)},
+                            **errors(*BODY_ROUTE)},
                  openapi_extra={"requestBody": {"required": True}})
     async def reset_prefix_cache(_: ResetPrefixCacheRequest | None = None) -> Response:
         await engine.reset_prefix_cache()

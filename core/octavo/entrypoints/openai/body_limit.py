@@ -7,8 +7,10 @@ connection forever (tests/e2e/test_serve_limits.py:
 ``test_a_50mb_body_gets_413_at_once_and_health_stays_fast``,
 ``test_a_body_that_never_arrives_gets_408``). A declared ``Content-Length`` over the limit
 is answered 413 before a byte of the body is read; a chunked body is cut off at the limit; a
-body that does not arrive within ``timeout_s`` is answered 408. The app then gets the body in
-one message, and later messages (the client's disconnect) as they come.
+body that does not arrive within ``timeout_s`` is answered 408. A body that would take the
+bytes of all bodies in flight past the ``BodyBudget`` is answered 503 with Retry-After
+(``body_budget.py``); its bytes count until the app's answer is complete. The app then gets
+the body in one message, and later messages (the client's disconnect) as they come.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from octavo.entrypoints.openai.body_budget import BodyBudget, Reservation
 from octavo.entrypoints.openai.errors import error_body
 
 Scope = MutableMapping[str, Any]
@@ -30,11 +33,18 @@ class BodyTooLarge(Exception):
     pass
 
 
+class BodyOverBudget(Exception):
+    pass
+
+
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float, budget: BodyBudget,
+                 retry_after_s: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
+        self.budget = budget  # the bytes of all bodies in flight
+        self.retry_after = retry_after_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -44,10 +54,27 @@ class BodyLimit:
         if declared is not None and declared > self.max_bytes:
             await self._refuse(send, 413, self._too_large(declared))
             return
+        reservation = Reservation(self.budget)
         try:
-            body = await asyncio.wait_for(self._read(receive), self.timeout_s)
+            await self._serve(scope, receive, send, declared, reservation)
+        finally:
+            await reservation.end()
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, declared: int | None,
+                     reservation: Reservation) -> None:
+        """Read the body within the budget and the limits, then let the app answer."""
+        if declared is not None and not reservation.take(declared):
+            await self._refuse(send, 503, self.budget.refusal(declared), self.retry_after)
+            return
+        try:
+            body = await asyncio.wait_for(
+                self._read(receive, None if declared is not None else reservation),
+                self.timeout_s)
         except BodyTooLarge:
             await self._refuse(send, 413, self._too_large(None))
+            return
+        except BodyOverBudget:
+            await self._refuse(send, 503, self.budget.refusal(None), self.retry_after)
             return
         except asyncio.TimeoutError:
             await self._refuse(send, 408, f"the request body did not arrive within "
@@ -57,7 +84,9 @@ class BodyLimit:
             return
         await self.app(scope, _replay(body, receive), send)
 
-    async def _read(self, receive: Receive) -> bytes | None:
+    async def _read(self, receive: Receive, reservation: Reservation | None) -> bytes | None:
+        """The whole body; a chunked one's chunks are taken from the budget (``reservation``)
+        as they arrive."""
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -68,6 +97,8 @@ class BodyLimit:
             size += len(chunk)
             if size > self.max_bytes:
                 raise BodyTooLarge
+            if reservation is not None and not reservation.take(len(chunk)):
+                raise BodyOverBudget
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
@@ -78,12 +109,16 @@ class BodyLimit:
                 "(--max-request-body-size)")
 
     @staticmethod
-    async def _refuse(send: Send, status: int, message: str) -> None:
-        body = error_body(status, message).model_dump_json().encode()
+    async def _refuse(send: Send, status: int, message: str, retry_after_s: int | None = None,
+                      ) -> None:
+        code = "overloaded" if status == 503 else None
+        body = error_body(status, message, code=code).model_dump_json().encode()
         # Connection: close - the unread rest of the body must not be parsed as a request.
-        await send({"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"connection", b"close")]})
+        headers = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(body)).encode()), (b"connection", b"close")]
+        if retry_after_s is not None:
+            headers.append((b"retry-after", str(retry_after_s).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
 

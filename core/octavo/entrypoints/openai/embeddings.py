@@ -121,7 +121,7 @@ def embeddings_router(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
     serving = OpenAIServingEmbedding(engine, settings)
 
     @router.post("/v1/embeddings", dependencies=[Depends(require_json)], responses={
-        **ok_json(EmbeddingResponse), **errors(*BODY_ROUTE, 404, 503)})
+        **ok_json(EmbeddingResponse), **errors(*BODY_ROUTE, 404)})
     async def create_embedding(request: EmbeddingRequest, raw: Request) -> Response:
         return await serving.create(request, raw)
 

@@ -45,14 +45,16 @@ ERROR_REASONS = {
     413: "The request body is larger than --max-request-body-size",
     415: "Content-Type is not application/json",
     500: "An internal error (its class and a short text; details in the server's log)",
-    503: "The engine is not running (code engine_dead) or too many requests wait for it "
-         "(code overloaded, with Retry-After)",
+    503: "The engine is not running (code engine_dead), too many requests wait for it, or "
+         "the request bodies being processed would pass --max-inflight-body-size (code "
+         "overloaded, with Retry-After)",
 }
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying (overloaded)",
                                "schema": {"type": "integer"}}}
 # Every route can meet a refused Host header and an internal error.
 ANY_ROUTE = (400, 500)
-BODY_ROUTE = (*ANY_ROUTE, 408, 413, 415)  # plus what a POST body can get wrong
+# plus what a POST body can get wrong, and the bound on bodies in flight (body_budget.py)
+BODY_ROUTE = (*ANY_ROUTE, 408, 413, 415, 503)
 
 
 def errors(*statuses: int) -> Responses:

@@ -32,6 +32,9 @@ class ServerSettings:
     retry_after_s: int = 1
     # Limits on what one client can hold (see http_guard.py and body_limit.py).
     max_request_body_size: int = 8 * 1024 * 1024  # bytes; larger bodies get 413
+    # Bytes of request bodies processed at once, beyond which 503 with Retry-After (see
+    # body_budget.py); None: sized to the machine's memory.
+    max_inflight_body_size: int | None = None
     body_timeout_s: float = 30.0  # to receive a request's body, else 408
     header_timeout_s: float = 10.0  # to receive a request's head, else the connection closes
     max_connections: int | None = None  # None: what the descriptor limit allows
