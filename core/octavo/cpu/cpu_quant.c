@@ -30,7 +30,7 @@ static float fp16_to_fp32(const uint8_t *p) {
     return (float)f;
 }
 
-static void decode_q4_0(const uint8_t *b, float *y) {
+static inline void decode_q4_0(const uint8_t *b, float *y) {
     const float d = fp16_to_fp32(b);
     const uint8_t *qs = b + 2;
     for (int j = 0; j < QK / 2; j++) {
@@ -39,7 +39,7 @@ static void decode_q4_0(const uint8_t *b, float *y) {
     }
 }
 
-static void decode_q4_1(const uint8_t *b, float *y) {
+static inline void decode_q4_1(const uint8_t *b, float *y) {
     const float d = fp16_to_fp32(b), m = fp16_to_fp32(b + 2);
     const uint8_t *qs = b + 4;
     for (int j = 0; j < QK / 2; j++) {
@@ -49,7 +49,7 @@ static void decode_q4_1(const uint8_t *b, float *y) {
 }
 
 /* The fifth bits of Q5_0/Q5_1: bit j of qh (little-endian) goes with element j. */
-static void decode_q5(const uint8_t *qh_bytes, const uint8_t *qs, int q[QK]) {
+static inline void decode_q5(const uint8_t *qh_bytes, const uint8_t *qs, int q[QK]) {
     uint32_t qh;
     memcpy(&qh, qh_bytes, 4);
     for (int j = 0; j < QK / 2; j++) {
@@ -58,21 +58,21 @@ static void decode_q5(const uint8_t *qh_bytes, const uint8_t *qs, int q[QK]) {
     }
 }
 
-static void decode_q5_0(const uint8_t *b, float *y) {
+static inline void decode_q5_0(const uint8_t *b, float *y) {
     const float d = fp16_to_fp32(b);
     int q[QK];
     decode_q5(b + 2, b + 6, q);
     for (int j = 0; j < QK; j++) y[j] = (float)(q[j] - 16) * d;
 }
 
-static void decode_q5_1(const uint8_t *b, float *y) {
+static inline void decode_q5_1(const uint8_t *b, float *y) {
     const float d = fp16_to_fp32(b), m = fp16_to_fp32(b + 2);
     int q[QK];
     decode_q5(b + 4, b + 8, q);
     for (int j = 0; j < QK; j++) y[j] = (float)q[j] * d + m;
 }
 
-static void decode_q8_0(const uint8_t *b, float *y) {
+static inline void decode_q8_0(const uint8_t *b, float *y) {
     const float d = fp16_to_fp32(b);
     const int8_t *qs = (const int8_t *)(b + 2);
     for (int j = 0; j < QK; j++) y[j] = (float)qs[j] * d;
@@ -81,7 +81,7 @@ static void decode_q8_0(const uint8_t *b, float *y) {
 static const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                          1,    13,   25,  38,  53,  69,  89,  113};
 
-static void decode_iq4_nl(const uint8_t *b, float *y) {
+static inline void decode_iq4_nl(const uint8_t *b, float *y) {
     const float d = fp16_to_fp32(b);
     const uint8_t *qs = b + 2;
     for (int j = 0; j < QK / 2; j++) {
@@ -91,7 +91,7 @@ static void decode_iq4_nl(const uint8_t *b, float *y) {
 }
 
 /* Q2_K: scales[16] (4-bit scale, 4-bit min), qs[64] (2-bit q), fp16 d, fp16 dmin. */
-static void decode_q2_k(const uint8_t *b, float *y) {
+static inline void decode_q2_k(const uint8_t *b, float *y) {
     const uint8_t *scales = b, *q = b + 16;
     const float d = fp16_to_fp32(b + 80), dmin = fp16_to_fp32(b + 82);
     int is = 0;
@@ -108,7 +108,7 @@ static void decode_q2_k(const uint8_t *b, float *y) {
 }
 
 /* Q3_K: hmask[32] (third bits), qs[64] (low 2 bits), scales[12] (16 x 6 bits), fp16 d. */
-static void decode_q3_k(const uint8_t *b, float *y) {
+static inline void decode_q3_k(const uint8_t *b, float *y) {
     const uint8_t *hm = b, *q = b + 32;
     const float d_all = fp16_to_fp32(b + 108);
     uint32_t aux[4];
@@ -145,7 +145,7 @@ static void scale_min_k4(int j, const uint8_t *q, int *sc, int *mn) {
 }
 
 /* Q4_K (qh NULL) and Q5_K: fp16 d, fp16 dmin, scales[12], [qh[32],] qs[128]. */
-static void decode_q45_k(const uint8_t *b, const uint8_t *qh, const uint8_t *ql, float *y) {
+static inline void decode_q45_k(const uint8_t *b, const uint8_t *qh, const uint8_t *ql, float *y) {
     const float d = fp16_to_fp32(b), dmin = fp16_to_fp32(b + 2);
     const uint8_t *scales = b + 4;
     uint8_t u1 = 1, u2 = 2;
@@ -162,11 +162,11 @@ static void decode_q45_k(const uint8_t *b, const uint8_t *qh, const uint8_t *ql,
     }
 }
 
-static void decode_q4_k(const uint8_t *b, float *y) { decode_q45_k(b, NULL, b + 16, y); }
-static void decode_q5_k(const uint8_t *b, float *y) { decode_q45_k(b, b + 16, b + 48, y); }
+static inline void decode_q4_k(const uint8_t *b, float *y) { decode_q45_k(b, NULL, b + 16, y); }
+static inline void decode_q5_k(const uint8_t *b, float *y) { decode_q45_k(b, b + 16, b + 48, y); }
 
 /* Q6_K: ql[128] (low 4 bits), qh[64] (high 2 bits), int8 scales[16], fp16 d. */
-static void decode_q6_k(const uint8_t *b, float *y) {
+static inline void decode_q6_k(const uint8_t *b, float *y) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
     const float d = fp16_to_fp32(b + 208);
@@ -185,21 +185,182 @@ static void decode_q6_k(const uint8_t *b, float *y) {
     }
 }
 
+#ifdef __AVX512F__
+/* AVX-512 decoders of the types a decode step meets most (the default model's Q4_1/Q8_0 and
+ * Q4_K_M's Q4_K/Q6_K, with their siblings): the same arithmetic as the scalar ones above, in
+ * the same order, 16 values at a time, so their results are bit-equal. */
+
+/* 16 bytes as 16 int32 lanes, zero- or sign-extended. */
+static inline __m512i u8x16(const uint8_t *p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+static inline __m512i i8x16(const uint8_t *p) {
+    return _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+static inline __m512 to_ps(__m512i v) { return _mm512_cvtepi32_ps(v); }
+static inline __m512i low4(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi32(0x0F)); }
+static inline __m512i high4(__m512i v) { return _mm512_srli_epi32(v, 4); }
+
+static inline void decode_q4_0_avx512(const uint8_t *b, float *y) {
+    const __m512 d = _mm512_set1_ps(fp16_to_fp32(b));
+    const __m512i q = u8x16(b + 2), eight = _mm512_set1_epi32(8);
+    _mm512_storeu_ps(y, _mm512_mul_ps(to_ps(_mm512_sub_epi32(low4(q), eight)), d));
+    _mm512_storeu_ps(y + 16, _mm512_mul_ps(to_ps(_mm512_sub_epi32(high4(q), eight)), d));
+}
+
+static inline void decode_q4_1_avx512(const uint8_t *b, float *y) {
+    const __m512 d = _mm512_set1_ps(fp16_to_fp32(b)), m = _mm512_set1_ps(fp16_to_fp32(b + 2));
+    const __m512i q = u8x16(b + 4);
+    _mm512_storeu_ps(y, _mm512_add_ps(_mm512_mul_ps(to_ps(low4(q)), d), m));
+    _mm512_storeu_ps(y + 16, _mm512_add_ps(_mm512_mul_ps(to_ps(high4(q)), d), m));
+}
+
+static inline void decode_q8_0_avx512(const uint8_t *b, float *y) {
+    const __m512 d = _mm512_set1_ps(fp16_to_fp32(b));
+    _mm512_storeu_ps(y, _mm512_mul_ps(to_ps(i8x16(b + 2)), d));
+    _mm512_storeu_ps(y + 16, _mm512_mul_ps(to_ps(i8x16(b + 18)), d));
+}
+
+static inline void decode_iq4_nl_avx512(const uint8_t *b, float *y) {
+    const __m512 d = _mm512_set1_ps(fp16_to_fp32(b));
+    const __m512 values = to_ps(i8x16((const uint8_t *)IQ4_NL_VALUES));
+    const __m512i q = u8x16(b + 2);
+    _mm512_storeu_ps(y, _mm512_mul_ps(d, _mm512_permutexvar_ps(low4(q), values)));
+    _mm512_storeu_ps(y + 16, _mm512_mul_ps(d, _mm512_permutexvar_ps(high4(q), values)));
+}
+
+/* Q4_K (qh NULL) and Q5_K, as decode_q45_k. */
+static inline void decode_q45_k_avx512(const uint8_t *b, const uint8_t *qh, const uint8_t *ql,
+                                float *y) {
+    const float d = fp16_to_fp32(b), dmin = fp16_to_fp32(b + 2);
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    for (int is = 0; is < 8; is += 2, ql += 32, y += 64) {
+        int sc, mn;
+        scale_min_k4(is, b + 4, &sc, &mn);
+        const __m512 d1 = _mm512_set1_ps(d * (float)sc), m1 = _mm512_set1_ps(dmin * (float)mn);
+        scale_min_k4(is + 1, b + 4, &sc, &mn);
+        const __m512 d2 = _mm512_set1_ps(d * (float)sc), m2 = _mm512_set1_ps(dmin * (float)mn);
+        for (int l = 0; l < 32; l += 16) {
+            const __m512i q = u8x16(ql + l);
+            __m512i lo = low4(q), hi = high4(q);
+            if (qh) {
+                const __m512i h = u8x16(qh + l);
+                const __m512i bit1 = _mm512_set1_epi32(1 << is), bit2 = _mm512_set1_epi32(2 << is);
+                lo = _mm512_mask_add_epi32(lo, _mm512_test_epi32_mask(h, bit1), lo, sixteen);
+                hi = _mm512_mask_add_epi32(hi, _mm512_test_epi32_mask(h, bit2), hi, sixteen);
+            }
+            _mm512_storeu_ps(y + l, _mm512_sub_ps(_mm512_mul_ps(d1, to_ps(lo)), m1));
+            _mm512_storeu_ps(y + 32 + l, _mm512_sub_ps(_mm512_mul_ps(d2, to_ps(hi)), m2));
+        }
+    }
+}
+
+static inline void decode_q4_k_avx512(const uint8_t *b, float *y) {
+    decode_q45_k_avx512(b, NULL, b + 16, y);
+}
+static inline void decode_q5_k_avx512(const uint8_t *b, float *y) {
+    decode_q45_k_avx512(b, b + 16, b + 48, y);
+}
+
+static inline void decode_q6_k_avx512(const uint8_t *b, float *y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    const float d = fp16_to_fp32(b + 208);
+    const __m512i three = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
+    for (int n = 0; n < QK_K; n += 128, y += 128, ql += 64, qh += 32, sc += 8) {
+        for (int l = 0; l < 32; l += 16) {
+            const int is = l / 16;
+            const __m512i a = u8x16(ql + l), c = u8x16(ql + l + 32), h = u8x16(qh + l);
+            const __m512i q1 = _mm512_or_si512(low4(a), _mm512_slli_epi32(_mm512_and_si512(h, three), 4));
+            const __m512i q2 = _mm512_or_si512(low4(c), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), three), 4));
+            const __m512i q3 = _mm512_or_si512(high4(a), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), three), 4));
+            const __m512i q4 = _mm512_or_si512(high4(c), _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4));
+            const __m512i qs[4] = {q1, q2, q3, q4};
+            for (int k = 0; k < 4; k++) {
+                const __m512 ds = _mm512_set1_ps(d * (float)sc[is + 2 * k]);
+                _mm512_storeu_ps(y + l + 32 * k, _mm512_mul_ps(ds, to_ps(_mm512_sub_epi32(qs[k], bias))));
+            }
+        }
+    }
+}
+#endif
+
 typedef void (*decode_fn)(const uint8_t *block, float *y);
+
+/* The decode kernel for m = 1..QUANT_DECODE_ROWS activation rows: y[r * out] = w . x[r]
+ * for one weight row (entry 0 unused). */
+typedef void (*row_dots_fn)(const uint8_t *row, const float *x, int64_t in, float *y,
+                            int64_t out);
 
 typedef struct {
     int type;
     int64_t elems, bytes;
     decode_fn decode;
+    const row_dots_fn *fused; /* NULL where only the portable path serves */
 } block_format;
 
+#ifdef __AVX512F__
+/* The decode kernel: the weight row decoded QK_K values at a time into an L1 buffer and
+ * multiplied at once with every row of x, two fp32 accumulators per row held in registers
+ * across the whole row. Inlined with decode, elems, bytes and m constant (FUSED below), so
+ * the decoder is inlined too and the accumulators unrolled: a decoder called through a
+ * pointer would make the compiler save them around each call (zmm registers are all
+ * caller-saved). */
+static inline __attribute__((always_inline)) void row_dots_fused(
+    decode_fn decode, const int64_t elems, const int64_t bytes, const uint8_t *row,
+    const float *x, const int64_t m, int64_t in, float *y, int64_t out) {
+    _Alignas(64) float w[QK_K];
+    __m512 acc[QUANT_DECODE_ROWS][2];
+    for (int64_t r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < in; k += QK_K) {
+        const int64_t n = in - k < QK_K ? in - k : QK_K; /* whole blocks: both are */
+        for (int64_t b = 0; b < n; b += elems) decode(row + (k + b) / elems * bytes, w + b);
+        for (int64_t j = 0; j < n; j += 32) {
+            const __m512 w0 = _mm512_load_ps(w + j), w1 = _mm512_load_ps(w + j + 16);
+            for (int64_t r = 0; r < m; r++) {
+                const float *xr = x + r * in + k + j;
+                acc[r][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r][1]);
+            }
+        }
+    }
+    for (int64_t r = 0; r < m; r++)
+        y[r * out] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
+/* NAME_fused[m]: row_dots_fused for decode_NAME_avx512 and m rows, m = 1..8. */
+#define FUSED_M(NAME, ELEMS, BYTES, M)                                                     \
+    static void NAME##_dots_##M(const uint8_t *row, const float *x, int64_t in, float *y,  \
+                                int64_t out) {                                             \
+        row_dots_fused(NAME##_avx512, ELEMS, BYTES, row, x, M, in, y, out);                \
+    }
+#define FUSED(NAME, ELEMS, BYTES)                                                          \
+    FUSED_M(NAME, ELEMS, BYTES, 1) FUSED_M(NAME, ELEMS, BYTES, 2)                          \
+    FUSED_M(NAME, ELEMS, BYTES, 3) FUSED_M(NAME, ELEMS, BYTES, 4)                          \
+    FUSED_M(NAME, ELEMS, BYTES, 5) FUSED_M(NAME, ELEMS, BYTES, 6)                          \
+    FUSED_M(NAME, ELEMS, BYTES, 7) FUSED_M(NAME, ELEMS, BYTES, 8)                          \
+    static const row_dots_fn NAME##_fused[QUANT_DECODE_ROWS + 1] = {                       \
+        NULL, NAME##_dots_1, NAME##_dots_2, NAME##_dots_3, NAME##_dots_4,                  \
+        NAME##_dots_5, NAME##_dots_6, NAME##_dots_7, NAME##_dots_8};
+FUSED(decode_q4_0, QK, 18)
+FUSED(decode_q4_1, QK, 20)
+FUSED(decode_q8_0, QK, 34)
+FUSED(decode_iq4_nl, QK, 18)
+FUSED(decode_q4_k, QK_K, 144)
+FUSED(decode_q5_k, QK_K, 176)
+FUSED(decode_q6_k, QK_K, 210)
+#define FAST(name) name##_avx512, name##_fused
+#else
+#define FAST(name) name, NULL
+#endif
+
 static const block_format FORMATS[] = {
-    {T_Q4_0, QK, 18, decode_q4_0},     {T_Q4_1, QK, 20, decode_q4_1},
-    {T_Q5_0, QK, 22, decode_q5_0},     {T_Q5_1, QK, 24, decode_q5_1},
-    {T_Q8_0, QK, 34, decode_q8_0},     {T_IQ4_NL, QK, 18, decode_iq4_nl},
-    {T_Q2_K, QK_K, 84, decode_q2_k},   {T_Q3_K, QK_K, 110, decode_q3_k},
-    {T_Q4_K, QK_K, 144, decode_q4_k},  {T_Q5_K, QK_K, 176, decode_q5_k},
-    {T_Q6_K, QK_K, 210, decode_q6_k},
+    {T_Q4_0, QK, 18, FAST(decode_q4_0)},    {T_Q4_1, QK, 20, FAST(decode_q4_1)},
+    {T_Q5_0, QK, 22, decode_q5_0, NULL},    {T_Q5_1, QK, 24, decode_q5_1, NULL},
+    {T_Q8_0, QK, 34, FAST(decode_q8_0)},    {T_IQ4_NL, QK, 18, FAST(decode_iq4_nl)},
+    {T_Q2_K, QK_K, 84, decode_q2_k, NULL},  {T_Q3_K, QK_K, 110, decode_q3_k, NULL},
+    {T_Q4_K, QK_K, 144, FAST(decode_q4_k)}, {T_Q5_K, QK_K, 176, FAST(decode_q5_k)},
+    {T_Q6_K, QK_K, 210, FAST(decode_q6_k)},
 };
 
 static const block_format *format_of(int ggml_type) {
@@ -214,7 +375,7 @@ int64_t octavo_quant_row_bytes(int ggml_type, int64_t in) {
     return in / f->elems * f->bytes;
 }
 
-static void decode_row(const block_format *f, const uint8_t *row, float *y, int64_t in) {
+static inline void decode_row(const block_format *f, const uint8_t *row, float *y, int64_t in) {
     for (int64_t k = 0; k < in; k += f->elems, row += f->bytes) f->decode(row, y + k);
 }
 
@@ -239,22 +400,34 @@ static float dot(const float *a, const float *b, int64_t n) {
     return sum;
 }
 
+/* y[r * out] = w . x[r] for the m rows of x, w the weight row decoded into the buffer w. */
+static void row_dots(const block_format *f, const uint8_t *row, float *w, const float *x,
+                     int64_t m, int64_t in, float *y, int64_t out) {
+    decode_row(f, row, w, in);
+    for (int64_t r = 0; r < m; r++) y[r * out] = dot(w, x + r * in, in);
+}
+
+
 int octavo_quant_matmul(float *y, const float *x, int64_t m, const void *blocks,
                         int ggml_type, int64_t out, int64_t in) {
     const block_format *f = format_of(ggml_type);
     if (f == NULL || in % f->elems) return OCTAVO_ERR_BAD_QUANT;
     const int64_t row_bytes = in / f->elems * f->bytes;
+    const uint8_t *rows = blocks;
+    if (f->fused != NULL && m >= 1 && m <= QUANT_DECODE_ROWS) {
+        const row_dots_fn fused = f->fused[m];
+#pragma omp parallel for schedule(static) if (out * in >= PARALLEL_MIN)
+        for (int64_t o = 0; o < out; o++) fused(rows + o * row_bytes, x, in, y + o, out);
+        return OCTAVO_OK;
+    }
     int failed = 0;
 #pragma omp parallel if (out * in >= PARALLEL_MIN)
     {
         float *w = octavo_alloc((size_t)in * sizeof(float));
         if (w == NULL) octavo_fail(&failed);
 #pragma omp for schedule(static)
-        for (int64_t o = 0; o < out; o++) {
-            if (w == NULL) continue;
-            decode_row(f, (const uint8_t *)blocks + o * row_bytes, w, in);
-            for (int64_t r = 0; r < m; r++) y[r * out + o] = dot(w, x + r * in, in);
-        }
+        for (int64_t o = 0; o < out; o++)
+            if (w != NULL) row_dots(f, rows + o * row_bytes, w, x, m, in, y + o, out);
         free(w);
     }
     return failed ? OCTAVO_ERR_NO_MEMORY : OCTAVO_OK;

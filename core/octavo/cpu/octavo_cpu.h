@@ -129,7 +129,9 @@ void octavo_ssm_decode(float *y, float *state, const int64_t *rows, int64_t batc
 /* GGUF quantized weights in the file's own block layouts (cpu_quant.c); ggml_type is ggml's
  * type number, in a multiple of the type's block. The bytes of one weight row of in inputs
  * (0 where the type is not served or in is not whole blocks); the rows ids[0..n) (rows 0..n
- * with ids NULL) dequantized to fp32 [n][in]; and y [m][out] = x [m][in] @ w.T in fp32. */
+ * with ids NULL) dequantized to fp32 [n][in]; and y [m][out] = x [m][in] @ w.T in fp32 (any
+ * m; up to QUANT_DECODE_ROWS rows, the decode kernel of AVX-512 builds serves it). */
+#define QUANT_DECODE_ROWS 8
 int64_t octavo_quant_row_bytes(int ggml_type, int64_t in);
 int octavo_quant_dequantize(float *out, const void *blocks, const int64_t *ids, int64_t n,
                             int ggml_type, int64_t in);

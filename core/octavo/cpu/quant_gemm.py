@@ -23,11 +23,11 @@ import ctypes
 import torch
 from gguf import GGMLQuantizationType as GgmlType
 
-from octavo.cpu.kernels import check_status, library
+from octavo.cpu import kernels
 
 # Activation rows up to which quant_matmul runs the decode kernel; above, a panel at a time
 # is dequantized and multiplied densely.
-DECODE_ROWS = 8
+DECODE_ROWS = kernels.HEADER.constants["QUANT_DECODE_ROWS"]
 PANEL_ELEMS = 1 << 22  # fp32 weight values dequantized per panel of a prefill (16 MB)
 
 _TYPES = frozenset(int(t) for t in (
@@ -44,7 +44,7 @@ def quant_types() -> frozenset[int]:
 def quant_kernels_available() -> bool:
     """Whether the compiled library is loaded (it has the kernels of every type in
     :func:`quant_types`, with a portable path where the CPU lacks AVX-512)."""
-    return library() is not None
+    return kernels.library() is not None
 
 
 def quant_row_bytes(ggml_type: int, in_features: int) -> int:
@@ -62,7 +62,7 @@ def quant_row_bytes(ggml_type: int, in_features: int) -> int:
 
 
 def _library() -> ctypes.CDLL:
-    lib = library()
+    lib = kernels.library()
     if lib is None:
         raise RuntimeError("the CPU kernels' library is not loaded: check "
                            "quant_kernels_available() first")
@@ -94,7 +94,7 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
         status = _library().octavo_quant_matmul(
             y.data_ptr(), x32.data_ptr(), rows, blocks.data_ptr(), ggml_type, out_features,
             in_features)
-        check_status("octavo_quant_matmul", status)
+        kernels.check_status("octavo_quant_matmul", status)
     else:
         y = _panel_matmul(x32, blocks, ggml_type, out_features, in_features)
     return y.to(x.dtype).reshape(*x.shape[:-1], out_features)
@@ -118,7 +118,7 @@ def _dequantize(blocks: torch.Tensor, ids: torch.Tensor | None, n: int, ggml_typ
     status = _library().octavo_quant_dequantize(
         out.data_ptr(), blocks.data_ptr(), None if ids is None else ids.data_ptr(), n,
         ggml_type, in_features)
-    check_status("octavo_quant_dequantize", status)
+    kernels.check_status("octavo_quant_dequantize", status)
     return out
 
 

@@ -11,6 +11,9 @@ moves a result by whole quantization steps, orders of magnitude above that bound
 
 from __future__ import annotations
 
+import ctypes
+import platform
+
 import numpy as np
 import pytest
 import torch
@@ -18,40 +21,19 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as GgmlType
 from gguf.quants import dequantize as gguf_dequantize
 
-from octavo.cpu import quant_gemm
+from octavo.cpu import kernel_build, kernels, quant_gemm
 from octavo.cpu.quant_gemm import quant_kernels_available, quant_matmul, quant_rows, quant_types
 from octavo.models.loader import dequant as loader_dequant
+from octavo.testing.gguf_blocks import SCALE_FIELDS, random_blocks
 from octavo.testing.seeds import draw_seed
 
-pytestmark = [pytest.mark.usefixtures("single_thread"),
-              pytest.mark.skipif(not quant_kernels_available(),
-                                 reason="the CPU kernels' library is not built here")]
+# Not single-threaded: the 301-row weights run on the OpenMP threads (a buffer per thread).
+pytestmark = pytest.mark.skipif(not quant_kernels_available(),
+                                reason="the CPU kernels' library is not built here")
 
-# Byte offsets of each type's fp16 scale fields: (scale, minimum or None).
-SCALE_FIELDS = {
-    GgmlType.Q4_0: (0, None), GgmlType.Q4_1: (0, 2), GgmlType.Q5_0: (0, None),
-    GgmlType.Q5_1: (0, 2), GgmlType.Q8_0: (0, None), GgmlType.IQ4_NL: (0, None),
-    GgmlType.Q2_K: (80, 82), GgmlType.Q3_K: (108, None), GgmlType.Q4_K: (0, 2),
-    GgmlType.Q5_K: (0, 2), GgmlType.Q6_K: (208, None),
-}
-OUT_FEATURES = (37, 301)  # not multiples of 16; 301 x 768 runs on the OpenMP threads
+OUT_FEATURES = (37, 301)  # not multiples of 16
 ROWS = (1, 3, 17)  # decode kernel, decode kernel, prefill panels
 U = 2.0 ** -24
-
-
-def random_blocks(ggml_type: GgmlType, rows: int, in_features: int,
-                  gen: np.random.Generator) -> np.ndarray:
-    """Random quant bytes with sane finite fp16 scales (and minimums) written in."""
-    elems, size = GGML_QUANT_SIZES[ggml_type]
-    blocks = gen.integers(0, 256, (rows * in_features // elems, size), dtype=np.uint8)
-    scale, minimum = SCALE_FIELDS[ggml_type]
-    n = blocks.shape[0]
-    d = (gen.uniform(2e-3, 2e-2, n) * gen.choice([-1.0, 1.0], n)).astype(np.float16)
-    blocks[:, scale:scale + 2] = d.view(np.uint8).reshape(n, 2)
-    if minimum is not None:
-        m = gen.uniform(-2e-2, 2e-2, n).astype(np.float16)
-        blocks[:, minimum:minimum + 2] = m.view(np.uint8).reshape(n, 2)
-    return blocks.reshape(rows, -1)
 
 
 def in_features_for(ggml_type: GgmlType) -> tuple[int, ...]:
@@ -66,8 +48,25 @@ def test_the_kernels_serve_the_listed_types_at_gguf_sizes():
         assert quant_gemm.quant_row_bytes(int(ggml_type), 3 * elems) == 3 * size
 
 
+@pytest.fixture(params=["native", "x86-64-v3"])
+def build(request, monkeypatch):
+    """The library as this CPU builds it (AVX-512 decoders here), and as an AVX2 CPU does
+    (the portable C decoders); the test_cpu_interface tests build the latter too."""
+    if request.param == "native":
+        return request.param
+    if platform.machine() != "x86_64":
+        pytest.skip("builds for an x86-64 level")
+    compiler = kernel_build.compiler()
+    assert compiler is not None
+    flags = [f.replace("-march=native", "-march=x86-64-v3") for f in kernel_build.FLAGS]
+    portable = ctypes.CDLL(str(kernel_build.built_library(compiler, flags)))
+    kernels.HEADER.bind(portable)
+    monkeypatch.setattr(kernels, "library", lambda: portable)
+    return request.param
+
+
 @pytest.mark.parametrize("ggml_type", list(SCALE_FIELDS), ids=lambda t: t.name)
-def test_matmul_and_rows_match_gguf(ggml_type, monkeypatch):
+def test_matmul_and_rows_match_gguf(ggml_type, build, monkeypatch):
     gen = np.random.default_rng(draw_seed())
     monkeypatch.setattr(quant_gemm, "PANEL_ELEMS", 4096)  # several panels per prefill
     for out_features in OUT_FEATURES:
