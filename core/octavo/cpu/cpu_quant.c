@@ -201,33 +201,49 @@ static inline __m512 to_ps(__m512i v) { return _mm512_cvtepi32_ps(v); }
 static inline __m512i low4(__m512i v) { return _mm512_and_si512(v, _mm512_set1_epi32(0x0F)); }
 static inline __m512i high4(__m512i v) { return _mm512_srli_epi32(v, 4); }
 
-static inline void decode_q4_0_avx512(const uint8_t *b, float *y) {
+/* The 32-value types straight into two registers, for the decode kernel; the decode_*_avx512
+ * beside each stores them, for the rows. */
+typedef void (*regs_fn)(const uint8_t *block, __m512 w[2]);
+
+static inline void q4_0_regs(const uint8_t *b, __m512 w[2]) {
     const __m512 d = _mm512_set1_ps(fp16_to_fp32(b));
     const __m512i q = u8x16(b + 2), eight = _mm512_set1_epi32(8);
-    _mm512_storeu_ps(y, _mm512_mul_ps(to_ps(_mm512_sub_epi32(low4(q), eight)), d));
-    _mm512_storeu_ps(y + 16, _mm512_mul_ps(to_ps(_mm512_sub_epi32(high4(q), eight)), d));
+    w[0] = _mm512_mul_ps(to_ps(_mm512_sub_epi32(low4(q), eight)), d);
+    w[1] = _mm512_mul_ps(to_ps(_mm512_sub_epi32(high4(q), eight)), d);
 }
 
-static inline void decode_q4_1_avx512(const uint8_t *b, float *y) {
+static inline void q4_1_regs(const uint8_t *b, __m512 w[2]) {
     const __m512 d = _mm512_set1_ps(fp16_to_fp32(b)), m = _mm512_set1_ps(fp16_to_fp32(b + 2));
     const __m512i q = u8x16(b + 4);
-    _mm512_storeu_ps(y, _mm512_add_ps(_mm512_mul_ps(to_ps(low4(q)), d), m));
-    _mm512_storeu_ps(y + 16, _mm512_add_ps(_mm512_mul_ps(to_ps(high4(q)), d), m));
+    w[0] = _mm512_add_ps(_mm512_mul_ps(to_ps(low4(q)), d), m);
+    w[1] = _mm512_add_ps(_mm512_mul_ps(to_ps(high4(q)), d), m);
 }
 
-static inline void decode_q8_0_avx512(const uint8_t *b, float *y) {
+static inline void q8_0_regs(const uint8_t *b, __m512 w[2]) {
     const __m512 d = _mm512_set1_ps(fp16_to_fp32(b));
-    _mm512_storeu_ps(y, _mm512_mul_ps(to_ps(i8x16(b + 2)), d));
-    _mm512_storeu_ps(y + 16, _mm512_mul_ps(to_ps(i8x16(b + 18)), d));
+    w[0] = _mm512_mul_ps(to_ps(i8x16(b + 2)), d);
+    w[1] = _mm512_mul_ps(to_ps(i8x16(b + 18)), d);
 }
 
-static inline void decode_iq4_nl_avx512(const uint8_t *b, float *y) {
+static inline void iq4_nl_regs(const uint8_t *b, __m512 w[2]) {
     const __m512 d = _mm512_set1_ps(fp16_to_fp32(b));
     const __m512 values = to_ps(i8x16((const uint8_t *)IQ4_NL_VALUES));
     const __m512i q = u8x16(b + 2);
-    _mm512_storeu_ps(y, _mm512_mul_ps(d, _mm512_permutexvar_ps(low4(q), values)));
-    _mm512_storeu_ps(y + 16, _mm512_mul_ps(d, _mm512_permutexvar_ps(high4(q), values)));
+    w[0] = _mm512_mul_ps(d, _mm512_permutexvar_ps(low4(q), values));
+    w[1] = _mm512_mul_ps(d, _mm512_permutexvar_ps(high4(q), values));
 }
+
+#define STORE_REGS(NAME)                                                                   \
+    static inline void decode_##NAME##_avx512(const uint8_t *b, float *y) {                \
+        __m512 w[2];                                                                       \
+        NAME##_regs(b, w);                                                                 \
+        _mm512_storeu_ps(y, w[0]);                                                         \
+        _mm512_storeu_ps(y + 16, w[1]);                                                    \
+    }
+STORE_REGS(q4_0)
+STORE_REGS(q4_1)
+STORE_REGS(q8_0)
+STORE_REGS(iq4_nl)
 
 /* Q4_K (qh NULL) and Q5_K, as decode_q45_k. */
 static inline void decode_q45_k_avx512(const uint8_t *b, const uint8_t *qh, const uint8_t *ql,
@@ -300,27 +316,35 @@ typedef struct {
 } block_format;
 
 #ifdef __AVX512F__
-/* The decode kernel: the weight row decoded QK_K values at a time into an L1 buffer and
+/* The decode kernel: the weight row decoded QK_K values at a time into an L1 buffer (the
+ * k-quants) or a block at a time straight into two registers (the 32-value types, regs) and
  * multiplied at once with every row of x, two fp32 accumulators per row held in registers
- * across the whole row. Inlined with decode, elems, bytes and m constant (FUSED below), so
- * the decoder is inlined too and the accumulators unrolled: a decoder called through a
- * pointer would make the compiler save them around each call (zmm registers are all
- * caller-saved). */
+ * across the whole row. Inlined with decode, regs, elems, bytes and m constant (FUSED
+ * below), so the decoder is inlined too and the accumulators unrolled: a decoder called
+ * through a pointer would make the compiler save them around each call (zmm registers are
+ * all caller-saved). */
 static inline __attribute__((always_inline)) void row_dots_fused(
-    decode_fn decode, const int64_t elems, const int64_t bytes, const uint8_t *row,
-    const float *x, const int64_t m, int64_t in, float *y, int64_t out) {
+    decode_fn decode, regs_fn regs, const int64_t elems, const int64_t bytes,
+    const uint8_t *row, const float *x, const int64_t m, int64_t in, float *y, int64_t out) {
     _Alignas(64) float w[QK_K];
     __m512 acc[QUANT_DECODE_ROWS][2];
     for (int64_t r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t k = 0; k < in; k += QK_K) {
         const int64_t n = in - k < QK_K ? in - k : QK_K; /* whole blocks: both are */
-        for (int64_t b = 0; b < n; b += elems) decode(row + (k + b) / elems * bytes, w + b);
+        if (regs == NULL)
+            for (int64_t b = 0; b < n; b += elems) decode(row + (k + b) / elems * bytes, w + b);
         for (int64_t j = 0; j < n; j += 32) {
-            const __m512 w0 = _mm512_load_ps(w + j), w1 = _mm512_load_ps(w + j + 16);
+            __m512 wv[2];
+            if (regs != NULL) {
+                regs(row + (k + j) / 32 * bytes, wv);
+            } else {
+                wv[0] = _mm512_load_ps(w + j);
+                wv[1] = _mm512_load_ps(w + j + 16);
+            }
             for (int64_t r = 0; r < m; r++) {
                 const float *xr = x + r * in + k + j;
-                acc[r][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xr), acc[r][0]);
-                acc[r][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xr + 16), acc[r][1]);
+                acc[r][0] = _mm512_fmadd_ps(wv[0], _mm512_loadu_ps(xr), acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(wv[1], _mm512_loadu_ps(xr + 16), acc[r][1]);
             }
         }
     }
@@ -328,27 +352,28 @@ static inline __attribute__((always_inline)) void row_dots_fused(
         y[r * out] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
-/* NAME_fused[m]: row_dots_fused for decode_NAME_avx512 and m rows, m = 1..8. */
-#define FUSED_M(NAME, ELEMS, BYTES, M)                                                     \
+/* NAME_fused[m]: row_dots_fused for decode_NAME (REGS: its registers' decoder, or NULL for
+ * the k-quants, decoded a super-block at a time) and m rows, m = 1..8. */
+#define FUSED_M(NAME, REGS, ELEMS, BYTES, M)                                               \
     static void NAME##_dots_##M(const uint8_t *row, const float *x, int64_t in, float *y,  \
                                 int64_t out) {                                             \
-        row_dots_fused(NAME##_avx512, ELEMS, BYTES, row, x, M, in, y, out);                \
+        row_dots_fused(NAME##_avx512, REGS, ELEMS, BYTES, row, x, M, in, y, out);          \
     }
-#define FUSED(NAME, ELEMS, BYTES)                                                          \
-    FUSED_M(NAME, ELEMS, BYTES, 1) FUSED_M(NAME, ELEMS, BYTES, 2)                          \
-    FUSED_M(NAME, ELEMS, BYTES, 3) FUSED_M(NAME, ELEMS, BYTES, 4)                          \
-    FUSED_M(NAME, ELEMS, BYTES, 5) FUSED_M(NAME, ELEMS, BYTES, 6)                          \
-    FUSED_M(NAME, ELEMS, BYTES, 7) FUSED_M(NAME, ELEMS, BYTES, 8)                          \
+#define FUSED(NAME, REGS, ELEMS, BYTES)                                                    \
+    FUSED_M(NAME, REGS, ELEMS, BYTES, 1) FUSED_M(NAME, REGS, ELEMS, BYTES, 2)              \
+    FUSED_M(NAME, REGS, ELEMS, BYTES, 3) FUSED_M(NAME, REGS, ELEMS, BYTES, 4)              \
+    FUSED_M(NAME, REGS, ELEMS, BYTES, 5) FUSED_M(NAME, REGS, ELEMS, BYTES, 6)              \
+    FUSED_M(NAME, REGS, ELEMS, BYTES, 7) FUSED_M(NAME, REGS, ELEMS, BYTES, 8)              \
     static const row_dots_fn NAME##_fused[QUANT_DECODE_ROWS + 1] = {                       \
         NULL, NAME##_dots_1, NAME##_dots_2, NAME##_dots_3, NAME##_dots_4,                  \
         NAME##_dots_5, NAME##_dots_6, NAME##_dots_7, NAME##_dots_8};
-FUSED(decode_q4_0, QK, 18)
-FUSED(decode_q4_1, QK, 20)
-FUSED(decode_q8_0, QK, 34)
-FUSED(decode_iq4_nl, QK, 18)
-FUSED(decode_q4_k, QK_K, 144)
-FUSED(decode_q5_k, QK_K, 176)
-FUSED(decode_q6_k, QK_K, 210)
+FUSED(decode_q4_0, q4_0_regs, QK, 18)
+FUSED(decode_q4_1, q4_1_regs, QK, 20)
+FUSED(decode_q8_0, q8_0_regs, QK, 34)
+FUSED(decode_iq4_nl, iq4_nl_regs, QK, 18)
+FUSED(decode_q4_k, NULL, QK_K, 144)
+FUSED(decode_q5_k, NULL, QK_K, 176)
+FUSED(decode_q6_k, NULL, QK_K, 210)
 #define FAST(name) name##_avx512, name##_fused
 #else
 #define FAST(name) name, NULL
