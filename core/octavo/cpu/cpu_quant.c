@@ -15,20 +15,8 @@
 
 #include "cpu_kernels.h"
 
-/* ggml's type numbers (GGMLQuantizationType) of the types served here. */
-enum {
-    T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q2_K = 10, T_Q3_K = 11,
-    T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_IQ4_NL = 20,
-};
 #define QK 32    /* elements per block of the legacy types and IQ4_NL */
 #define QK_K 256 /* elements per super-block of the k-quants */
-
-static float fp16_to_fp32(const uint8_t *p) {
-    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
-    _Float16 f;
-    memcpy(&f, &h, 2);
-    return (float)f;
-}
 
 static inline void decode_q4_0(const uint8_t *b, float *y) {
     const float d = fp16_to_fp32(b);
@@ -380,12 +368,12 @@ FUSED(decode_q6_k, NULL, QK_K, 210)
 #endif
 
 static const block_format FORMATS[] = {
-    {T_Q4_0, QK, 18, FAST(decode_q4_0)},    {T_Q4_1, QK, 20, FAST(decode_q4_1)},
-    {T_Q5_0, QK, 22, decode_q5_0, NULL},    {T_Q5_1, QK, 24, decode_q5_1, NULL},
-    {T_Q8_0, QK, 34, FAST(decode_q8_0)},    {T_IQ4_NL, QK, 18, FAST(decode_iq4_nl)},
-    {T_Q2_K, QK_K, 84, decode_q2_k, NULL},  {T_Q3_K, QK_K, 110, decode_q3_k, NULL},
-    {T_Q4_K, QK_K, 144, FAST(decode_q4_k)}, {T_Q5_K, QK_K, 176, FAST(decode_q5_k)},
-    {T_Q6_K, QK_K, 210, FAST(decode_q6_k)},
+    {GGML_Q4_0, QK, 18, FAST(decode_q4_0)},    {GGML_Q4_1, QK, 20, FAST(decode_q4_1)},
+    {GGML_Q5_0, QK, 22, decode_q5_0, NULL},    {GGML_Q5_1, QK, 24, decode_q5_1, NULL},
+    {GGML_Q8_0, QK, 34, FAST(decode_q8_0)},    {GGML_IQ4_NL, QK, 18, FAST(decode_iq4_nl)},
+    {GGML_Q2_K, QK_K, 84, decode_q2_k, NULL},  {GGML_Q3_K, QK_K, 110, decode_q3_k, NULL},
+    {GGML_Q4_K, QK_K, 144, FAST(decode_q4_k)}, {GGML_Q5_K, QK_K, 176, FAST(decode_q5_k)},
+    {GGML_Q6_K, QK_K, 210, FAST(decode_q6_k)},
 };
 
 static const block_format *format_of(int ggml_type) {

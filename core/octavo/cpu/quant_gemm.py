@@ -6,11 +6,15 @@ streams. A Q4_1 weight is about 5 bits per value against bf16's 16; dequantizing
 throws that away. These kernels read the blocks as the GGUF file stores them (llama.cpp's
 layouts; each row of a weight is its own run of blocks) and decode them as they multiply.
 
-How: a decode step (at most ``DECODE_ROWS`` activation rows) runs the C kernel, which
-decodes each weight row into an L1-resident fp32 buffer and takes its dot products with
-every activation row there, output rows shared among torch's OpenMP threads. A prefill
+How: a decode step (at most ``DECODE_ROWS`` activation rows) runs a C kernel, output rows
+shared among torch's OpenMP threads. For Q4_0, Q4_1 and Q8_0 on a CPU with AVX512-VNNI it
+quantizes the activations to int8 per 32 values, as llama.cpp does, and takes integer dot
+products of the blocks as they are (``Q8_ACTIVATIONS``; the result then carries the
+activations' rounding, at most max|x| / 254 per value of a block); otherwise it decodes
+each weight block into fp32 registers (AVX-512) or an L1 buffer (portable C) and sums fp32
+products. A prefill
 (more rows) dequantizes the weight a panel of rows at a time and multiplies the panel with
-torch's fp32 matmul, where the arithmetic, not the weight bytes, is what costs. Both
+torch's fp32 matmul, where the arithmetic, not the weight bytes, is what costs. These
 accumulate in fp32 on fp32 activations (bf16 ones are widened first), so the result is the
 dense product of the dequantized weight up to fp32 rounding. The dequantized values equal
 gguf's and llama.cpp's bit for bit.
@@ -28,6 +32,10 @@ from octavo.cpu import kernels
 # Activation rows up to which quant_matmul runs the decode kernel; above, a panel at a time
 # is dequantized and multiplied densely.
 DECODE_ROWS = kernels.HEADER.constants["QUANT_DECODE_ROWS"]
+# Whether decode steps of the types with a VNNI kernel (quant_q8_available) quantize the
+# activations to int8 per 32 values and take integer dot products, as llama.cpp does, rather
+# than widen the weights to fp32 (benchmarks/quant_gemm.py measures both).
+Q8_ACTIVATIONS = True
 PANEL_ELEMS = 1 << 22  # fp32 weight values dequantized per panel of a prefill (16 MB)
 
 _TYPES = frozenset(int(t) for t in (
@@ -45,6 +53,12 @@ def quant_kernels_available() -> bool:
     """Whether the compiled library is loaded (it has the kernels of every type in
     :func:`quant_types`, with a portable path where the CPU lacks AVX-512)."""
     return kernels.library() is not None
+
+
+def quant_q8_available(ggml_type: int) -> bool:
+    """Whether decode steps of ``ggml_type`` can run the Q8-activation VNNI kernel here."""
+    lib = kernels.library()
+    return lib is not None and bool(lib.octavo_quant_q8_available(ggml_type))
 
 
 def quant_row_bytes(ggml_type: int, in_features: int) -> int:
@@ -90,11 +104,13 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
     x32 = x.reshape(-1, in_features).to(torch.float32).contiguous()
     rows = x32.shape[0]
     if rows <= DECODE_ROWS:
+        kernel = ("octavo_quant_matmul_q8" if Q8_ACTIVATIONS and quant_q8_available(ggml_type)
+                  else "octavo_quant_matmul")
         y = torch.empty((rows, out_features), dtype=torch.float32)
-        status = _library().octavo_quant_matmul(
+        status = getattr(_library(), kernel)(
             y.data_ptr(), x32.data_ptr(), rows, blocks.data_ptr(), ggml_type, out_features,
             in_features)
-        kernels.check_status("octavo_quant_matmul", status)
+        kernels.check_status(kernel, status)
     else:
         y = _panel_matmul(x32, blocks, ggml_type, out_features, in_features)
     return y.to(x.dtype).reshape(*x.shape[:-1], out_features)
