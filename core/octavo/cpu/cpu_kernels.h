@@ -41,6 +41,11 @@ static inline float fp16_to_fp32(const uint8_t *p) {
     return (float)f;
 }
 
+/* Rows of activations one call of a quantized decode kernel takes: it is compiled once per
+ * row count up to this (its accumulators unrolled into registers), and more rows, up to
+ * QUANT_DECODE_ROWS, go through it in groups. Four keeps the build a few seconds shorter. */
+#define QUANT_GROUP_ROWS 4
+
 /* Work below this many elements runs on one thread: waking the others costs more. */
 #define PARALLEL_MIN 32768
 

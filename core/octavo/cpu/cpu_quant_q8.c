@@ -60,7 +60,8 @@ static inline __m256i block_bytes(int type, const uint8_t *b) {
     if (type == GGML_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
     const __m128i v = _mm_loadu_si128((const __m128i *)(b + (type == GGML_Q4_1 ? 4 : 2)));
     const __m128i mask = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask),
+                            _mm_and_si128(v, mask));
 }
 
 /* y[r * out] = w . x[r] for one weight row and m (a constant where inlined) rows: per block,
@@ -69,8 +70,8 @@ static inline __m256i block_bytes(int type, const uint8_t *b) {
 static inline __attribute__((always_inline)) void row_dots_q8(
     const int type, const int64_t bytes, const uint8_t *row, const q8_rows *q, const int64_t m,
     int64_t in, float *y, int64_t out) {
-    __m256 acc[QUANT_DECODE_ROWS];
-    float extra[QUANT_DECODE_ROWS];
+    __m256 acc[QUANT_GROUP_ROWS];
+    float extra[QUANT_GROUP_ROWS];
     for (int64_t r = 0; r < m; r++) {
         acc[r] = _mm256_setzero_ps();
         extra[r] = 0.0f;
@@ -92,7 +93,8 @@ static inline __attribute__((always_inline)) void row_dots_q8(
         }
     }
     for (int64_t r = 0; r < m; r++) {
-        const __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+        const __m128 s =
+            _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
         const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
         y[r * out] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2))) + extra[r];
     }
@@ -101,7 +103,7 @@ static inline __attribute__((always_inline)) void row_dots_q8(
 typedef void (*q8_dots_fn)(const uint8_t *row, const q8_rows *q, int64_t in, float *y,
                            int64_t out);
 
-/* NAME_q8[m]: row_dots_q8 for TYPE and m rows, m = 1..8. */
+/* NAME_q8[m]: row_dots_q8 for TYPE and m rows, m = 1..QUANT_GROUP_ROWS. */
 #define Q8_M(NAME, TYPE, BYTES, M)                                                         \
     static void NAME##_q8_##M(const uint8_t *row, const q8_rows *q, int64_t in, float *y,  \
                               int64_t out) {                                               \
@@ -109,11 +111,9 @@ typedef void (*q8_dots_fn)(const uint8_t *row, const q8_rows *q, int64_t in, flo
     }
 #define Q8(NAME, TYPE, BYTES)                                                              \
     Q8_M(NAME, TYPE, BYTES, 1) Q8_M(NAME, TYPE, BYTES, 2) Q8_M(NAME, TYPE, BYTES, 3)       \
-    Q8_M(NAME, TYPE, BYTES, 4) Q8_M(NAME, TYPE, BYTES, 5) Q8_M(NAME, TYPE, BYTES, 6)       \
-    Q8_M(NAME, TYPE, BYTES, 7) Q8_M(NAME, TYPE, BYTES, 8)                                  \
-    static const q8_dots_fn NAME##_q8[QUANT_DECODE_ROWS + 1] = {                           \
-        NULL, NAME##_q8_1, NAME##_q8_2, NAME##_q8_3, NAME##_q8_4,                          \
-        NAME##_q8_5, NAME##_q8_6, NAME##_q8_7, NAME##_q8_8};
+    Q8_M(NAME, TYPE, BYTES, 4)                                                             \
+    static const q8_dots_fn NAME##_q8[QUANT_GROUP_ROWS + 1] = {                            \
+        NULL, NAME##_q8_1, NAME##_q8_2, NAME##_q8_3, NAME##_q8_4};
 Q8(q4_0, GGML_Q4_0, 18)
 Q8(q4_1, GGML_Q4_1, 20)
 Q8(q8_0, GGML_Q8_0, 34)
@@ -126,17 +126,26 @@ int octavo_quant_matmul_q8(float *y, const float *x, int64_t m, const void *bloc
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
     const int64_t nb = m * in / QK;
     q8_rows q = {octavo_alloc((size_t)(m * in)), octavo_alloc((size_t)nb * sizeof(float)),
-                 octavo_alloc((size_t)nb * sizeof(float)), octavo_alloc((size_t)nb * sizeof(int32_t))};
+                 octavo_alloc((size_t)nb * sizeof(float)),
+                 octavo_alloc((size_t)nb * sizeof(int32_t))};
     int status = OCTAVO_ERR_NO_MEMORY;
     if (q.qx && q.dx && q.sx && q.isx) {
         quantize_rows(x, m, in, &q);
-        const q8_dots_fn dots = (ggml_type == GGML_Q4_0   ? q4_0_q8
+        const q8_dots_fn *dots = ggml_type == GGML_Q4_0   ? q4_0_q8
                                  : ggml_type == GGML_Q4_1 ? q4_1_q8
-                                                          : q8_0_q8)[m];
-        const int64_t row_bytes = in / QK * (ggml_type == GGML_Q4_0 ? 18 : ggml_type == GGML_Q4_1 ? 20 : 34);
+                                                          : q8_0_q8;
+        const int64_t block_bytes = ggml_type == GGML_Q4_0 ? 18 : ggml_type == GGML_Q4_1 ? 20 : 34;
+        const int64_t row_bytes = in / QK * block_bytes, row_blocks = in / QK;
         const uint8_t *rows = blocks;
 #pragma omp parallel for schedule(static) if (out * in >= PARALLEL_MIN)
-        for (int64_t o = 0; o < out; o++) dots(rows + o * row_bytes, &q, in, y + o, out);
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t r = 0; r < m; r += QUANT_GROUP_ROWS) {
+                const int64_t group = m - r < QUANT_GROUP_ROWS ? m - r : QUANT_GROUP_ROWS;
+                const int64_t first = r * row_blocks; /* the group's first block of x */
+                const q8_rows part = {q.qx + first * QK, q.dx + first, q.sx + first,
+                                      q.isx + first};
+                dots[group](rows + o * row_bytes, &part, in, y + r * out + o, out);
+            }
         status = OCTAVO_OK;
     }
     free(q.qx);
