@@ -46,6 +46,11 @@ static inline float fp16_to_fp32(const uint8_t *p) {
  * QUANT_DECODE_ROWS, go through it in groups. Four keeps the build a few seconds shorter. */
 #define QUANT_GROUP_ROWS 4
 
+/* How far ahead of the block they decode the quantized kernels ask for the weight bytes:
+ * on this VM the hardware prefetcher leaves a single stream at a fraction of the memory's
+ * bandwidth, and each thread streams its own run of rows. */
+#define QUANT_PREFETCH_BYTES 1024
+
 /* Work below this many elements runs on one thread: waking the others costs more. */
 #define PARALLEL_MIN 32768
 

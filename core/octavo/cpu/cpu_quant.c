@@ -361,6 +361,9 @@ static inline __attribute__((always_inline)) void row_dots_fused(
     for (int64_t r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t k = 0; k < in; k += QK_K) {
         const int64_t n = in - k < QK_K ? in - k : QK_K; /* whole blocks: both are */
+        const char *chunk = (const char *)row + k / elems * bytes;
+        for (int64_t line = 0; line < n / elems * bytes; line += 64)
+            _mm_prefetch(chunk + QUANT_PREFETCH_BYTES + line, _MM_HINT_T0);
         if (regs == NULL)
             for (int64_t b = 0; b < n; b += elems) decode(row + (k + b) / elems * bytes, w + b);
         for (int64_t j = 0; j < n; j += 32) {

@@ -78,6 +78,7 @@ static inline __attribute__((always_inline)) void row_dots_q8(
     }
     const int64_t nb = in / QK;
     for (int64_t b = 0; b < nb; b++, row += bytes) {
+        _mm_prefetch((const char *)row + QUANT_PREFETCH_BYTES, _MM_HINT_T0);
         const __m256i w = block_bytes(type, row);
         const __m256i aw = type == GGML_Q8_0 ? _mm256_sign_epi8(w, w) : w;
         const float d = fp16_to_fp32(row);

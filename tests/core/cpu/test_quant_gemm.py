@@ -5,8 +5,10 @@ The bound: the kernels' weights are the dequantized values exactly (quant_rows i
 bit for bit), and they sum fp32 products of fp32 activations, in any order. A dot product of
 n terms summed so carries at most gamma_n * sum|x_i * w_i| of rounding error (Higham,
 Accuracy and Stability of Numerical Algorithms, 3.1), gamma_n = n*u / (1 - n*u), u = 2^-24;
-a bf16 result adds its own rounding, at most 2^-8 of its magnitude. A wrong block layout
-moves a result by whole quantization steps, orders of magnitude above that bound.
+a bf16 result adds its own rounding, at most 2^-8 of its magnitude, and a bf16 prefill (the
+weights rounded to bf16, as a dense bf16 model's are) 2^-8 sum|x_i * w_i| more. The Q8
+activations of the VNNI kernel add their own rounding (matmul_bound). A wrong block layout
+moves a result by whole quantization steps, orders of magnitude above these bounds.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ pytestmark = pytest.mark.skipif(not quant_kernels_available(),
 OUT_FEATURES = (37, 301)  # not multiples of 16
 ROWS = (1, 3, 6, 17)  # decode kernel: one group of rows, two groups; prefill panels
 U = 2.0 ** -24
+BF16_U = 2.0 ** -8  # bf16's unit roundoff (8 significant bits)
 
 
 def in_features_for(ggml_type: GgmlType) -> tuple[int, ...]:
@@ -158,7 +161,9 @@ def check_matmul(blocks, weight, ggml_type, rows, gen, q8=None):
     yb = quant_matmul(xb, blocks, int(ggml_type), out_features, in_features)
     exact_b = xb.double() @ weight.double().T
     bound_b = matmul_bound(xb.float(), weight, q8)
-    bound_b = bound_b + 2.0 ** -8 * (exact_b.abs() + bound_b)
+    if rows > quant_gemm.DECODE_ROWS:  # bf16 prefill: each weight rounded to bf16 first
+        bound_b = (1 + BF16_U) * bound_b + BF16_U * (xb.double().abs() @ weight.double().abs().T)
+    bound_b = bound_b + BF16_U * (exact_b.abs() + bound_b)  # the bf16 result's rounding
     assert yb.dtype == torch.bfloat16
     assert ((yb.double() - exact_b).abs() <= bound_b).all(), (
         f"{ggml_type.name} {path} bf16 rows={rows}")
