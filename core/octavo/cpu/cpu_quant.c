@@ -449,6 +449,23 @@ int octavo_quant_dequantize(float *out, const void *blocks, const int64_t *ids, 
     return OCTAVO_OK;
 }
 
+int octavo_quant_dequantize_bf16(bf16 *out, const void *blocks, int64_t n, int ggml_type,
+                                 int64_t in) {
+    const block_format *f = format_of(ggml_type);
+    if (f == NULL || in % f->elems) return OCTAVO_ERR_BAD_QUANT;
+    const int64_t row_bytes = in / f->elems * f->bytes;
+#pragma omp parallel for schedule(static) if (n * in >= PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *row = (const uint8_t *)blocks + i * row_bytes;
+        _Alignas(64) float w[QK_K];
+        for (int64_t k = 0; k < in; k += f->elems, row += f->bytes) {
+            f->decode(row, w);
+            for (int64_t j = 0; j < f->elems; j++) out[i * in + k + j] = f2bf(w[j]);
+        }
+    }
+    return OCTAVO_OK;
+}
+
 /* sum(a[k] * b[k]) in fp32, vectorised (the reassociation -ffast-math allows). */
 static float dot(const float *a, const float *b, int64_t n) {
     float sum = 0.0f;

@@ -127,11 +127,18 @@ def _panel_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
     x = x.to(dtype)
     y = torch.empty((x.shape[0], out_features), dtype=dtype)
     panel = max(1, min(out_features, PANEL_ELEMS // in_features))
-    buffer = torch.empty((panel, in_features), dtype=torch.float32)
+    buffer = torch.empty((panel, in_features), dtype=dtype)
     for start in range(0, out_features, panel):
         stop = min(start + panel, out_features)
-        weight = _dequantize(buffer[: stop - start], blocks[start:stop], None, ggml_type)
-        y[:, start:stop] = x @ weight.to(dtype).T
+        weight = buffer[: stop - start]
+        if dtype is torch.bfloat16:  # straight to bf16: no fp32 pass over the panel
+            status = _library().octavo_quant_dequantize_bf16(
+                weight.data_ptr(), blocks[start].data_ptr(), stop - start, ggml_type,
+                in_features)
+            kernels.check_status("octavo_quant_dequantize_bf16", status)
+        else:
+            _dequantize(weight, blocks[start:stop], None, ggml_type)
+        y[:, start:stop] = x @ weight.T
     return y
 
 
