@@ -102,6 +102,10 @@ def check_rows(blocks, weight, ggml_type, gen):
         assert torch.equal(dense, weight)
     bf16 = quant_rows(blocks, ids[0], int(ggml_type), in_features, torch.bfloat16)
     assert torch.equal(bf16, weight[ids[0]].bfloat16())
+    panel = torch.empty((out_features, in_features), dtype=torch.bfloat16)  # bf16 prefills'
+    assert kernels.library().octavo_quant_dequantize_bf16(
+        panel.data_ptr(), blocks.data_ptr(), out_features, int(ggml_type), in_features) == 0
+    assert torch.equal(panel, weight.bfloat16())
 
 
 def q8_terms(raw: np.ndarray, weight: torch.Tensor,
