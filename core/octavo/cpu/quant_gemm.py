@@ -102,6 +102,8 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
     if x.shape[-1] != in_features:
         raise ValueError(f"x has {x.shape[-1]} features, the weight takes {in_features}")
     rows = x.numel() // in_features
+    if rows == 0:
+        return x.new_empty((*x.shape[:-1], out_features))
     if rows <= DECODE_ROWS:
         x32 = x.reshape(-1, in_features).to(torch.float32).contiguous()
         kernel = ("octavo_quant_matmul_q8" if Q8_ACTIVATIONS and quant_q8_available(ggml_type)

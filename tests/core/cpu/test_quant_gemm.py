@@ -13,7 +13,6 @@ moves a result by whole quantization steps, orders of magnitude above these boun
 
 from __future__ import annotations
 
-import ctypes
 import platform
 
 import numpy as np
@@ -23,11 +22,12 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as GgmlType
 from gguf.quants import dequantize as gguf_dequantize
 
-from octavo.cpu import kernel_build, kernels, quant_gemm
+from octavo.cpu import kernels, quant_gemm
 from octavo.cpu.quant_gemm import quant_kernels_available, quant_matmul, quant_rows, quant_types
 from octavo.models.loader import dequant as loader_dequant
 from octavo.testing.gguf_blocks import SCALE_FIELDS, random_blocks
 from octavo.testing.seeds import draw_seed
+from tests.core.cpu.avx2_build import avx2_library
 
 # Not single-threaded: the 301-row weights run on the OpenMP threads (a buffer per thread).
 pytestmark = pytest.mark.skipif(not quant_kernels_available(),
@@ -59,11 +59,7 @@ def build(request, monkeypatch):
         return request.param
     if platform.machine() != "x86_64":
         pytest.skip("builds for an x86-64 level")
-    compiler = kernel_build.compiler()
-    assert compiler is not None
-    flags = [f.replace("-march=native", "-march=x86-64-v3") for f in kernel_build.FLAGS]
-    portable = ctypes.CDLL(str(kernel_build.built_library(compiler, flags)))
-    kernels.HEADER.bind(portable)
+    portable = avx2_library()
     monkeypatch.setattr(kernels, "library", lambda: portable)
     return request.param
 
@@ -187,5 +183,6 @@ def test_bad_inputs_are_refused_with_the_problem_named():
         quant_matmul(torch.ones(1, 48), blocks, int(GgmlType.Q4_1), 4, 48)
     with pytest.raises(ValueError, match="x has 32 features"):
         quant_matmul(torch.ones(1, 32), blocks, int(GgmlType.Q4_1), 4, 64)
+    assert quant_matmul(torch.ones(2, 0, 64), blocks, int(GgmlType.Q4_1), 4, 64).shape == (2, 0, 4)
     with pytest.raises(IndexError, match="row id 4 is out of range for 4 rows"):
         quant_rows(blocks, torch.tensor([0, 4]), int(GgmlType.Q4_1), 64, torch.float32)
