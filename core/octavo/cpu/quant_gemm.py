@@ -36,7 +36,7 @@ DECODE_ROWS = kernels.HEADER.constants["QUANT_DECODE_ROWS"]
 # activations to int8 per 32 values and take integer dot products, as llama.cpp does, rather
 # than widen the weights to fp32 (benchmarks/quant_gemm.py measures both).
 Q8_ACTIVATIONS = True
-PANEL_ELEMS = 1 << 20  # fp32 weight values dequantized per panel of a prefill (4 MB)
+PANEL_ELEMS = 1 << 22  # weight values dequantized per panel of a prefill (16 MB fp32, 8 MB bf16)
 
 _TYPES = frozenset(int(t) for t in (
     GgmlType.Q4_0, GgmlType.Q4_1, GgmlType.Q5_0, GgmlType.Q5_1, GgmlType.Q8_0,
