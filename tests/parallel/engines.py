@@ -37,8 +37,8 @@ def one_thread():
 
 def make_llm(model: str, **engine: Any) -> LLM:
     """The engine the comparisons run: fp32, a small KV cache, a fixed seed."""
-    return LLM(model, dtype="float32", kv_cache_memory=KV_BYTES, max_model_len=512, seed=0,
-               **engine)
+    return LLM(model, **{"dtype": "float32", "kv_cache_memory": KV_BYTES,
+                         "max_model_len": 512, "seed": 0, **engine})
 
 
 def run(model: str, prompts: list[list[int]], max_tokens: int, **engine: Any) -> Run:
