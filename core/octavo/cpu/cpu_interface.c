@@ -40,6 +40,9 @@ const char *octavo_status_message(int status) {
     case OCTAVO_ERR_NEEDS_AVX512_BF16:
         return "built without AVX512-BF16 on this CPU (check pair_gemm_available() or "
                "attention_available() before calling it)";
+    case OCTAVO_ERR_BAD_QUANT:
+        return "a GGUF type the quantized kernels do not serve, or a row length that is not a "
+               "whole number of its blocks (check quant_types() before calling them)";
     default: return "unknown status";
     }
 }

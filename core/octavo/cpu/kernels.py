@@ -56,6 +56,12 @@ def _failure(kernel: str, status: int) -> CpuKernelError:
                           f"(status {status})")
 
 
+def check_status(kernel: str, status: int) -> None:
+    """Raise :class:`CpuKernelError` naming ``kernel`` when it returned a failure."""
+    if status:
+        raise _failure(kernel, status)
+
+
 def usable(*tensors: torch.Tensor) -> bool:
     """Whether the kernels can take these tensors: bf16 on the CPU, library loaded."""
     for tensor in tensors:  # a loop, not all(...): this runs several times per layer

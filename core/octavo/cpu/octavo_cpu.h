@@ -23,6 +23,7 @@ typedef uint16_t bf16;
 #define OCTAVO_ERR_NO_MEMORY 1
 #define OCTAVO_ERR_NEEDS_AVX512 2
 #define OCTAVO_ERR_NEEDS_AVX512_BF16 3
+#define OCTAVO_ERR_BAD_QUANT 4
 
 /* Output columns per weight panel: the panel GEMM's, and the pair GEMM's (whose packing
  * Python does). */
@@ -124,5 +125,17 @@ void octavo_ssm_decode(float *y, float *state, const int64_t *rows, int64_t batc
                        int64_t inner, int64_t d_state, int64_t slot_stride, int64_t width,
                        int64_t offset, const float *x, const float *dt, const float *bm,
                        const float *c, const float *a);
+
+/* GGUF quantized weights in the file's own block layouts (cpu_quant.c); ggml_type is ggml's
+ * type number, in a multiple of the type's block. The bytes of one weight row of in inputs
+ * (0 where the type is not served or in is not whole blocks); the rows ids[0..n) (rows 0..n
+ * with ids NULL) dequantized to fp32 [n][in]; and y [m][out] = x [m][in] @ w.T in fp32 (any
+ * m; up to QUANT_DECODE_ROWS rows, the decode kernel of AVX-512 builds serves it). */
+#define QUANT_DECODE_ROWS 8
+int64_t octavo_quant_row_bytes(int ggml_type, int64_t in);
+int octavo_quant_dequantize(float *out, const void *blocks, const int64_t *ids, int64_t n,
+                            int ggml_type, int64_t in);
+int octavo_quant_matmul(float *y, const float *x, int64_t m, const void *blocks,
+                        int ggml_type, int64_t out, int64_t in);
 
 #endif

@@ -1,0 +1,136 @@
+"""Matrix products and embedding lookups on GGUF quantized weights kept as the file's blocks
+(cpu_quant.c): their typed Python wrappers.
+
+Why: a single-stream decode step is memory-bound, so it runs as fast as the weight bytes it
+streams. A Q4_1 weight is about 5 bits per value against bf16's 16; dequantizing it at load
+throws that away. These kernels read the blocks as the GGUF file stores them (llama.cpp's
+layouts; each row of a weight is its own run of blocks) and decode them as they multiply.
+
+How: a decode step (at most ``DECODE_ROWS`` activation rows) runs the C kernel, which
+decodes each weight row into an L1-resident fp32 buffer and takes its dot products with
+every activation row there, output rows shared among torch's OpenMP threads. A prefill
+(more rows) dequantizes the weight a panel of rows at a time and multiplies the panel with
+torch's fp32 matmul, where the arithmetic, not the weight bytes, is what costs. Both
+accumulate in fp32 on fp32 activations (bf16 ones are widened first), so the result is the
+dense product of the dequantized weight up to fp32 rounding. The dequantized values equal
+gguf's and llama.cpp's bit for bit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from gguf import GGMLQuantizationType as GgmlType
+
+from octavo.cpu import kernels
+
+# Activation rows up to which quant_matmul runs the decode kernel; above, a panel at a time
+# is dequantized and multiplied densely.
+DECODE_ROWS = kernels.HEADER.constants["QUANT_DECODE_ROWS"]
+PANEL_ELEMS = 1 << 22  # fp32 weight values dequantized per panel of a prefill (16 MB)
+
+_TYPES = frozenset(int(t) for t in (
+    GgmlType.Q4_0, GgmlType.Q4_1, GgmlType.Q5_0, GgmlType.Q5_1, GgmlType.Q8_0,
+    GgmlType.Q2_K, GgmlType.Q3_K, GgmlType.Q4_K, GgmlType.Q5_K, GgmlType.Q6_K,
+    GgmlType.IQ4_NL))
+
+
+def quant_types() -> frozenset[int]:
+    """The ``GGMLQuantizationType`` values the kernels serve."""
+    return _TYPES
+
+
+def quant_kernels_available() -> bool:
+    """Whether the compiled library is loaded (it has the kernels of every type in
+    :func:`quant_types`, with a portable path where the CPU lacks AVX-512)."""
+    return kernels.library() is not None
+
+
+def quant_row_bytes(ggml_type: int, in_features: int) -> int:
+    """The bytes of one weight row of ``in_features`` values; ValueError naming the problem
+    where the type is not served or ``in_features`` is not a whole number of its blocks."""
+    if ggml_type not in _TYPES:
+        name = GgmlType(ggml_type).name if ggml_type in GgmlType._value2member_map_ else ggml_type
+        raise ValueError(f"GGUF type {name} has no quantized CPU kernel (served: "
+                         f"{', '.join(sorted(GgmlType(t).name for t in _TYPES))})")
+    row_bytes = int(_library().octavo_quant_row_bytes(ggml_type, in_features))
+    if row_bytes == 0:
+        raise ValueError(f"{GgmlType(ggml_type).name} rows of {in_features} values are not a "
+                         f"whole number of its blocks")
+    return row_bytes
+
+
+def _library() -> ctypes.CDLL:
+    lib = kernels.library()
+    if lib is None:
+        raise RuntimeError("the CPU kernels' library is not loaded: check "
+                           "quant_kernels_available() first")
+    return lib
+
+
+def _check_blocks(blocks: torch.Tensor, ggml_type: int, rows: int, in_features: int) -> None:
+    expected = (rows, quant_row_bytes(ggml_type, in_features))
+    if blocks.dtype is not torch.uint8 or not blocks.is_contiguous() or not blocks.is_cpu:
+        raise ValueError(f"quantized blocks must be a contiguous uint8 CPU tensor, got "
+                         f"{blocks.dtype} on {blocks.device}")
+    if tuple(blocks.shape) != expected:
+        raise ValueError(f"{GgmlType(ggml_type).name} blocks of a [{rows}, {in_features}] "
+                         f"weight have shape {list(expected)}, got {list(blocks.shape)}")
+
+
+def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
+                 out_features: int, in_features: int) -> torch.Tensor:
+    """``x @ W.T`` for ``x`` [..., in] (fp32 or bf16) and the weight ``W`` [out, in] given
+    as its GGUF blocks (uint8 [out, row bytes], each row its blocks in the file's order):
+    [..., out] in ``x``'s dtype, summed in fp32."""
+    _check_blocks(blocks, ggml_type, out_features, in_features)
+    if x.shape[-1] != in_features:
+        raise ValueError(f"x has {x.shape[-1]} features, the weight takes {in_features}")
+    x32 = x.reshape(-1, in_features).to(torch.float32).contiguous()
+    rows = x32.shape[0]
+    if rows <= DECODE_ROWS:
+        y = torch.empty((rows, out_features), dtype=torch.float32)
+        status = _library().octavo_quant_matmul(
+            y.data_ptr(), x32.data_ptr(), rows, blocks.data_ptr(), ggml_type, out_features,
+            in_features)
+        kernels.check_status("octavo_quant_matmul", status)
+    else:
+        y = _panel_matmul(x32, blocks, ggml_type, out_features, in_features)
+    return y.to(x.dtype).reshape(*x.shape[:-1], out_features)
+
+
+def _panel_matmul(x32: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
+                  out_features: int, in_features: int) -> torch.Tensor:
+    """The prefill product: a panel of weight rows dequantized at a time, then multiplied."""
+    y = torch.empty((x32.shape[0], out_features), dtype=torch.float32)
+    panel = max(1, PANEL_ELEMS // in_features)
+    for start in range(0, out_features, panel):
+        stop = min(start + panel, out_features)
+        weight = _dequantize(blocks[start:stop], None, stop - start, ggml_type, in_features)
+        y[:, start:stop] = x32 @ weight.T
+    return y
+
+
+def _dequantize(blocks: torch.Tensor, ids: torch.Tensor | None, n: int, ggml_type: int,
+                in_features: int) -> torch.Tensor:
+    out = torch.empty((n, in_features), dtype=torch.float32)
+    status = _library().octavo_quant_dequantize(
+        out.data_ptr(), blocks.data_ptr(), None if ids is None else ids.data_ptr(), n,
+        ggml_type, in_features)
+    kernels.check_status("octavo_quant_dequantize", status)
+    return out
+
+
+def quant_rows(blocks: torch.Tensor, ids: torch.Tensor, ggml_type: int,
+               in_features: int, dtype: torch.dtype) -> torch.Tensor:
+    """The dequantized rows ``ids`` (int64, any shape) of the weight given as its GGUF
+    blocks (uint8 [rows, row bytes]): ``ids.shape + (in_features,)`` in ``dtype`` (the
+    embedding lookup). IndexError naming the first id out of range."""
+    _check_blocks(blocks, ggml_type, blocks.shape[0], in_features)
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= blocks.shape[0]):
+        bad = flat[(flat < 0) | (flat >= blocks.shape[0])][0]
+        raise IndexError(f"row id {int(bad)} is out of range for {blocks.shape[0]} rows")
+    rows = _dequantize(blocks, flat, flat.numel(), ggml_type, in_features)
+    return rows.to(dtype).reshape(*ids.shape, in_features)
