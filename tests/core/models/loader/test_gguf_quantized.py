@@ -13,6 +13,8 @@ import torch
 
 from octavo import LLM, SamplingParams, paths
 from octavo.attention.torch_backend import TorchAttentionBackend
+from octavo.cpu.quant import attach_quant_gemms
+from octavo.cpu.quant_gemm import quant_kernels_available
 from octavo.models.build import build_model
 from octavo.models.layers.gguf import GgufConfig, GgufLinearMethod
 from octavo.models.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -142,17 +144,23 @@ def test_an_input_split_off_block_boundaries_is_refused_with_the_numbers() -> No
 @pytest.fixture(scope="module")
 def default_models():
     """The default model (SmolLM2-135M, Q4_1 with a Q8_0 embedding) in bf16, on its blocks
-    and dense, from one read of its files."""
+    (multiplied by the CPU's quantized kernels where they are built) and dense, from one
+    read of its files."""
     files = load_model_files(None)
     tokens = [files.tokenizer.encode(p) for p in PROMPTS]
     quantized = build_model(files, torch.bfloat16, TorchAttentionBackend)
+    kernels = attach_quant_gemms(quantized)  # as CpuPlatform.prepare_model does
+    print(f"quantized CPU kernels on {kernels} layers")
+    # Per layer qkv, o, gate/up and down (the file's 210 Q4_1 tensors, fused), and the head.
+    layers = 4 * len(quantized.model.layers) + 1
+    assert kernels == (layers if quant_kernels_available() else 0)
     dense = build_model(files, torch.bfloat16, TorchAttentionBackend, quantization="none")
     return quantized, dense, tokens
 
 
 def test_default_model_teacher_forced_greedy_agrees_with_dense(default_models) -> None:
-    """The greedy token at every position of a few prompts, portable quantized path vs the
-    dense option (bar: >= 95%)."""
+    """The greedy token at every position of a few prompts, the quantized kernels (fp32
+    sums of bf16 activations) vs the dense bf16 option (bar: >= 95%)."""
     quantized, dense, prompts = default_models
     seed = draw_seed()
     ours, expected = _logits(quantized, prompts, seed), _logits(dense, prompts, seed)
@@ -165,8 +173,8 @@ def test_default_model_teacher_forced_greedy_agrees_with_dense(default_models) -
 
 
 def test_the_engine_generates_on_the_default_gguf_kept_quantized(default_models) -> None:
-    """End to end (the engine on the CPU platform, portable quantized layers): greedy
-    tokens as the dense model's, from the weights left quantized by default."""
+    """End to end (the engine on the CPU platform, its quantized kernels): greedy tokens as
+    the dense model's, from the weights left quantized by default."""
     _, dense, prompts = default_models
     llm = LLM(max_model_len=256, kv_cache_memory=32 * 2**20)
     model = llm.llm_engine.core.executor.worker.runner.model
