@@ -49,6 +49,11 @@ class VocabParallelEmbedding(nn.Module):
         param.data[: len(rows)].copy_(rows)
         param.data[len(rows) :].zero_()  # padding past the vocabulary
 
+    def dense_weight(self) -> torch.Tensor:
+        """This rank's table in the model's dtype, however the method holds it (a quantized
+        one dequantizes a copy)."""
+        return self.quant_method.dense_weight(self)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return self.quant_method.embed(self, input_ids)
@@ -67,8 +72,9 @@ class ParallelLMHead(VocabParallelEmbedding):
         tp_size: int | None = None, tie_to: VocabParallelEmbedding | None = None,
     ) -> None:
         super().__init__(vocab_size, hidden_size, tp_rank, tp_size, tie_to=tie_to)
-        # A faster GEMM on a prepacked copy of the weight, attached by the platform's
-        # prepare_model (the CPU's: octavo.cpu.gemm); None: F.linear.
+        # A faster GEMM on a prepacked copy of the weight (or on its quantized blocks),
+        # attached by the platform's prepare_model (the CPU's: octavo.cpu.gemm,
+        # octavo.cpu.quant); None: the method's apply.
         self.cpu_gemm: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -158,6 +158,9 @@ class GgufEmbeddingMethod(EmbeddingMethodBase):
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight.dequantized(layer_weight(layer), x.dtype))
 
+    def dense_weight(self, layer) -> torch.Tensor:
+        return self.weight.dequantized(layer_weight(layer), self.weight.dtype)
+
     def quantized_weight(self, layer: nn.Module) -> QuantizedWeight | None:
         return self.weight.quantized(layer_weight(layer))
 

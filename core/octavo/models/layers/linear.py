@@ -41,8 +41,9 @@ class LinearBase(nn.Module):
         self.quant_method = linear_method(self)
         self.quant_method.create_weights(self, in_features, out_features, self.weight_loader)
         self.bias = new_parameter(out_features, weight_loader=self.weight_loader) if bias else None
-        # A faster GEMM on a prepacked copy of the weight, attached by the platform's
-        # prepare_model (the CPU's: octavo.cpu.gemm); None: F.linear.
+        # A faster GEMM on a prepacked copy of the weight (or on its quantized blocks),
+        # attached by the platform's prepare_model (the CPU's: octavo.cpu.gemm,
+        # octavo.cpu.quant); None: the method's apply.
         self.cpu_gemm: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:

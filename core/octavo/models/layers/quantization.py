@@ -85,6 +85,12 @@ class EmbeddingMethodBase(QuantizeMethodBase):
         """``x @ table^T``: logits over this rank's rows."""
         raise NotImplementedError
 
+    def dense_weight(self, layer: nn.Module) -> torch.Tensor:
+        """This rank's table ``[rows, hidden]`` in the model's dtype (a quantized method
+        dequantizes a copy), for code that multiplies with the table itself (speculative
+        decoding's draft projections)."""
+        raise NotImplementedError
+
 
 class UnquantizedLinearMethod(LinearMethodBase):
     """Dense weights in the model's dtype, multiplied by ``F.linear``."""
@@ -110,6 +116,9 @@ class UnquantizedEmbeddingMethod(EmbeddingMethodBase):
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, layer_weight(layer))
+
+    def dense_weight(self, layer: nn.Module) -> torch.Tensor:
+        return layer_weight(layer)
 
 
 class QuantizationConfig:
