@@ -17,7 +17,7 @@ from torch import nn
 
 from octavo.cpu.gemm import GemmSlot
 from octavo.cpu.quant_gemm import quant_kernels_available, quant_matmul, quant_types
-from octavo.models.layers.gguf import GgufEmbeddingMethod, GgufLinearMethod, QuantizedWeight
+from octavo.models.layers.gguf import GgufMethod, QuantizedWeight
 
 
 class QuantGemm:
@@ -43,8 +43,7 @@ def attach_quant_gemms(model: nn.Module) -> int:
     attached = 0
     for module in model.modules():
         method = getattr(module, "quant_method", None)
-        if not hasattr(module, "cpu_gemm") or not isinstance(
-                method, GgufLinearMethod | GgufEmbeddingMethod):
+        if not hasattr(module, "cpu_gemm") or not isinstance(method, GgufMethod):
             continue
         weight = method.quantized_weight(module)
         if weight is None or weight.ggml_type not in quant_types():

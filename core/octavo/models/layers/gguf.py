@@ -107,8 +107,9 @@ class GgufWeight:
         return param if quantized is None else quantized.dequantize(dtype)
 
 
-class GgufLinearMethod(LinearMethodBase):
-    """A linear layer on GGUF blocks (see the module's docstring)."""
+class GgufMethod:
+    """What the linear and embedding methods share: the weight, and its blocks for a
+    platform's kernels."""
 
     def __init__(self) -> None:
         self.weight = GgufWeight()
@@ -116,6 +117,14 @@ class GgufLinearMethod(LinearMethodBase):
     @property
     def dense(self) -> bool:
         return self.weight.dense
+
+    def quantized_weight(self, layer: nn.Module) -> QuantizedWeight | None:
+        """The layer's blocks for a platform's kernels; None where it keeps dense weights."""
+        return self.weight.quantized(layer_weight(layer))
+
+
+class GgufLinearMethod(GgufMethod, LinearMethodBase):
+    """A linear layer on GGUF blocks (see the module's docstring)."""
 
     def create_weights(self, layer, in_features: int, out_features: int,
                        weight_loader: WeightLoader) -> None:
@@ -127,21 +136,10 @@ class GgufLinearMethod(LinearMethodBase):
     def apply(self, layer, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return F.linear(x, self.weight.dequantized(layer_weight(layer), x.dtype), bias)
 
-    def quantized_weight(self, layer: nn.Module) -> QuantizedWeight | None:
-        """The layer's blocks for a platform's kernels; None where it keeps dense weights."""
-        return self.weight.quantized(layer_weight(layer))
 
-
-class GgufEmbeddingMethod(EmbeddingMethodBase):
+class GgufEmbeddingMethod(GgufMethod, EmbeddingMethodBase):
     """An embedding table (and the LM head that shares or owns one) on GGUF blocks: a
     lookup dequantizes only the rows it gathers."""
-
-    def __init__(self) -> None:
-        self.weight = GgufWeight()
-
-    @property
-    def dense(self) -> bool:
-        return self.weight.dense
 
     def create_weights(self, layer, rows: int, hidden: int,
                        weight_loader: WeightLoader) -> None:
@@ -160,9 +158,6 @@ class GgufEmbeddingMethod(EmbeddingMethodBase):
 
     def dense_weight(self, layer) -> torch.Tensor:
         return self.weight.dequantized(layer_weight(layer), self.weight.dtype)
-
-    def quantized_weight(self, layer: nn.Module) -> QuantizedWeight | None:
-        return self.weight.quantized(layer_weight(layer))
 
 
 @register_quantization_config
