@@ -4,7 +4,9 @@ path (``octavo.cpu.gemm.CpuGemm``) at SmolLM2-135M's shapes, by row count.
 Each cell is the median microseconds of one call (after warm-up, cycling through ``COPIES``
 weights of the shape so that they come from past the L2 cache), and, for the quantized
 paths, in brackets the GB/s of weight bytes that time streams: a decode step is memory-bound,
-so a kernel that reads 4.5-bit weights at the bf16 path's GB/s runs ~3.5x as fast.
+so a kernel that reads 4.5-bit weights at the bf16 path's GB/s runs ~3.5x as fast. Types
+with a VNNI kernel get two columns: ``TYPE q8`` (activations quantized to int8 per 32
+values, ``Q8_ACTIVATIONS``) and ``TYPE`` (the fp32 kernel), to keep the faster per shape.
 Weights are random blocks with sane scales (``octavo.testing.gguf_blocks``): the time does
 not depend on the values. Shapes whose rows are not whole blocks of a type (576 inputs are
 not whole 256-value k-quant blocks: llama.cpp's quantizer gives those rows Q5_0/Q8_0) leave
@@ -20,6 +22,7 @@ import functools
 import os
 import platform
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,15 +30,22 @@ from cpu_gemm import COPIES, time_path
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as GgmlType
 
+from octavo.cpu import quant_gemm
 from octavo.cpu.gemm import CpuGemm
 from octavo.cpu.platform import CpuPlatform, cpu_has_native_bf16
-from octavo.cpu.quant_gemm import quant_matmul
+from octavo.cpu.quant_gemm import quant_matmul, quant_q8_available
 from octavo.testing.gguf_blocks import random_blocks
 
 # SmolLM2-135M: (out, in) of its linear layers' weights.
 SHAPES = {"q/o 576x576": (576, 576), "k/v 192x576": (192, 576),
           "gate_up 3072x576": (3072, 576), "down 576x1536": (576, 1536),
           "lm_head 49152x576": (49152, 576)}
+
+
+def run(x: torch.Tensor, q8: bool, **weight: Any) -> torch.Tensor:
+    """quant_matmul with the decode kernel on Q8 activations (VNNI) or on fp32 ones."""
+    quant_gemm.Q8_ACTIVATIONS = q8
+    return quant_matmul(x, **weight)
 
 
 def main() -> None:
@@ -64,10 +74,13 @@ def main() -> None:
                 continue  # llama.cpp's quantizer gives such rows another type
             copies = [torch.from_numpy(random_blocks(ggml_type, out_f, in_f, gen))
                       for _ in range(COPIES)]
-            calls[ggml_type.name] = [
-                functools.partial(quant_matmul, blocks=b, ggml_type=int(ggml_type),
-                                  out_features=out_f, in_features=in_f) for b in copies]
-            nbytes[ggml_type.name] = copies[0].numel()
+            kinds = [True, False] if quant_q8_available(int(ggml_type)) else [False]
+            for q8 in kinds:
+                name = f"{ggml_type.name}{' q8' if q8 else ''}"
+                calls[name] = [functools.partial(run, q8=q8, blocks=b, ggml_type=int(ggml_type),
+                                                 out_features=out_f, in_features=in_f)
+                               for b in copies]
+                nbytes[name] = copies[0].numel()
         print(f"\n{label}: microseconds per call [weight GB/s], by rows T")
         print("| T | " + " | ".join(calls) + " |")
         print("|---" * (len(calls) + 1) + "|")

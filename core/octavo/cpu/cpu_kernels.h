@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
@@ -25,6 +26,30 @@ static inline bf16 f2bf(float f) {
     v.f = f;
     return (bf16)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
 }
+
+/* ggml's type numbers (GGMLQuantizationType) of the types served here. */
+enum {
+    GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8,
+    GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14,
+    GGML_IQ4_NL = 20,
+};
+/* A GGUF block's little-endian fp16 field. */
+static inline float fp16_to_fp32(const uint8_t *p) {
+    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+    _Float16 f;
+    memcpy(&f, &h, 2);
+    return (float)f;
+}
+
+/* Rows of activations one call of a quantized decode kernel takes: it is compiled once per
+ * row count up to this (its accumulators unrolled into registers), and more rows, up to
+ * QUANT_DECODE_ROWS, go through it in groups. Four keeps the build a few seconds shorter. */
+#define QUANT_GROUP_ROWS 4
+
+/* How far ahead of the block they decode the quantized kernels ask for the weight bytes:
+ * on this VM the hardware prefetcher leaves a single stream at a fraction of the memory's
+ * bandwidth, and each thread streams its own run of rows. */
+#define QUANT_PREFETCH_BYTES 1024
 
 /* Work below this many elements runs on one thread: waking the others costs more. */
 #define PARALLEL_MIN 32768

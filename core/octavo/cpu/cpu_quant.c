@@ -15,20 +15,8 @@
 
 #include "cpu_kernels.h"
 
-/* ggml's type numbers (GGMLQuantizationType) of the types served here. */
-enum {
-    T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q2_K = 10, T_Q3_K = 11,
-    T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_IQ4_NL = 20,
-};
 #define QK 32    /* elements per block of the legacy types and IQ4_NL */
 #define QK_K 256 /* elements per super-block of the k-quants */
-
-static float fp16_to_fp32(const uint8_t *p) {
-    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
-    _Float16 f;
-    memcpy(&f, &h, 2);
-    return (float)f;
-}
 
 static inline void decode_q4_0(const uint8_t *b, float *y) {
     const float d = fp16_to_fp32(b);
@@ -186,8 +174,9 @@ static inline void decode_q6_k(const uint8_t *b, float *y) {
 }
 
 #ifdef __AVX512F__
-/* AVX-512 decoders of the types a decode step meets most (the default model's Q4_1/Q8_0 and
- * Q4_K_M's Q4_K/Q6_K, with their siblings): the same arithmetic as the scalar ones above, in
+/* AVX-512 decoders of the types a decode step meets most (the default model's Q4_1/Q8_0,
+ * Q4_K_M's Q4_K/Q6_K and the Q5_0/Q5_1 it falls back to, with their siblings): the same
+ * arithmetic as the scalar ones above, in
  * the same order, 16 values at a time, so their results are bit-equal. */
 
 /* 16 bytes as 16 int32 lanes, zero- or sign-extended. */
@@ -225,6 +214,38 @@ static inline void q8_0_regs(const uint8_t *b, __m512 w[2]) {
     w[1] = _mm512_mul_ps(to_ps(i8x16(b + 18)), d);
 }
 
+/* Q5_0/Q5_1's values 0..31: a nibble of qs with bit j of qh (little-endian) as its fifth. */
+static inline void q5_values(const uint8_t *qh_bytes, const uint8_t *qs, __m512i q[2]) {
+    uint32_t qh;
+    memcpy(&qh, qh_bytes, 4);
+    const __m512i bits = _mm512_set1_epi32((int)qh), one = _mm512_set1_epi32(1);
+    const __m512i lanes =
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i nibbles = u8x16(qs);
+    const __m512i fifth_lo = _mm512_and_si512(_mm512_srlv_epi32(bits, lanes), one);
+    const __m512i fifth_hi = _mm512_and_si512(
+        _mm512_srlv_epi32(bits, _mm512_add_epi32(lanes, _mm512_set1_epi32(16))), one);
+    q[0] = _mm512_or_si512(low4(nibbles), _mm512_slli_epi32(fifth_lo, 4));
+    q[1] = _mm512_or_si512(high4(nibbles), _mm512_slli_epi32(fifth_hi, 4));
+}
+
+static inline void q5_0_regs(const uint8_t *b, __m512 w[2]) {
+    const __m512 d = _mm512_set1_ps(fp16_to_fp32(b));
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    __m512i q[2];
+    q5_values(b + 2, b + 6, q);
+    w[0] = _mm512_mul_ps(to_ps(_mm512_sub_epi32(q[0], sixteen)), d);
+    w[1] = _mm512_mul_ps(to_ps(_mm512_sub_epi32(q[1], sixteen)), d);
+}
+
+static inline void q5_1_regs(const uint8_t *b, __m512 w[2]) {
+    const __m512 d = _mm512_set1_ps(fp16_to_fp32(b)), m = _mm512_set1_ps(fp16_to_fp32(b + 2));
+    __m512i q[2];
+    q5_values(b + 4, b + 8, q);
+    w[0] = _mm512_add_ps(_mm512_mul_ps(to_ps(q[0]), d), m);
+    w[1] = _mm512_add_ps(_mm512_mul_ps(to_ps(q[1]), d), m);
+}
+
 static inline void iq4_nl_regs(const uint8_t *b, __m512 w[2]) {
     const __m512 d = _mm512_set1_ps(fp16_to_fp32(b));
     const __m512 values = to_ps(i8x16((const uint8_t *)IQ4_NL_VALUES));
@@ -243,6 +264,8 @@ static inline void iq4_nl_regs(const uint8_t *b, __m512 w[2]) {
 STORE_REGS(q4_0)
 STORE_REGS(q4_1)
 STORE_REGS(q8_0)
+STORE_REGS(q5_0)
+STORE_REGS(q5_1)
 STORE_REGS(iq4_nl)
 
 /* Q4_K (qh NULL) and Q5_K, as decode_q45_k. */
@@ -278,23 +301,30 @@ static inline void decode_q5_k_avx512(const uint8_t *b, float *y) {
     decode_q45_k_avx512(b, b + 16, b + 48, y);
 }
 
+/* Q6_K's two high bits at shift of h, as bits 4 and 5. */
+static inline __m512i high2(__m512i h, int shift) {
+    const __m512i bits = _mm512_and_si512(_mm512_srli_epi32(h, (unsigned)shift),
+                                          _mm512_set1_epi32(3));
+    return _mm512_slli_epi32(bits, 4);
+}
+
 static inline void decode_q6_k_avx512(const uint8_t *b, float *y) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
     const float d = fp16_to_fp32(b + 208);
-    const __m512i three = _mm512_set1_epi32(3), bias = _mm512_set1_epi32(32);
+    const __m512i bias = _mm512_set1_epi32(32);
     for (int n = 0; n < QK_K; n += 128, y += 128, ql += 64, qh += 32, sc += 8) {
         for (int l = 0; l < 32; l += 16) {
             const int is = l / 16;
             const __m512i a = u8x16(ql + l), c = u8x16(ql + l + 32), h = u8x16(qh + l);
-            const __m512i q1 = _mm512_or_si512(low4(a), _mm512_slli_epi32(_mm512_and_si512(h, three), 4));
-            const __m512i q2 = _mm512_or_si512(low4(c), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 2), three), 4));
-            const __m512i q3 = _mm512_or_si512(high4(a), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(h, 4), three), 4));
-            const __m512i q4 = _mm512_or_si512(high4(c), _mm512_slli_epi32(_mm512_srli_epi32(h, 6), 4));
-            const __m512i qs[4] = {q1, q2, q3, q4};
+            const __m512i qs[4] = {_mm512_or_si512(low4(a), high2(h, 0)),
+                                   _mm512_or_si512(low4(c), high2(h, 2)),
+                                   _mm512_or_si512(high4(a), high2(h, 4)),
+                                   _mm512_or_si512(high4(c), high2(h, 6))};
             for (int k = 0; k < 4; k++) {
                 const __m512 ds = _mm512_set1_ps(d * (float)sc[is + 2 * k]);
-                _mm512_storeu_ps(y + l + 32 * k, _mm512_mul_ps(ds, to_ps(_mm512_sub_epi32(qs[k], bias))));
+                const __m512i q = _mm512_sub_epi32(qs[k], bias);
+                _mm512_storeu_ps(y + l + 32 * k, _mm512_mul_ps(ds, to_ps(q)));
             }
         }
     }
@@ -303,7 +333,7 @@ static inline void decode_q6_k_avx512(const uint8_t *b, float *y) {
 
 typedef void (*decode_fn)(const uint8_t *block, float *y);
 
-/* The decode kernel for m = 1..QUANT_DECODE_ROWS activation rows: y[r * out] = w . x[r]
+/* The decode kernel for m = 1..QUANT_GROUP_ROWS activation rows: y[r * out] = w . x[r]
  * for one weight row (entry 0 unused). */
 typedef void (*row_dots_fn)(const uint8_t *row, const float *x, int64_t in, float *y,
                             int64_t out);
@@ -327,10 +357,13 @@ static inline __attribute__((always_inline)) void row_dots_fused(
     decode_fn decode, regs_fn regs, const int64_t elems, const int64_t bytes,
     const uint8_t *row, const float *x, const int64_t m, int64_t in, float *y, int64_t out) {
     _Alignas(64) float w[QK_K];
-    __m512 acc[QUANT_DECODE_ROWS][2];
+    __m512 acc[QUANT_GROUP_ROWS][2];
     for (int64_t r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t k = 0; k < in; k += QK_K) {
         const int64_t n = in - k < QK_K ? in - k : QK_K; /* whole blocks: both are */
+        const char *chunk = (const char *)row + k / elems * bytes;
+        for (int64_t line = 0; line < n / elems * bytes; line += 64)
+            _mm_prefetch(chunk + QUANT_PREFETCH_BYTES + line, _MM_HINT_T0);
         if (regs == NULL)
             for (int64_t b = 0; b < n; b += elems) decode(row + (k + b) / elems * bytes, w + b);
         for (int64_t j = 0; j < n; j += 32) {
@@ -353,7 +386,7 @@ static inline __attribute__((always_inline)) void row_dots_fused(
 }
 
 /* NAME_fused[m]: row_dots_fused for decode_NAME (REGS: its registers' decoder, or NULL for
- * the k-quants, decoded a super-block at a time) and m rows, m = 1..8. */
+ * the k-quants, decoded a super-block at a time) and m rows, m = 1..QUANT_GROUP_ROWS. */
 #define FUSED_M(NAME, REGS, ELEMS, BYTES, M)                                               \
     static void NAME##_dots_##M(const uint8_t *row, const float *x, int64_t in, float *y,  \
                                 int64_t out) {                                             \
@@ -362,14 +395,13 @@ static inline __attribute__((always_inline)) void row_dots_fused(
 #define FUSED(NAME, REGS, ELEMS, BYTES)                                                    \
     FUSED_M(NAME, REGS, ELEMS, BYTES, 1) FUSED_M(NAME, REGS, ELEMS, BYTES, 2)              \
     FUSED_M(NAME, REGS, ELEMS, BYTES, 3) FUSED_M(NAME, REGS, ELEMS, BYTES, 4)              \
-    FUSED_M(NAME, REGS, ELEMS, BYTES, 5) FUSED_M(NAME, REGS, ELEMS, BYTES, 6)              \
-    FUSED_M(NAME, REGS, ELEMS, BYTES, 7) FUSED_M(NAME, REGS, ELEMS, BYTES, 8)              \
-    static const row_dots_fn NAME##_fused[QUANT_DECODE_ROWS + 1] = {                       \
-        NULL, NAME##_dots_1, NAME##_dots_2, NAME##_dots_3, NAME##_dots_4,                  \
-        NAME##_dots_5, NAME##_dots_6, NAME##_dots_7, NAME##_dots_8};
+    static const row_dots_fn NAME##_fused[QUANT_GROUP_ROWS + 1] = {                        \
+        NULL, NAME##_dots_1, NAME##_dots_2, NAME##_dots_3, NAME##_dots_4};
 FUSED(decode_q4_0, q4_0_regs, QK, 18)
 FUSED(decode_q4_1, q4_1_regs, QK, 20)
 FUSED(decode_q8_0, q8_0_regs, QK, 34)
+FUSED(decode_q5_0, q5_0_regs, QK, 22)
+FUSED(decode_q5_1, q5_1_regs, QK, 24)
 FUSED(decode_iq4_nl, iq4_nl_regs, QK, 18)
 FUSED(decode_q4_k, NULL, QK_K, 144)
 FUSED(decode_q5_k, NULL, QK_K, 176)
@@ -380,12 +412,12 @@ FUSED(decode_q6_k, NULL, QK_K, 210)
 #endif
 
 static const block_format FORMATS[] = {
-    {T_Q4_0, QK, 18, FAST(decode_q4_0)},    {T_Q4_1, QK, 20, FAST(decode_q4_1)},
-    {T_Q5_0, QK, 22, decode_q5_0, NULL},    {T_Q5_1, QK, 24, decode_q5_1, NULL},
-    {T_Q8_0, QK, 34, FAST(decode_q8_0)},    {T_IQ4_NL, QK, 18, FAST(decode_iq4_nl)},
-    {T_Q2_K, QK_K, 84, decode_q2_k, NULL},  {T_Q3_K, QK_K, 110, decode_q3_k, NULL},
-    {T_Q4_K, QK_K, 144, FAST(decode_q4_k)}, {T_Q5_K, QK_K, 176, FAST(decode_q5_k)},
-    {T_Q6_K, QK_K, 210, FAST(decode_q6_k)},
+    {GGML_Q4_0, QK, 18, FAST(decode_q4_0)},    {GGML_Q4_1, QK, 20, FAST(decode_q4_1)},
+    {GGML_Q5_0, QK, 22, FAST(decode_q5_0)},    {GGML_Q5_1, QK, 24, FAST(decode_q5_1)},
+    {GGML_Q8_0, QK, 34, FAST(decode_q8_0)},    {GGML_IQ4_NL, QK, 18, FAST(decode_iq4_nl)},
+    {GGML_Q2_K, QK_K, 84, decode_q2_k, NULL},  {GGML_Q3_K, QK_K, 110, decode_q3_k, NULL},
+    {GGML_Q4_K, QK_K, 144, FAST(decode_q4_k)}, {GGML_Q5_K, QK_K, 176, FAST(decode_q5_k)},
+    {GGML_Q6_K, QK_K, 210, FAST(decode_q6_k)},
 };
 
 static const block_format *format_of(int ggml_type) {
@@ -417,6 +449,23 @@ int octavo_quant_dequantize(float *out, const void *blocks, const int64_t *ids, 
     return OCTAVO_OK;
 }
 
+int octavo_quant_dequantize_bf16(bf16 *out, const void *blocks, int64_t n, int ggml_type,
+                                 int64_t in) {
+    const block_format *f = format_of(ggml_type);
+    if (f == NULL || in % f->elems) return OCTAVO_ERR_BAD_QUANT;
+    const int64_t row_bytes = in / f->elems * f->bytes;
+#pragma omp parallel for schedule(static) if (n * in >= PARALLEL_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        const uint8_t *row = (const uint8_t *)blocks + i * row_bytes;
+        _Alignas(64) float w[QK_K];
+        for (int64_t k = 0; k < in; k += f->elems, row += f->bytes) {
+            f->decode(row, w);
+            for (int64_t j = 0; j < f->elems; j++) out[i * in + k + j] = f2bf(w[j]);
+        }
+    }
+    return OCTAVO_OK;
+}
+
 /* sum(a[k] * b[k]) in fp32, vectorised (the reassociation -ffast-math allows). */
 static float dot(const float *a, const float *b, int64_t n) {
     float sum = 0.0f;
@@ -440,9 +489,12 @@ int octavo_quant_matmul(float *y, const float *x, int64_t m, const void *blocks,
     const int64_t row_bytes = in / f->elems * f->bytes;
     const uint8_t *rows = blocks;
     if (f->fused != NULL && m >= 1 && m <= QUANT_DECODE_ROWS) {
-        const row_dots_fn fused = f->fused[m];
 #pragma omp parallel for schedule(static) if (out * in >= PARALLEL_MIN)
-        for (int64_t o = 0; o < out; o++) fused(rows + o * row_bytes, x, in, y + o, out);
+        for (int64_t o = 0; o < out; o++)
+            for (int64_t r = 0; r < m; r += QUANT_GROUP_ROWS) {
+                const int64_t group = m - r < QUANT_GROUP_ROWS ? m - r : QUANT_GROUP_ROWS;
+                f->fused[group](rows + o * row_bytes, x + r * in, in, y + r * out + o, out);
+            }
         return OCTAVO_OK;
     }
     int failed = 0;

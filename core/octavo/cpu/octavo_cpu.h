@@ -137,5 +137,16 @@ int octavo_quant_dequantize(float *out, const void *blocks, const int64_t *ids, 
                             int ggml_type, int64_t in);
 int octavo_quant_matmul(float *y, const float *x, int64_t m, const void *blocks,
                         int ggml_type, int64_t out, int64_t in);
+/* Rows 0..n dequantized straight to bf16 [n][in] (rounded to nearest even, as PyTorch
+ * rounds): a bf16 prefill's weight panels. */
+int octavo_quant_dequantize_bf16(bf16 *out, const void *blocks, int64_t n, int ggml_type,
+                                 int64_t in);
+
+/* The same product on Q8 activations with AVX512-VNNI (cpu_quant_q8.c), for the types
+ * octavo_quant_q8_available names (1) and 1..QUANT_DECODE_ROWS rows: x quantized to int8
+ * per 32 values as llama.cpp does; OCTAVO_ERR_BAD_QUANT for anything else. */
+int octavo_quant_q8_available(int ggml_type);
+int octavo_quant_matmul_q8(float *y, const float *x, int64_t m, const void *blocks,
+                           int ggml_type, int64_t out, int64_t in);
 
 #endif

@@ -6,14 +6,18 @@ streams. A Q4_1 weight is about 5 bits per value against bf16's 16; dequantizing
 throws that away. These kernels read the blocks as the GGUF file stores them (llama.cpp's
 layouts; each row of a weight is its own run of blocks) and decode them as they multiply.
 
-How: a decode step (at most ``DECODE_ROWS`` activation rows) runs the C kernel, which
-decodes each weight row into an L1-resident fp32 buffer and takes its dot products with
-every activation row there, output rows shared among torch's OpenMP threads. A prefill
-(more rows) dequantizes the weight a panel of rows at a time and multiplies the panel with
-torch's fp32 matmul, where the arithmetic, not the weight bytes, is what costs. Both
-accumulate in fp32 on fp32 activations (bf16 ones are widened first), so the result is the
-dense product of the dequantized weight up to fp32 rounding. The dequantized values equal
-gguf's and llama.cpp's bit for bit.
+How: a decode step (at most ``DECODE_ROWS`` activation rows) runs a C kernel, output rows
+shared among torch's OpenMP threads. For Q4_0, Q4_1 and Q8_0 on a CPU with AVX512-VNNI it
+quantizes the activations to int8 per 32 values, as llama.cpp does, and takes integer dot
+products of the blocks as they are (``Q8_ACTIVATIONS``; the result then carries the
+activations' rounding, at most max|x| / 254 per value of a block); otherwise it decodes
+each weight block into fp32 registers (AVX-512) or an L1 buffer (portable C) and sums fp32
+products. A prefill (more rows) dequantizes the weight a panel of rows at a time and
+multiplies the panel with torch's matmul in the activations' dtype (bf16 panels on the CPU's
+bf16 units, as a dense bf16 model runs), where the arithmetic, not the weight bytes, is what
+costs. The fp32 kernels accumulate in fp32 on fp32 activations (bf16 ones are widened
+first), so their result is the dense product of the dequantized weight up to fp32
+rounding. The dequantized values equal gguf's and llama.cpp's bit for bit.
 """
 
 from __future__ import annotations
@@ -28,7 +32,11 @@ from octavo.cpu import kernels
 # Activation rows up to which quant_matmul runs the decode kernel; above, a panel at a time
 # is dequantized and multiplied densely.
 DECODE_ROWS = kernels.HEADER.constants["QUANT_DECODE_ROWS"]
-PANEL_ELEMS = 1 << 22  # fp32 weight values dequantized per panel of a prefill (16 MB)
+# Whether decode steps of the types with a VNNI kernel (quant_q8_available) quantize the
+# activations to int8 per 32 values and take integer dot products, as llama.cpp does, rather
+# than widen the weights to fp32 (benchmarks/quant_gemm.py measures both).
+Q8_ACTIVATIONS = True
+PANEL_ELEMS = 1 << 20  # fp32 weight values dequantized per panel of a prefill (4 MB)
 
 _TYPES = frozenset(int(t) for t in (
     GgmlType.Q4_0, GgmlType.Q4_1, GgmlType.Q5_0, GgmlType.Q5_1, GgmlType.Q8_0,
@@ -45,6 +53,12 @@ def quant_kernels_available() -> bool:
     """Whether the compiled library is loaded (it has the kernels of every type in
     :func:`quant_types`, with a portable path where the CPU lacks AVX-512)."""
     return kernels.library() is not None
+
+
+def quant_q8_available(ggml_type: int) -> bool:
+    """Whether decode steps of ``ggml_type`` can run the Q8-activation VNNI kernel here."""
+    lib = kernels.library()
+    return lib is not None and bool(lib.octavo_quant_q8_available(ggml_type))
 
 
 def quant_row_bytes(ggml_type: int, in_features: int) -> int:
@@ -83,38 +97,57 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
                  out_features: int, in_features: int) -> torch.Tensor:
     """``x @ W.T`` for ``x`` [..., in] (fp32 or bf16) and the weight ``W`` [out, in] given
     as its GGUF blocks (uint8 [out, row bytes], each row its blocks in the file's order):
-    [..., out] in ``x``'s dtype, summed in fp32."""
+    [..., out] in ``x``'s dtype, summed in fp32 (bf16 prefills: on bf16-rounded weights)."""
     _check_blocks(blocks, ggml_type, out_features, in_features)
     if x.shape[-1] != in_features:
         raise ValueError(f"x has {x.shape[-1]} features, the weight takes {in_features}")
-    x32 = x.reshape(-1, in_features).to(torch.float32).contiguous()
-    rows = x32.shape[0]
+    rows = x.numel() // in_features
+    if rows == 0:
+        return x.new_empty((*x.shape[:-1], out_features))
     if rows <= DECODE_ROWS:
+        x32 = x.reshape(-1, in_features).to(torch.float32).contiguous()
+        kernel = ("octavo_quant_matmul_q8" if Q8_ACTIVATIONS and quant_q8_available(ggml_type)
+                  else "octavo_quant_matmul")
         y = torch.empty((rows, out_features), dtype=torch.float32)
-        status = _library().octavo_quant_matmul(
+        status = getattr(_library(), kernel)(
             y.data_ptr(), x32.data_ptr(), rows, blocks.data_ptr(), ggml_type, out_features,
             in_features)
-        kernels.check_status("octavo_quant_matmul", status)
+        kernels.check_status(kernel, status)
     else:
-        y = _panel_matmul(x32, blocks, ggml_type, out_features, in_features)
+        y = _panel_matmul(x.reshape(-1, in_features), blocks, ggml_type, out_features,
+                          in_features)
     return y.to(x.dtype).reshape(*x.shape[:-1], out_features)
 
 
-def _panel_matmul(x32: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
+def _panel_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
                   out_features: int, in_features: int) -> torch.Tensor:
-    """The prefill product: a panel of weight rows dequantized at a time, then multiplied."""
-    y = torch.empty((x32.shape[0], out_features), dtype=torch.float32)
-    panel = max(1, PANEL_ELEMS // in_features)
+    """The prefill product of rows ``x`` [T, in]: a panel of weight rows dequantized at a
+    time into one buffer (a fresh large tensor would be page-faulted in on every call), then
+    multiplied in ``x``'s dtype: bf16 by the CPU's bf16 matmul (oneDNN: AMX or AVX512-BF16
+    where present, the weights rounded to bf16 as a dense bf16 model's are), fp32 in fp32."""
+    dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float32) else torch.float32
+    x = x.to(dtype)
+    y = torch.empty((x.shape[0], out_features), dtype=dtype)
+    panel = max(1, min(out_features, PANEL_ELEMS // in_features))
+    buffer = torch.empty((panel, in_features), dtype=dtype)
     for start in range(0, out_features, panel):
         stop = min(start + panel, out_features)
-        weight = _dequantize(blocks[start:stop], None, stop - start, ggml_type, in_features)
-        y[:, start:stop] = x32 @ weight.T
+        weight = buffer[: stop - start]
+        if dtype is torch.bfloat16:  # straight to bf16: no fp32 pass over the panel
+            status = _library().octavo_quant_dequantize_bf16(
+                weight.data_ptr(), blocks[start].data_ptr(), stop - start, ggml_type,
+                in_features)
+            kernels.check_status("octavo_quant_dequantize_bf16", status)
+        else:
+            _dequantize(weight, blocks[start:stop], None, ggml_type)
+        y[:, start:stop] = x @ weight.T
     return y
 
 
-def _dequantize(blocks: torch.Tensor, ids: torch.Tensor | None, n: int, ggml_type: int,
-                in_features: int) -> torch.Tensor:
-    out = torch.empty((n, in_features), dtype=torch.float32)
+def _dequantize(out: torch.Tensor, blocks: torch.Tensor, ids: torch.Tensor | None,
+                ggml_type: int) -> torch.Tensor:
+    """Rows ``ids`` of ``blocks`` (rows 0..len(out) with ids None) into fp32 ``out``."""
+    n, in_features = out.shape
     status = _library().octavo_quant_dequantize(
         out.data_ptr(), blocks.data_ptr(), None if ids is None else ids.data_ptr(), n,
         ggml_type, in_features)
@@ -132,5 +165,5 @@ def quant_rows(blocks: torch.Tensor, ids: torch.Tensor, ggml_type: int,
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= blocks.shape[0]):
         bad = flat[(flat < 0) | (flat >= blocks.shape[0])][0]
         raise IndexError(f"row id {int(bad)} is out of range for {blocks.shape[0]} rows")
-    rows = _dequantize(blocks, flat, flat.numel(), ggml_type, in_features)
+    rows = _dequantize(torch.empty((flat.numel(), in_features)), blocks, flat, ggml_type)
     return rows.to(dtype).reshape(*ids.shape, in_features)

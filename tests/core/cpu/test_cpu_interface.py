@@ -5,7 +5,6 @@ memory, or missing from this build) raises CpuKernelError naming it instead of a
 
 from __future__ import annotations
 
-import ctypes
 import platform
 import subprocess
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 
 from octavo.cpu import kernel_build, kernels
 from octavo.cpu.kernel_header import CStruct, Layout, ctypes_layout, read_header
+from tests.core.cpu.avx2_build import avx2_library
 
 pytestmark = pytest.mark.skipif(kernels.library() is None, reason="no C compiler here")
 
@@ -119,11 +119,7 @@ def test_a_build_without_avx512_returns_errors_from_its_missing_kernels(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The library built for an AVX2 CPU (x86-64-v3): it says which kernels it lacks, and
     each of them, called anyway, raises naming itself and what it needs."""
-    compiler = kernel_build.compiler()
-    assert compiler is not None
-    flags = [flag.replace("-march=native", "-march=x86-64-v3") for flag in kernel_build.FLAGS]
-    avx2 = ctypes.CDLL(str(kernel_build.built_library(compiler, flags)))
-    kernels.HEADER.bind(avx2)
+    avx2 = avx2_library()
     monkeypatch.setattr(kernels, "library", lambda: avx2)
     assert not (kernels.gemm_available() or kernels.pair_gemm_available())
     x, weight = torch.zeros(2, 32, dtype=BF16), torch.zeros(32, 32, dtype=BF16)
