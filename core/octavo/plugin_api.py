@@ -60,6 +60,12 @@ if TYPE_CHECKING:  # the names, for type checkers (at run time they load lazily)
     from octavo.models.config import model_eos_token_ids as model_eos_token_ids
     from octavo.models.layers.activation import SiluAndMul as SiluAndMul
     from octavo.models.layers.norm import RMSNorm as RMSNorm
+    from octavo.models.layers.quantization import EmbeddingMethodBase as EmbeddingMethodBase
+    from octavo.models.layers.quantization import LinearMethodBase as LinearMethodBase
+    from octavo.models.layers.quantization import QuantizationConfig as QuantizationConfig
+    from octavo.models.layers.quantization import (
+        register_quantization_config as register_quantization_config,
+    )
     from octavo.models.layers.rotary import RotaryEmbedding as RotaryEmbedding
     from octavo.models.layers.switch import switch_layers as switch_layers
     from octavo.models.layers.weights import WeightShapeError as WeightShapeError
@@ -154,6 +160,12 @@ _EXPORTS: dict[str, str] = {
     "WeightShapeError": "octavo.models.layers.weights:WeightShapeError",
     "switch_layers": "octavo.models.layers.switch:switch_layers",
     "RMSNorm": "octavo.models.layers.norm:RMSNorm",
+    # quantization methods (--quantization): a config class and the methods it hands layers
+    "QuantizationConfig": "octavo.models.layers.quantization:QuantizationConfig",
+    "LinearMethodBase": "octavo.models.layers.quantization:LinearMethodBase",
+    "EmbeddingMethodBase": "octavo.models.layers.quantization:EmbeddingMethodBase",
+    "register_quantization_config":
+        "octavo.models.layers.quantization:register_quantization_config",
     "RotaryEmbedding": "octavo.models.layers.rotary:RotaryEmbedding",
     "SiluAndMul": "octavo.models.layers.activation:SiluAndMul",
     "LlamaDecoderLayer": "octavo.models.llama:LlamaDecoderLayer",

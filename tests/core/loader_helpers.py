@@ -11,9 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 from gguf import GGML_QUANT_SIZES, GGUFWriter, Keys, RopeScalingType, TokenType
 from gguf import GGMLQuantizationType as GgmlType
 from tokenizers import pre_tokenizers
+
+from octavo.models.loader import ModelFiles
+from octavo.models.loader.quantized import GgufTensor
 
 # Byte offsets of the fp16 scales inside one block of each quantized type.
 SCALE_OFFSETS = {
@@ -31,6 +35,13 @@ TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}<|bos|>{{ m['role'] }}\n{{ m['content'] }}<|eos|>{% endfor %}"
 )
 
+
+
+def dense_weights(files: ModelFiles) -> dict[str, torch.Tensor]:
+    """Every weight of ``files``, the quantized ones (``GgufTensor``) dequantized to fp32:
+    what the dense option (``--quantization none``) loads."""
+    return {name: tensor.dequantize() if isinstance(tensor, GgufTensor) else tensor
+            for name, tensor in files.iter_weights()}
 
 
 def random_raw(ggml_type: GgmlType, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

@@ -18,6 +18,8 @@ from octavo.bench.workloads import build_workload
 from octavo.models.loader import default_model_path
 from octavo.testing.seeds import draw_seed
 
+from ..core.loader_helpers import TinyGguf
+from ..core.models.loader.test_gguf_quantized import UNIFORM
 from ..core.tiny_models import save_tiny_model
 from .engines import max_logprob_gap, one_thread, run
 
@@ -58,11 +60,32 @@ def test_replicated_kv_heads_qwen3_tp4(tmp_path: Path) -> None:
     assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE
 
 
+def test_quantized_gguf_tp2_matches_one_rank(tmp_path: Path) -> None:
+    """A GGUF kept in its blocks (Q4_1, a Q8_0 embedding): each rank holds its rows, or its
+    whole blocks of each row, and the tokens are one rank's."""
+    seed = draw_seed()
+    rng = np.random.default_rng(seed)
+    path = tmp_path / "tiny.gguf"
+    TinyGguf(types=UNIFORM).write(path, rng)
+    prompts = random_prompts(rng, 4)
+    with one_thread():
+        reference = run(str(path), prompts, 4, max_model_len=128)
+    parallel = run(str(path), prompts, 4, tensor_parallel_size=2, max_model_len=128)
+    assert parallel.tokens == reference.tokens, f"seed {seed}"
+    # Random blocks make large weights: logprobs reach ~1e2 (seed 963856819: 116), where
+    # fp32 rounding of the ranks' split sums is ~1e-4 (that seed: 3.8e-4); bounded relative.
+    largest = max(abs(lp) for prompt in reference.prompt_logprobs for position in prompt
+                  for lp in position.values())
+    assert max_logprob_gap(parallel, reference) < 1e-5 * largest, f"seed {seed}"
+
+
 def test_default_model_tp3_on_w1_prompts() -> None:
+    """Dense (--quantization none): the portable quantized layers would make its 64 steps
+    minutes long; the quantized split is the test above's."""
     prompts = build_workload("W1_throughput").prompts[:8]
     model = str(default_model_path())
     with one_thread():
-        reference = run(model, prompts, 32)
-    parallel = run(model, prompts, 32, tensor_parallel_size=3)
+        reference = run(model, prompts, 32, quantization="none")
+    parallel = run(model, prompts, 32, tensor_parallel_size=3, quantization="none")
     assert parallel.tokens == reference.tokens
     assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE

@@ -31,6 +31,10 @@ class ModelConfig:
         "choices": ("auto", *DTYPES)})
     max_model_len: int | None = field(default=None, metadata={
         "help": "Context length (default: the model's)."})
+    quantization: str | None = field(default=None, metadata={
+        "help": "How the weights are held (vLLM's --quantization): default, as the "
+                "checkpoint has them (a GGUF stays quantized: gguf); none: dense weights in "
+                "--dtype (a GGUF dequantized at load, as before)."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
     enable_prompt_embeds: bool = field(default=False, metadata={
         "help": "Accept prompt embeddings (a [tokens, hidden_size] tensor) instead of token "

@@ -36,10 +36,11 @@ from octavo.models.llama import LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 def _pair_gemm(linear: LinearBase) -> CpuGemm | None:
     """``linear``'s GEMM where the pair GEMM serves it (one tensor-parallel rank, the layer
-    reading no weight itself), else None. With AMX it serves only steps of fewer than
+    reading no weight itself, its method keeping a dense weight: a quantized layer takes the
+    portable layer's path), else None. With AMX it serves only steps of fewer than
     ``pair_rows`` rows (oneDNN takes the others): :func:`fused_rows`."""
     gemm = linear.cpu_gemm
-    if (isinstance(gemm, CpuGemm) and gemm.pairs is not None
+    if (linear.quant_method.dense and isinstance(gemm, CpuGemm) and gemm.pairs is not None
             and not linear.reads_weight_with_cpu_gemm() and linear.tp_size == 1):
         return gemm
     return None

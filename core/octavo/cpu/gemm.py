@@ -179,8 +179,10 @@ def attach_cpu_gemms(model: nn.Module, native_bf16: bool, amx: bool = False) -> 
             continue
         slot = cast(GemmSlot, module)
         weight = slot.weight
-        if not cpu_gemm_supported(weight.dtype, weight.device):
-            continue
+        method = getattr(module, "quant_method", None)
+        if (method is not None and not method.dense
+                or not cpu_gemm_supported(weight.dtype, weight.device)):
+            continue  # a quantized layer multiplies its own way
         bias = getattr(module, "bias", None)
         gemm = CpuGemm(weight.detach(), None if bias is None else bias.detach(), native_bf16,
                        amx)

@@ -100,8 +100,9 @@ class CpuPlatform(Platform):
     def prepare_model(cls, model: nn.Module, dtype: torch.dtype) -> int:
         """For a bf16 model: prepack the loaded weights for the CPU's GEMMs, fuse the
         element-wise layers and run decode steps a layer per call; nothing otherwise (fp32
-        runs PyTorch's own kernels). In any dtype the process's allocator keeps freed
-        memory for the next step (``octavo.cpu.allocator``). Imported here: a process that
+        runs PyTorch's own kernels). In any dtype, layers kept in GGUF blocks multiply with
+        the quantized kernels (``octavo.cpu.quant``), and the process's allocator keeps
+        freed memory for the next step (``octavo.cpu.allocator``). Imported here: a process that
         lists platforms does not load torch or build the kernels."""
         import torch
 
@@ -109,11 +110,14 @@ class CpuPlatform(Platform):
         from octavo.cpu.decode_layer import use_fused_decode_layers
         from octavo.cpu.gemm import attach_cpu_gemms, cpu_gemm_supported
         from octavo.cpu.layers import use_cpu_layers
+        from octavo.cpu.quant import attach_quant_gemms
 
         keep_freed_memory()
+        quantized = attach_quant_gemms(model)
         if not cpu_gemm_supported(dtype, torch.device("cpu")):
-            return 0
-        changed = (attach_cpu_gemms(model, native_bf16=cpu_has_native_bf16(), amx=cls.has_amx())
+            return quantized
+        changed = (quantized
+                   + attach_cpu_gemms(model, native_bf16=cpu_has_native_bf16(), amx=cls.has_amx())
                    + use_cpu_layers(model) + use_fused_decode_layers(model))
         return_freed_memory()  # the plain weights the packed copies replaced
         return changed

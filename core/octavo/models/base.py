@@ -26,7 +26,7 @@ tensors are fused into one parameter. ``stacked_params`` lists those fusions as
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
@@ -42,6 +42,7 @@ from octavo.models.layers.embedding import ParallelLMHead
 from octavo.models.layers.norm import RMSNorm
 from octavo.models.layers.parallel import kv_head_shards
 from octavo.models.layers.weights import default_weight_loader
+from octavo.models.loader.quantized import GgufTensor, Weight
 
 # Checkpoint tensors that are not parameters: buffers that old checkpoints saved.
 IGNORED_WEIGHT_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -236,7 +237,7 @@ class CausalLM(nn.Module):
 
     # -- weights ---------------------------------------------------------------------------
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> set[str]:
         """Copy HF-named tensors into the parameters; returns the HF names loaded.
 
         Raises :class:`WeightLoadError` for a tensor the model has no place for or whose
@@ -256,7 +257,10 @@ class CausalLM(nn.Module):
             if param is None:
                 raise WeightLoadError(hf_name, f"unexpected: {type(self).__name__} has no "
                                                f"parameter for it")
-            weight_loader = getattr(param, "weight_loader", default_weight_loader)
+            weight_loader: Callable[..., None] = getattr(param, "weight_loader",
+                                                         default_weight_loader)
+            if isinstance(tensor, GgufTensor) and not getattr(param, "takes_gguf", False):
+                tensor = tensor.dequantize()  # a dense parameter (--quantization none)
             try:
                 weight_loader(param, tensor, shard_id)
             except ValueError as exc:  # WeightShapeError or a bad shard id

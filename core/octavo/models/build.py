@@ -19,9 +19,18 @@ from octavo.attention.base import AttentionBackend
 from octavo.models.architectures import BUILTIN_ARCHITECTURES
 from octavo.models.base import CausalLM, WeightLoadError
 from octavo.models.config import ArchConfig
+from octavo.models.layers.gguf import GgufConfig
+from octavo.models.layers.quantization import (
+    QUANTIZATION_CONFIGS,
+    QuantizationConfig,
+    QuantizeMethodBase,
+    quantization_scope,
+)
 from octavo.models.loader import ModelFiles, ModelLoadError
 
 MAX_NAMES_SHOWN = 8
+NO_QUANTIZATION = "none"  # --quantization none: dense weights (a GGUF dequantized at load)
+assert GgufConfig.name in QUANTIZATION_CONFIGS  # imported for its registration
 
 
 def build_model(
@@ -30,12 +39,39 @@ def build_model(
     attn_backend: type[AttentionBackend],
     device: str | torch.device = "cpu",
     architectures: Mapping[str, type[CausalLM]] = BUILTIN_ARCHITECTURES,
+    quantization: str | None = None,
 ) -> CausalLM:
     """Instantiate the architecture of ``files.hf_config`` in ``dtype`` on ``device`` and load
-    its weights; the model is returned in eval mode with frozen parameters."""
-    model = _instantiate(files, dtype, attn_backend, device, architectures)
+    its weights; the model is returned in eval mode with frozen parameters.
+
+    ``quantization`` (``--quantization``): None, the checkpoint's own (a GGUF stays in its
+    blocks); ``"none"``, dense weights in ``dtype`` whatever the checkpoint; else a
+    registered config's name (``octavo.models.layers.quantization``)."""
+    config = quantization_config(files, quantization)
+    with quantization_scope(config):
+        model = _instantiate(files, dtype, attn_backend, device, architectures)
     _load(model, files)
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, QuantizeMethodBase):
+            method.process_weights_after_loading(module)
     return model.eval()
+
+
+def quantization_config(files: ModelFiles, quantization: str | None
+                        ) -> QuantizationConfig | None:
+    """The config the layers of ``files``' model take their methods from (None: dense)."""
+    name = files.quantization if quantization is None else quantization
+    if name is None or name == NO_QUANTIZATION:
+        return None
+    if name not in QUANTIZATION_CONFIGS:
+        known = ", ".join(sorted([NO_QUANTIZATION, *QUANTIZATION_CONFIGS]))
+        raise ModelLoadError(f"--quantization {name!r} is not a known method ({known})")
+    if name != files.quantization:
+        raise ModelLoadError(f"{files.source}: --quantization {name} does not match the "
+                             f"checkpoint's weights ({files.quantization or 'dense'}); "
+                             f"use --quantization {NO_QUANTIZATION} for dense weights")
+    return QUANTIZATION_CONFIGS[name]()
 
 
 def count_parameters(files: ModelFiles, attn_backend: type[AttentionBackend],

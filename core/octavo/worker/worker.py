@@ -49,7 +49,8 @@ class Worker(WorkerInterface):
         torch.manual_seed(config.model.seed)
         dtype = config.model.torch_dtype(platform.default_dtype)
         model = build_model(files, dtype, classes.attn_backend, device=self.device,
-                            architectures=classes.architectures)
+                            architectures=classes.architectures,
+                            quantization=config.model.quantization)
         platform.prepare_model(model, dtype)
         pooling = ({"pooling_type": config.pooler.pooling_type}
                    if config.model.runner == "pooling" else {})

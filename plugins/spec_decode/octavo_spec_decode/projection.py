@@ -21,11 +21,12 @@ from octavo.plugin_api import CausalLM, Platform, PPMissingLayer
 
 
 def lm_head_weight(target: CausalLM) -> torch.Tensor:
-    """The target's LM head ``[vocab, hidden]`` (this rank's rows): speculative decoding
-    runs on one worker, which holds it."""
+    """The target's LM head ``[vocab, hidden]`` (this rank's rows) in the model's dtype:
+    speculative decoding runs on one worker, which holds it. A quantized head (a GGUF's
+    blocks) gives a dequantized copy."""
     lm_head = target.lm_head
     assert not isinstance(lm_head, PPMissingLayer), "speculative decoding on one stage only"
-    return lm_head.weight
+    return lm_head.dense_weight()
 
 
 class DraftProjection(nn.Module):

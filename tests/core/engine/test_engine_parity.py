@@ -47,8 +47,8 @@ def test_smollm2_gguf_matches_hf(smollm2_hf, smollm2_hf64) -> None:  # type: ign
     """Judged as the Gemma 3 GGUF test is: 135M parameters in fp32 round far enough from
     exact that HF's fp32 logits and ours can differ by 4e-3 on rounding alone, so ours are
     bounded by their distance from an fp64 run relative to HF fp32's own."""
-    llm = LLM(dtype="float32", max_num_batched_tokens=128, max_num_seqs=8, max_model_len=512,
-              kv_cache_memory=128 * 2**20)
+    llm = LLM(dtype="float32", quantization="none", max_num_batched_tokens=128, max_num_seqs=8,
+              max_model_len=512, kv_cache_memory=128 * 2**20)
     seed = draw_seed()
     prompts = random_prompts(49152, seed)
     check_fp32_against_fp64(llm, smollm2_hf, smollm2_hf64, prompts, MAX_TOKENS,

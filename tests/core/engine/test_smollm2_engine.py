@@ -31,7 +31,8 @@ W1_REQUESTS = 12
 def test_w1_prompts_match_hf(smollm2_hf) -> None:  # type: ignore[no-untyped-def]
     workload = build_workload("W1_throughput")
     prompts = workload.prompts[:W1_REQUESTS]
-    llm = LLM(dtype="float32", max_model_len=512, kv_cache_memory=256 * 2**20)
+    llm = LLM(dtype="float32", quantization="none", max_model_len=512,
+              kv_cache_memory=256 * 2**20)
     ours = engine_greedy(llm, prompts, workload.output_len)
     reference = [hf_forced(smollm2_hf, p, tokens) for p, tokens in zip(prompts, ours[0])]
     report = compare(prompts, ours, reference)
@@ -56,7 +57,8 @@ BF16_TOKENS = 64
 def test_w1_prompts_bf16_agree_with_hf_bf16(smollm2_hf) -> None:  # type: ignore[no-untyped-def]
     workload = build_workload("W1_throughput")
     prompts = workload.prompts[:BF16_REQUESTS]
-    llm = LLM(dtype="bfloat16", max_model_len=512, kv_cache_memory=256 * 2**20)
+    llm = LLM(dtype="bfloat16", quantization="none", max_model_len=512,
+              kv_cache_memory=256 * 2**20)
     hf_bf16 = copy.deepcopy(smollm2_hf).to(torch.bfloat16)
     reference = [hf_greedy(hf_bf16, p, BF16_TOKENS)[0] for p in prompts]
     forced = greedy_agreement(engine_forced_picks(llm, prompts, reference), reference)

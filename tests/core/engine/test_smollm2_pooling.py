@@ -20,7 +20,7 @@ CHUNK = 32  # the token budget: the long prompts (~60 tokens) are computed in ch
 
 
 def test_smollm2_last_token_pooling_matches_hf(smollm2_hf) -> None:  # type: ignore[no-untyped-def]
-    llm = LLM(runner="pooling", dtype="float32", max_model_len=512,
+    llm = LLM(runner="pooling", dtype="float32", quantization="none", max_model_len=512,
               kv_cache_memory=64 * 2**20, max_num_batched_tokens=CHUNK)
     first = llm.embed(PROMPTS[:3], use_tqdm=False)
     last = llm.embed(PROMPTS[3:], use_tqdm=False)  # its first blocks: the cached LONG * 2

@@ -189,8 +189,9 @@ def gemma3_hf64(gemma3_hf: torch.nn.Module) -> torch.nn.Module:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_gemma3_270m_gguf_matches_hf(gemma3_gguf: Path, gemma3_hf, gemma3_hf64) -> None:  # type: ignore[no-untyped-def]
-    llm = LLM(model=str(gemma3_gguf), dtype="float32", max_num_batched_tokens=256,
-              max_num_seqs=8, max_model_len=1024, kv_cache_memory=256 * 2**20)
+    llm = LLM(model=str(gemma3_gguf), dtype="float32", quantization="none",
+              max_num_batched_tokens=256, max_num_seqs=8, max_model_len=1024,
+              kv_cache_memory=256 * 2**20)
     assert llm.llm_engine.core.executor.worker.runner.model.config.sliding_windows[:6] == (
         512, 512, 512, 512, 512, None)
     seed = draw_seed()

@@ -6,6 +6,10 @@ layers (``MergedColumnParallelLinear`` for gate/up, ``QKVParallelLinear`` for q/
 several HF projections in one weight so one matmul computes them; their weight loader
 places each HF tensor in its shard. Built without an explicit ``tp_rank``/``tp_size``, a layer
 takes this process's from the parallel state (``octavo.models.layers.parallel.resolve_tp``).
+
+A layer's ``weight`` belongs to its quantization method (``quant_method``, from
+``octavo.models.layers.quantization``): the method registers it, in whatever form it keeps
+it, and multiplies with it; the layer's ``weight_loader`` places this rank's shard in it.
 """
 
 from __future__ import annotations
@@ -13,15 +17,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from octavo.models.layers.parallel import all_reduce, check_divisible, kv_head_shards, resolve_tp
+from octavo.models.layers.quantization import linear_method
 from octavo.models.layers.weights import check_shape, copy_shard, new_parameter
 
 
 class LinearBase(nn.Module):
-    """``y = x W^T + b`` with this rank's ``weight [out, in]`` and optional bias."""
+    """``y = x W^T + b`` with this rank's ``weight [out, in]`` (as its ``quant_method``
+    holds it) and an optional dense bias."""
+
+    weight: nn.Parameter
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool, tp_rank: int, tp_size: int
@@ -29,10 +36,14 @@ class LinearBase(nn.Module):
         super().__init__()
         self.tp_rank = tp_rank
         self.tp_size = tp_size
-        self.weight = new_parameter(out_features, in_features, weight_loader=self.weight_loader)
+        self.in_features = in_features  # this rank's
+        self.out_features = out_features
+        self.quant_method = linear_method(self)
+        self.quant_method.create_weights(self, in_features, out_features, self.weight_loader)
         self.bias = new_parameter(out_features, weight_loader=self.weight_loader) if bias else None
-        # A faster GEMM on a prepacked copy of the weight, attached by the platform's
-        # prepare_model (the CPU's: octavo.cpu.gemm); None: F.linear.
+        # A faster GEMM on a prepacked copy of the weight (or on its quantized blocks),
+        # attached by the platform's prepare_model (the CPU's: octavo.cpu.gemm,
+        # octavo.cpu.quant); None: the method's apply.
         self.cpu_gemm: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
@@ -46,7 +57,7 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cpu_gemm is not None:
             return self.cpu_gemm(x)
-        return F.linear(x, self.weight, self.bias)
+        return self.quant_method.apply(self, x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -192,5 +203,5 @@ class RowParallelLinear(LinearBase):
             return super().forward(x)
         # The platform's GEMM adds the bias, which must come once, after the reduction.
         gemm = self.cpu_gemm if self.bias is None else None
-        output = all_reduce(gemm(x) if gemm is not None else F.linear(x, self.weight))
+        output = all_reduce(gemm(x) if gemm is not None else self.quant_method.apply(self, x))
         return output if self.bias is None else output + self.bias

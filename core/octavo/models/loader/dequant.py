@@ -147,12 +147,24 @@ def dequantize(raw: np.ndarray, ggml_type: GgmlType, shape: tuple[int, ...]) -> 
     ``raw`` is the tensor's data as stored (any numpy dtype; only its bytes are read).
     Float types keep their dtype; quantized types become fp32.
     """
-    data = torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).reshape(-1).copy())
+    data = raw_bytes(raw)
     if ggml_type in FLOAT_TYPES:
         return data.view(FLOAT_TYPES[ggml_type]).reshape(shape)
-    fmt = BLOCK_FORMATS.get(ggml_type)
+    return dequantize_blocks(data, ggml_type, shape)
+
+
+def raw_bytes(raw: np.ndarray) -> torch.Tensor:
+    """A GGUF tensor's bytes as a flat uint8 tensor (a copy: the file's map stays read-only)."""
+    return torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).reshape(-1).copy())
+
+
+def dequantize_blocks(data: torch.Tensor, ggml_type: int, shape: tuple[int, ...]
+                      ) -> torch.Tensor:
+    """The fp32 tensor of ``shape`` that the uint8 blocks ``data`` (any shape) of the block
+    type ``ggml_type`` hold."""
+    fmt = BLOCK_FORMATS.get(GgmlType(ggml_type))
     if fmt is None:
-        raise ValueError(f"unsupported GGUF tensor type {ggml_type.name}")
+        raise ValueError(f"unsupported GGUF tensor type {GgmlType(ggml_type).name}")
     blocks = data.reshape(-1, fmt.block_bytes)
     out = torch.empty(blocks.shape[0], fmt.block_elems, dtype=torch.float32)
     for start in range(0, blocks.shape[0], CHUNK_BLOCKS):

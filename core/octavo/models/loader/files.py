@@ -7,19 +7,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
 from tqdm.auto import tqdm
+
+from octavo.models.loader.quantized import Weight
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
 class WeightSource(Protocol):
-    """A format's tensors under Hugging Face parameter names, read lazily one at a time."""
+    """A format's tensors under Hugging Face parameter names, read lazily one at a time
+    (a GGUF's quantized weights as ``GgufTensor``)."""
 
     def __len__(self) -> int: ...
 
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]: ...
+    def __iter__(self) -> Iterator[tuple[str, Weight]]: ...
 
     def file_of(self, name: str) -> Path: ...
 
@@ -36,8 +38,11 @@ class ModelFiles:
     hf_config: dict[str, Any]  # config.json content, or one synthesized from GGUF metadata
     tokenizer: PreTrainedTokenizerBase  # fast tokenizer with its chat template set
     weights: WeightSource
+    # The quantization the weights come in (vLLM's --quantization names): "gguf" for a
+    # GGUF file, whose block-typed weights the stream yields as ``GgufTensor``; None: dense.
+    quantization: str | None = None
 
-    def iter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_weights(self) -> Iterator[tuple[str, Weight]]:
         """Yield ``(hf_name, tensor)`` for every stored weight, with a progress bar."""
         yield from tqdm(
             self.weights, total=len(self.weights), desc=f"Loading {self.source.name}", unit="tensor"

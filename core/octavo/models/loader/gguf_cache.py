@@ -3,9 +3,11 @@
 Reading a GGUF is slow in pure Python: parsing its metadata, building the tokenizer from
 it (transformers parses the whole file again) and dequantizing every tensor take seconds
 each. Their result never changes for a given file, so the first load writes it out as an HF
-folder - ``model.safetensors`` (the dequantized, HF-named weights, exactly the values the
-GGUF loader yields), ``config.json`` (the synthesized config) and the tokenizer files - and
-later loads read that folder through the ordinary HF-folder loader, weights memory-mapped.
+folder - ``model.safetensors`` (the HF-named weights, exactly what the GGUF loader yields:
+a quantized weight as its uint8 blocks, its GGUF type in the file's metadata under
+``GGML_TYPES``, so an entry is about the GGUF's size, not fp32's), ``config.json`` (the
+synthesized config) and the tokenizer files - and later loads read that folder through the
+ordinary HF-folder loader, weights memory-mapped.
 
 Where: ``$OCTAVO_CACHE_DIR``, else the user cache folder (``~/.cache/octavo`` on Linux),
 under ``gguf/<file stem>-<hash>``; the hash covers the GGUF's resolved path, size and
@@ -29,13 +31,15 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from octavo.models.loader.files import ModelFiles
+from octavo.models.loader.quantized import GgufTensor
 from octavo.paths import cache_root
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 3  # bump when what an entry holds, or how it is derived, changes
+FORMAT_VERSION = 4  # bump when what an entry holds, or how it is derived, changes
 MANIFEST = "octavo-cache.json"
 WEIGHTS = "model.safetensors"
+GGML_TYPES = "octavo.ggml_types"  # metadata key: JSON {weight name: GGUF type of its blocks}
 
 
 def entry_path(gguf: Path) -> Path:
@@ -91,12 +95,14 @@ def store(gguf: Path, files: ModelFiles) -> Path | None:
 
 
 def _write_entry(folder: Path, gguf: Path, files: ModelFiles) -> None:
-    weights = {
-        name: tensor.contiguous()
-        for name, tensor in tqdm(files.weights, total=len(files.weights), unit="tensor",
-                                 desc=f"Converting {gguf.name} (once; cached in {folder.parent})")
-    }
-    save_file(weights, folder / WEIGHTS)
+    weights, types = {}, {}
+    for name, tensor in tqdm(files.weights, total=len(files.weights), unit="tensor",
+                             desc=f"Converting {gguf.name} (once; cached in {folder.parent})"):
+        if isinstance(tensor, GgufTensor):
+            types[name] = tensor.ggml_type
+            tensor = tensor.blocks
+        weights[name] = tensor.contiguous()
+    save_file(weights, folder / WEIGHTS, metadata={GGML_TYPES: json.dumps(types)})
     del weights
     files.tokenizer.save_pretrained(folder)
     (folder / "config.json").write_text(json.dumps(files.hf_config, indent=2))

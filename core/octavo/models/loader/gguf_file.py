@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from gguf import ReaderTensor
+from safetensors import SafetensorError, safe_open
 
 from octavo.models.loader import gguf_cache
 from octavo.models.loader.config_ranges import check_config_ranges
-from octavo.models.loader.dequant import SUPPORTED_TYPES
+from octavo.models.loader.dequant import BLOCK_FORMATS, SUPPORTED_TYPES, GgmlType
 from octavo.models.loader.errors import ModelLoadError
 from octavo.models.loader.files import ModelFiles, WeightSource
 from octavo.models.loader.gguf_config import synthesize_hf_config
@@ -19,6 +21,7 @@ from octavo.models.loader.gguf_metadata import GgufFile
 from octavo.models.loader.gguf_names import ARCHITECTURES, GgufArchitecture, hf_tensor_name
 from octavo.models.loader.gguf_weights import GgufWeights
 from octavo.models.loader.hf_folder import load_hf_folder
+from octavo.models.loader.quantized import GgufTensor, Weight
 from octavo.models.loader.tokenizer import load_gguf_tokenizer
 
 
@@ -37,22 +40,44 @@ def load_gguf(path: Path) -> ModelFiles:
 
 def _from_entry(path: Path, entry: Path) -> ModelFiles:
     cached = load_hf_folder(entry)
-    return ModelFiles(path, cached.hf_config, cached.tokenizer, EntryWeights(path, cached.weights))
+    weights = EntryWeights(path, cached.weights, _entry_types(entry))
+    return ModelFiles(path, cached.hf_config, cached.tokenizer, weights, quantization="gguf")
+
+
+def _entry_types(entry: Path) -> dict[str, int]:
+    """The GGUF types of the weights an entry keeps as blocks (from its metadata)."""
+    try:
+        with safe_open(entry / gguf_cache.WEIGHTS, "pt") as weights:
+            types = json.loads((weights.metadata() or {})[gguf_cache.GGML_TYPES])
+    except (OSError, ValueError, KeyError, SafetensorError) as e:
+        raise ModelLoadError(f"{entry}: no readable GGUF types in its weights: {e}") from None
+    if not isinstance(types, dict) or not all(isinstance(t, int) for t in types.values()):
+        raise ModelLoadError(f"{entry}: its GGUF types are not a name -> type mapping")
+    return types
 
 
 class EntryWeights:
     """A cache entry's weights, attributed to the GGUF they came from: errors about a weight
-    name the file the user gave, not the cache."""
+    name the file the user gave, not the cache. The blocks of a quantized weight come back
+    as the ``GgufTensor`` the GGUF loader yielded."""
 
-    def __init__(self, gguf: Path, weights: WeightSource) -> None:
+    def __init__(self, gguf: Path, weights: WeightSource, types: dict[str, int]) -> None:
         self.gguf = gguf
         self.weights = weights
+        self.types = types  # weight name -> GGUF type, for the weights stored as blocks
 
     def __len__(self) -> int:
         return len(self.weights)
 
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return iter(self.weights)
+    def __iter__(self) -> Iterator[tuple[str, Weight]]:
+        for name, tensor in self.weights:
+            ggml_type = self.types.get(name)
+            if ggml_type is None or not isinstance(tensor, torch.Tensor):
+                yield name, tensor
+                continue
+            fmt = BLOCK_FORMATS[GgmlType(ggml_type)]
+            cols = tensor.shape[1] // fmt.block_bytes * fmt.block_elems
+            yield name, GgufTensor(ggml_type, tensor, (tensor.shape[0], cols))
 
     def file_of(self, name: str) -> Path:
         self.weights.file_of(name)  # raises for a name the entry does not hold
@@ -83,7 +108,7 @@ def read_gguf(path: Path) -> ModelFiles:
     permuted_heads = _permuted_heads(gguf, config, tensors) if arch.permuted_qk else {}
     weights = GgufWeights(gguf, tensors, permuted_heads, arch.norm_shift)
     tokenizer = load_gguf_tokenizer(path, gguf.get("tokenizer.chat_template"))
-    return ModelFiles(path, config, tokenizer, weights)
+    return ModelFiles(path, config, tokenizer, weights, quantization="gguf")
 
 
 def _hf_named_tensors(gguf: GgufFile, arch: GgufArchitecture) -> dict[str, ReaderTensor]:

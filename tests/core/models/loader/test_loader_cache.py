@@ -16,7 +16,7 @@ import torch
 from octavo import paths
 from octavo.models.loader import gguf_cache, gguf_file, load_model_files
 from octavo.testing.seeds import draw_seed
-from tests.core.loader_helpers import TinyGguf
+from tests.core.loader_helpers import TinyGguf, dense_weights
 from tests.core.models.loader.test_loader_gguf import ALL_TYPES
 
 TEXT = "<|bos|>user\nhé 🙂 the<|eos|>"
@@ -43,7 +43,7 @@ def assert_same_model(path: Path, seed: int) -> None:
     loaded = load_model_files(path)
     assert loaded.source == path
     assert loaded.hf_config == direct.hf_config, f"seed={seed}"
-    ours, expected = dict(loaded.iter_weights()), dict(direct.iter_weights())
+    ours, expected = dense_weights(loaded), dense_weights(direct)
     assert ours.keys() == expected.keys(), f"seed={seed}"
     for name, tensor in expected.items():
         assert ours[name].dtype == tensor.dtype, f"seed={seed} {name}"

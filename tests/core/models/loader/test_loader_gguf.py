@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from octavo.models.loader import ModelLoadError, load_model_files
 from octavo.testing.seeds import draw_seed
-from tests.core.loader_helpers import TINY_CHAT_TEMPLATE, TinyGguf
+from tests.core.loader_helpers import TINY_CHAT_TEMPLATE, TinyGguf, dense_weights
 
 # Every supported type on some matrix, Q and K among them, so the unpermute sees each layout.
 ALL_TYPES = {
@@ -57,7 +57,7 @@ def test_weights_and_config_match_transformers_gguf_loader(tmp_path: Path, model
     spec = MODELS[model]
     path, seed = write(tmp_path, spec)
     files = load_model_files(path)
-    ours = dict(files.iter_weights())
+    ours = dense_weights(files)
     reference = AutoModelForCausalLM.from_pretrained(
         tmp_path, gguf_file=path.name, dtype=torch.float32
     )

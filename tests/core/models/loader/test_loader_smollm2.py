@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 from octavo.models.loader import ModelFiles, ModelLoadError, default_model_path, load_model_files
 from octavo.models.loader import default_model as default_model_module
 from octavo.models.loader.gguf_metadata import GgufFile
+from tests.core.loader_helpers import dense_weights
 
 TEXTS = [
     "Hello, world! The quick brown fox jumps over the lazy dog.",
@@ -49,7 +50,7 @@ def test_every_weight_matches_transformers(files: ModelFiles, smollm2_hf) -> Non
     """``smollm2_hf`` (conftest.py) is transformers' load of the same GGUF, fp32."""
     expected = smollm2_hf.state_dict()
     seen = set()
-    for name, tensor in files.iter_weights():
+    for name, tensor in dense_weights(files).items():
         assert name in expected, f"unexpected weight {name}"
         assert tensor.dtype == torch.float32, name
         torch.testing.assert_close(tensor, expected[name], rtol=0, atol=1e-6, msg=name)

@@ -1,0 +1,55 @@
+"""GGUF-quantized layers multiplied by the CPU's quantized kernels (``octavo.cpu.quant_gemm``).
+
+A layer whose method keeps GGUF blocks (``octavo.models.layers.gguf``) computes on the
+portable path by dequantizing its whole weight every call. Where the kernels are built and
+serve the layer's type, the platform gives the layer a ``cpu_gemm`` that multiplies the
+blocks as they are (decode steps in registers, prefills a dequantized panel at a time), in
+fp32 or bf16 alike. The layer's blocks are the method's, handed over by its public
+``quantized_weight``; nothing is copied.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+from torch import nn
+
+from octavo.cpu.gemm import GemmSlot
+from octavo.cpu.quant_gemm import quant_kernels_available, quant_matmul, quant_types
+from octavo.models.layers.gguf import GgufMethod, QuantizedWeight
+
+
+class QuantGemm:
+    """``x @ W.T (+ bias)`` for one layer on its GGUF blocks."""
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> None:
+        self.weight = weight
+        self.bias = bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        y = quant_matmul(x, w.blocks, w.ggml_type, w.rows, w.cols)
+        return y if self.bias is None else y + self.bias
+
+
+def attach_quant_gemms(model: nn.Module) -> int:
+    """Give every layer on GGUF blocks of a type the kernels serve a :class:`QuantGemm`
+    (in its ``cpu_gemm`` slot: linear layers and LM heads); returns how many. Call it after
+    loading. Embedding lookups stay the method's (they dequantize only the rows they
+    gather)."""
+    if not quant_kernels_available():
+        return 0
+    attached = 0
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if not hasattr(module, "cpu_gemm") or not isinstance(method, GgufMethod):
+            continue
+        weight = method.quantized_weight(module)
+        if weight is None or weight.ggml_type not in quant_types():
+            continue
+        bias = getattr(module, "bias", None)
+        cast(GemmSlot, module).cpu_gemm = QuantGemm(weight,
+                                                    None if bias is None else bias.detach())
+        attached += 1
+    return attached

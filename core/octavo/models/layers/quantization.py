@@ -1,0 +1,168 @@
+"""The quantization layer: how a linear layer, an embedding or an LM head holds its weights.
+
+In the spirit of vLLM's ``QuantizationConfig`` / ``QuantizeMethodBase``: a layer does not
+allocate or multiply its weight itself; its *method* does. At construction the layer asks the
+model's :class:`QuantizationConfig` (chosen from the checkpoint, or by ``--quantization``)
+for a method, which registers the layer's parameters with their loaders
+(``create_weights``), fixes them up once they are loaded (``process_weights_after_loading``)
+and computes with them (``apply``; an embedding's ``embed``). ``None`` as the config is
+dense weights: :class:`UnquantizedLinearMethod` / :class:`UnquantizedEmbeddingMethod`,
+today's behaviour.
+
+The config reaches the layers the way the tensor-parallel rank does, from a scope the model
+builder opens around construction (:func:`quantization_scope`), so model classes need no
+extra argument. Configs are registered by name (:func:`register_quantization_config`, in
+``octavo.plugin_api`` for plugins: AWQ, GPTQ, fp8, ...). A platform asks a method whether
+it keeps a plain dense weight (:attr:`QuantizeMethodBase.dense`) before giving the layer a
+faster dense GEMM; it never reads a method's own state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from octavo.models.layers.weights import new_parameter
+
+WeightLoader = Callable[..., None]  # (param, loaded, shard_id=None) -> None
+
+
+def layer_weight(layer: nn.Module) -> torch.Tensor:
+    """``layer.weight``, which a method's ``create_weights`` registered."""
+    weight = layer.weight
+    assert isinstance(weight, torch.Tensor), f"{type(layer).__name__} has no weight tensor"
+    return weight
+
+
+class QuantizeMethodBase:
+    """How one layer holds and uses its weight. One object per layer: it may keep state
+    (the type its weights were loaded in). ``layer`` is a ``LinearBase`` for a linear
+    method, a ``VocabParallelEmbedding`` for an embedding method (typed ``nn.Module``
+    here: those modules import this one)."""
+
+    @property
+    def dense(self) -> bool:
+        """Whether the layer's ``weight`` is a plain dense ``[rows, cols]`` tensor of the
+        model's dtype once loaded: a platform may then multiply with its own dense GEMM."""
+        return True
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Repack, transpose or check what was loaded (called once, after loading)."""
+        del layer
+
+
+class LinearMethodBase(QuantizeMethodBase):
+    """A linear layer's method: ``y = x W^T (+ b)`` with ``W`` held its way."""
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int,
+                       weight_loader: WeightLoader) -> None:
+        """Register ``layer.weight`` for this rank's ``[out_features, in_features]``, filled
+        through the layer's ``weight_loader`` (which knows the sharding)."""
+        raise NotImplementedError
+
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class EmbeddingMethodBase(QuantizeMethodBase):
+    """An embedding table's method, which the LM head (tied or not) uses for its logits."""
+
+    def create_weights(self, layer: nn.Module, rows: int, hidden: int,
+                       weight_loader: WeightLoader) -> None:
+        raise NotImplementedError
+
+    def embed(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the table, ``[T, hidden]`` in the model's dtype."""
+        raise NotImplementedError
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """``x @ table^T``: logits over this rank's rows."""
+        raise NotImplementedError
+
+    def dense_weight(self, layer: nn.Module) -> torch.Tensor:
+        """This rank's table ``[rows, hidden]`` in the model's dtype (a quantized method
+        dequantizes a copy), for code that multiplies with the table itself (speculative
+        decoding's draft projections)."""
+        raise NotImplementedError
+
+
+class UnquantizedLinearMethod(LinearMethodBase):
+    """Dense weights in the model's dtype, multiplied by ``F.linear``."""
+
+    def create_weights(self, layer: nn.Module, in_features: int, out_features: int,
+                       weight_loader: WeightLoader) -> None:
+        layer.weight = new_parameter(out_features, in_features, weight_loader=weight_loader)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, layer_weight(layer), bias)
+
+
+class UnquantizedEmbeddingMethod(EmbeddingMethodBase):
+    """A dense table: ``F.embedding`` and ``F.linear``."""
+
+    def create_weights(self, layer: nn.Module, rows: int, hidden: int,
+                       weight_loader: WeightLoader) -> None:
+        layer.weight = new_parameter(rows, hidden, weight_loader=weight_loader)
+
+    def embed(self, layer: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, layer_weight(layer))
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, layer_weight(layer))
+
+    def dense_weight(self, layer: nn.Module) -> torch.Tensor:
+        return layer_weight(layer)
+
+
+class QuantizationConfig:
+    """A checkpoint's quantization: which method each layer gets. Subclasses set ``name``
+    (vLLM's ``--quantization`` value) and override the methods they change."""
+
+    name: ClassVar[str]
+
+    def get_linear_method(self, layer: nn.Module) -> LinearMethodBase:
+        del layer
+        return UnquantizedLinearMethod()
+
+    def get_embedding_method(self, layer: nn.Module) -> EmbeddingMethodBase:
+        del layer
+        return UnquantizedEmbeddingMethod()
+
+
+QUANTIZATION_CONFIGS: dict[str, type[QuantizationConfig]] = {}
+_current: list[QuantizationConfig | None] = [None]
+
+
+def register_quantization_config(config: type[QuantizationConfig]) -> type[QuantizationConfig]:
+    """Make ``config`` selectable as ``--quantization <config.name>`` (a class decorator)."""
+    QUANTIZATION_CONFIGS[config.name] = config
+    return config
+
+
+@contextlib.contextmanager
+def quantization_scope(config: QuantizationConfig | None) -> Iterator[None]:
+    """Layers built inside take their methods from ``config`` (None: dense)."""
+    _current.append(config)
+    try:
+        yield
+    finally:
+        _current.pop()
+
+
+def linear_method(layer: nn.Module) -> LinearMethodBase:
+    """The method of a linear layer being built, from the current scope's config."""
+    config = _current[-1]
+    return UnquantizedLinearMethod() if config is None else config.get_linear_method(layer)
+
+
+def embedding_method(layer: nn.Module) -> EmbeddingMethodBase:
+    """The method of an embedding or LM head being built, from the current scope's config."""
+    config = _current[-1]
+    return UnquantizedEmbeddingMethod() if config is None else config.get_embedding_method(layer)
