@@ -69,8 +69,9 @@ def test_quantized_gguf_tp2_matches_one_rank(tmp_path: Path) -> None:
     TinyGguf(types=UNIFORM).write(path, rng)
     prompts = random_prompts(rng, 4)
     with one_thread():
-        reference = run(str(path), prompts, 4, max_model_len=128)
-    parallel = run(str(path), prompts, 4, tensor_parallel_size=2, max_model_len=128)
+        reference = run(str(path), prompts, 4, max_model_len=128, quantization="gguf")
+    parallel = run(str(path), prompts, 4, tensor_parallel_size=2, max_model_len=128,
+                   quantization="gguf")
     assert parallel.tokens == reference.tokens, f"seed {seed}"
     # Random blocks make large weights: logprobs reach ~1e2 (seed 963856819: 116), where
     # fp32 rounding of the ranks' split sums is ~1e-4 (that seed: 3.8e-4); bounded relative.

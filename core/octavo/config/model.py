@@ -33,8 +33,9 @@ class ModelConfig:
         "help": "Context length (default: the model's)."})
     quantization: str | None = field(default=None, metadata={
         "help": "How the weights are held (vLLM's --quantization): default, as the "
-                "checkpoint has them (a GGUF stays quantized: gguf); none: dense weights in "
-                "--dtype (a GGUF dequantized at load, as before)."})
+                "checkpoint has them, except a GGUF, dequantized at load (dense is faster "
+                "today); gguf: a GGUF kept in its blocks, on the CPU's quantized kernels; "
+                "none: dense weights in --dtype."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
     enable_prompt_embeds: bool = field(default=False, metadata={
         "help": "Accept prompt embeddings (a [tokens, hidden_size] tensor) instead of token "

@@ -1,4 +1,4 @@
-"""GGUF weights kept in their quantized blocks (``--quantization gguf``, a GGUF's default):
+"""GGUF weights kept in their quantized blocks (``--quantization gguf``):
 the model built on the blocks computes what the dense one (``--quantization none``) does,
 the conversion cache keeps the blocks, and tensor parallelism splits them on block
 boundaries or refuses with the numbers."""
@@ -63,7 +63,8 @@ def test_the_quantized_model_computes_what_the_dense_one_does(
     path = tmp_path / "tiny.gguf"
     TinyGguf(types=types).write(path, np.random.default_rng(seed))
     files = load_model_files(path)
-    quantized = build_model(files, torch.float32, TorchAttentionBackend)
+    quantized = build_model(files, torch.float32, TorchAttentionBackend,
+                            quantization="gguf")
     dense = build_model(load_model_files(path), torch.float32, TorchAttentionBackend,
                         quantization="none")
     methods = {name: module.quant_method for name, module in quantized.named_modules()
@@ -148,7 +149,7 @@ def default_models():
     read of its files."""
     files = load_model_files(None)
     tokens = [files.tokenizer.encode(p) for p in PROMPTS]
-    quantized = build_model(files, torch.bfloat16, TorchAttentionBackend)
+    quantized = build_model(files, torch.bfloat16, TorchAttentionBackend, quantization="gguf")
     kernels = attach_quant_gemms(quantized)  # as CpuPlatform.prepare_model does
     print(f"quantized CPU kernels on {kernels} layers")
     # Per layer qkv, o, gate/up and down (the file's 210 Q4_1 tensors, fused), and the head.
@@ -172,11 +173,11 @@ def test_default_model_teacher_forced_greedy_agrees_with_dense(default_models) -
     assert agree >= 0.95 * total, f"seed={seed}: {agree}/{total}"
 
 
-def test_the_engine_generates_on_the_default_gguf_kept_quantized(default_models) -> None:
+def test_the_engine_generates_on_the_default_gguf_kept_in_blocks(default_models) -> None:
     """End to end (the engine on the CPU platform, its quantized kernels): greedy tokens as
-    the dense model's, from the weights left quantized by default."""
+    the dense model's, from the weights kept in their blocks (``--quantization gguf``)."""
     _, dense, prompts = default_models
-    llm = LLM(max_model_len=256, kv_cache_memory=32 * 2**20)
+    llm = LLM(max_model_len=256, kv_cache_memory=32 * 2**20, quantization="gguf")
     model = llm.llm_engine.core.executor.worker.runner.model
     assert model.model.layers[0].mlp.down_proj.weight.dtype == torch.uint8
     out = llm.generate([{"prompt_token_ids": prompts[0]}],
