@@ -37,19 +37,26 @@ def attach_quant_gemms(model: nn.Module) -> int:
     """Give every layer on GGUF blocks of a type the kernels serve a :class:`QuantGemm`
     (in its ``cpu_gemm`` slot: linear layers and LM heads); returns how many. Call it after
     loading. Embedding lookups stay the method's (they dequantize only the rows they
-    gather)."""
-    if not quant_kernels_available():
+    gather). A model with no such layer (every dense one) does not load or build the
+    kernel library here."""
+    quantized = [(module, weight) for module in model.modules()
+                 if (weight := _quantized_weight(module)) is not None]
+    if not quantized or not quant_kernels_available():
         return 0
     attached = 0
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        if not hasattr(module, "cpu_gemm") or not isinstance(method, GgufMethod):
-            continue
-        weight = method.quantized_weight(module)
-        if weight is None or weight.ggml_type not in quant_types():
+    for module, weight in quantized:
+        if weight.ggml_type not in quant_types():
             continue
         bias = getattr(module, "bias", None)
         cast(GemmSlot, module).cpu_gemm = QuantGemm(weight,
                                                     None if bias is None else bias.detach())
         attached += 1
     return attached
+
+
+def _quantized_weight(module: nn.Module) -> QuantizedWeight | None:
+    """The GGUF blocks of ``module`` where it has a ``cpu_gemm`` slot; None otherwise."""
+    method = getattr(module, "quant_method", None)
+    if not hasattr(module, "cpu_gemm") or not isinstance(method, GgufMethod):
+        return None
+    return method.quantized_weight(module)
