@@ -271,3 +271,34 @@ def test_a_huge_prompt_is_tokenized_off_the_loop_and_leaves_nothing(harness: Har
                            SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True),
                            "after-huge"))
     assert len(ok.outputs[0].token_ids) == 2
+
+
+def test_a_window_stream_closed_unread_aborts_its_prompt(harness: Harness) -> None:
+    """A response abandoned before its first read: closing the window's streams of prompts
+    already sent, never iterated, aborts them (a bare generator's close would run none of
+    its code, and they would run to max_tokens for nobody)."""
+    from octavo.entrypoints.openai.admission import SequenceWindow
+
+    engine = harness.engine
+    params = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+
+    async def send_then_leave() -> SchedulerStats | None:
+        async def prepared() -> Any:
+            for index in range(3):
+                yield await engine.prepare(f"story {index}", params, f"unread-{index}")
+
+        window = SequenceWindow(engine, size=2, sequences_per_prompt=1)
+        streams = await window.streams(prepared())  # two sent, the third held back
+        assert engine.num_unfinished_requests == 2
+        for stream in streams:
+            await stream.aclose()
+        assert engine.num_unfinished_requests == 0
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            stats = harness.stats.latest
+            if stats is not None and stats.num_running_reqs == 0:
+                break
+        return harness.stats.latest
+
+    stats = harness.run(send_then_leave())
+    assert stats is not None and stats.num_running_reqs == 0 and stats.kv_cache_usage == 0.0

@@ -76,15 +76,16 @@ class SequenceWindow:
                 if not self._slots.locked():
                     await self._slots.acquire()
                     sent = self.engine.submit(request)
-                streams.append(self._stream(request, sent))
+                streams.append(WindowStream(self, request, sent))
         except BaseException:
             for request_id in request_ids:
                 self.engine.abort(request_id)  # a no-op for one not sent
             raise
         return streams
 
-    async def _stream(self, request: PreparedRequest, sent: AsyncGenerator[Any, None] | None,
+    async def outputs(self, request: PreparedRequest, sent: AsyncGenerator[Any, None] | None,
                       ) -> AsyncGenerator[Any, None]:
+        """The prompt's outputs; one not ``sent`` yet is sent once a slot frees."""
         if sent is None:
             await self._slots.acquire()
         try:
@@ -95,3 +96,37 @@ class SequenceWindow:
             if sent is not None:
                 await sent.aclose()  # aborts the request unless it finished
             self._slots.release()
+
+    def withdraw(self, request_id: str) -> None:
+        """Abort a sent prompt whose outputs were never read, and free its slot."""
+        self.engine.abort(request_id)
+        self._slots.release()
+
+
+class WindowStream(AsyncGenerator[Any, None]):
+    """One prompt's outputs. Why not the bare generator: closing a generator that was never
+    iterated runs none of its code, so a prompt the window had already sent would run to
+    its end with nobody reading it and hold its slot (a response abandoned before its first
+    read: a client gone, an error building it). Closing this one aborts that prompt."""
+
+    def __init__(self, window: SequenceWindow, request: PreparedRequest,
+                 sent: AsyncGenerator[Any, None] | None) -> None:
+        self._window = window
+        self._request_id = request.request_id
+        self._sent = sent
+        self._outputs = window.outputs(request, sent)
+        self._started = False
+
+    async def asend(self, value: None) -> Any:
+        self._started = True
+        return await self._outputs.asend(value)
+
+    async def athrow(self, *args: Any) -> Any:
+        return await self._outputs.athrow(*args)
+
+    async def aclose(self) -> None:
+        if self._started:
+            await self._outputs.aclose()
+        elif self._sent is not None:
+            self._sent = None
+            self._window.withdraw(self._request_id)
