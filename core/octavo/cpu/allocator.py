@@ -14,13 +14,14 @@ high-water mark instead of shrinking after a burst, as with tcmalloc or jemalloc
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
 import math
 import mmap
 
 import torch
+
+from octavo.host_memory import libc
 
 logger = logging.getLogger(__name__)
 
@@ -31,30 +32,11 @@ MMAP_THRESHOLD_BYTES = 1 << 30  # blocks up to 1 GiB come from the heap
 NEVER_TRIM = 2**31 - 1  # mallopt takes an int: the largest, about 2 GiB
 
 
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c"))
-    except (OSError, TypeError):
-        return None
-
-
-def return_freed_memory() -> None:
-    """Give the kernel back every whole page the heap holds free (glibc's ``malloc_trim``):
-    after a model's load and prepacking, the plain weights it released lie in holes between
-    the packed copies, too small for the activations to reuse, and would otherwise stay
-    resident for the process's life (212 MB for SmolLM2-135M)."""
-    libc = _libc()
-    trim = getattr(libc, "malloc_trim", None)
-    if trim is not None:
-        trim.argtypes = [ctypes.c_size_t]
-        trim(0)
-
-
 @functools.cache
 def keep_freed_memory() -> bool:
     """Tell glibc to keep freed blocks for reuse; once per process. False where the C
     library has no ``mallopt`` (musl, macOS) or refuses the settings: nothing changes."""
-    mallopt = getattr(_libc(), "mallopt", None)
+    mallopt = getattr(libc(), "mallopt", None)
     if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from octavo.host_memory import meminfo_bytes, return_freed_memory
 from octavo.platforms.base import Availability, Platform
 
 if TYPE_CHECKING:
@@ -14,18 +15,6 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
     from octavo.distributed.state import TensorCommunicator
-
-
-def _meminfo_bytes(field: str) -> int:
-    """A field of /proc/meminfo in bytes (Linux); 0 where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def cpu_flags() -> frozenset[str]:
@@ -70,11 +59,11 @@ class CpuPlatform(Platform):
 
     @classmethod
     def total_memory(cls) -> int:
-        return _meminfo_bytes("MemTotal")
+        return meminfo_bytes("MemTotal")
 
     @classmethod
     def free_memory(cls) -> int:
-        return _meminfo_bytes("MemAvailable")
+        return meminfo_bytes("MemAvailable")
 
     @classmethod
     def init_worker_process(cls, rank: int, world_size: int) -> None:
@@ -106,7 +95,7 @@ class CpuPlatform(Platform):
         lists platforms does not load torch or build the kernels."""
         import torch
 
-        from octavo.cpu.allocator import keep_freed_memory, return_freed_memory
+        from octavo.cpu.allocator import keep_freed_memory
         from octavo.cpu.decode_layer import use_fused_decode_layers
         from octavo.cpu.gemm import attach_cpu_gemms, cpu_gemm_supported
         from octavo.cpu.layers import use_cpu_layers

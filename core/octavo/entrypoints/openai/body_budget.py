@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from octavo.cpu.allocator import return_freed_memory
-from octavo.cpu.platform import CpuPlatform
+from octavo.host_memory import meminfo_bytes, return_freed_memory
 
 # Bodies at least this large end with a trim of the heaps (when no other one is in flight).
 LARGE_BODY_BYTES = 256 << 10
@@ -32,7 +31,7 @@ MEMORY_PER_BODY_BYTE = 384
 def default_inflight_body_size(max_request_body_size: int) -> int:
     """The budget for this host (its memory / 1536, from /proc/meminfo), never below one
     body of the largest size."""
-    machine = CpuPlatform.total_memory() // (MEMORY_SHARE * MEMORY_PER_BODY_BYTE)
+    machine = meminfo_bytes("MemTotal") // (MEMORY_SHARE * MEMORY_PER_BODY_BYTE)
     return max(machine, max_request_body_size)
 
 
