@@ -16,20 +16,29 @@ import torch
 from torch import nn
 
 from octavo.cpu.gemm import GemmSlot
-from octavo.cpu.quant_gemm import quant_kernels_available, quant_matmul, quant_types
+from octavo.cpu.quant_gemm import (
+    check_blocks,
+    checked_matmul,
+    decode_kernel,
+    quant_kernels_available,
+    quant_types,
+)
 from octavo.models.layers.gguf import GgufMethod, QuantizedWeight
 
 
 class QuantGemm:
-    """``x @ W.T (+ bias)`` for one layer on its GGUF blocks."""
+    """``x @ W.T (+ bias)`` for one layer on its GGUF blocks, checked and its decode kernel
+    chosen once, here."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> None:
+        check_blocks(weight.blocks, weight.ggml_type, weight.rows, weight.cols)
         self.weight = weight
         self.bias = bias
+        self.kernel = decode_kernel(weight.ggml_type)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        y = quant_matmul(x, w.blocks, w.ggml_type, w.rows, w.cols)
+        y = checked_matmul(x, w.blocks, w.ggml_type, w.rows, w.cols, self.kernel)
         return y if self.bias is None else y + self.bias
 
 

@@ -83,7 +83,19 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
-def _check_blocks(blocks: torch.Tensor, ggml_type: int, rows: int, in_features: int) -> None:
+def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
+                 out_features: int, in_features: int) -> torch.Tensor:
+    """``x @ W.T`` for ``x`` [..., in] (fp32 or bf16) and the weight ``W`` [out, in] given
+    as its GGUF blocks (uint8 [out, row bytes], each row its blocks in the file's order):
+    [..., out] in ``x``'s dtype, summed in fp32 (bf16 prefills: on bf16-rounded weights)."""
+    check_blocks(blocks, ggml_type, out_features, in_features)
+    return checked_matmul(x, blocks, ggml_type, out_features, in_features,
+                          decode_kernel(ggml_type))
+
+
+def check_blocks(blocks: torch.Tensor, ggml_type: int, rows: int, in_features: int) -> None:
+    """ValueError naming the problem where ``blocks`` are not the GGUF blocks of a
+    [rows, in_features] weight of ``ggml_type`` that the kernels serve."""
     expected = (rows, quant_row_bytes(ggml_type, in_features))
     if blocks.dtype is not torch.uint8 or not blocks.is_contiguous() or not blocks.is_cpu:
         raise ValueError(f"quantized blocks must be a contiguous uint8 CPU tensor, got "
@@ -93,12 +105,18 @@ def _check_blocks(blocks: torch.Tensor, ggml_type: int, rows: int, in_features: 
                          f"weight have shape {list(expected)}, got {list(blocks.shape)}")
 
 
-def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
-                 out_features: int, in_features: int) -> torch.Tensor:
-    """``x @ W.T`` for ``x`` [..., in] (fp32 or bf16) and the weight ``W`` [out, in] given
-    as its GGUF blocks (uint8 [out, row bytes], each row its blocks in the file's order):
-    [..., out] in ``x``'s dtype, summed in fp32 (bf16 prefills: on bf16-rounded weights)."""
-    _check_blocks(blocks, ggml_type, out_features, in_features)
+def decode_kernel(ggml_type: int) -> str:
+    """The C entry point that a decode step of ``ggml_type`` runs here."""
+    return ("octavo_quant_matmul_q8" if Q8_ACTIVATIONS and quant_q8_available(ggml_type)
+            else "octavo_quant_matmul")
+
+
+def checked_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, out_features: int,
+                   in_features: int, kernel: str) -> torch.Tensor:
+    """:func:`quant_matmul` on blocks already checked by :func:`check_blocks`, a decode step
+    running ``kernel`` (:func:`decode_kernel`). Why apart: a layer checks its blocks and
+    picks its kernel once, not in every call of every step (two C calls and the checks
+    per layer per step)."""
     if x.shape[-1] != in_features:
         raise ValueError(f"x has {x.shape[-1]} features, the weight takes {in_features}")
     rows = x.numel() // in_features
@@ -106,8 +124,6 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
         return x.new_empty((*x.shape[:-1], out_features))
     if rows <= DECODE_ROWS:
         x32 = x.reshape(-1, in_features).to(torch.float32).contiguous()
-        kernel = ("octavo_quant_matmul_q8" if Q8_ACTIVATIONS and quant_q8_available(ggml_type)
-                  else "octavo_quant_matmul")
         y = torch.empty((rows, out_features), dtype=torch.float32)
         status = getattr(_library(), kernel)(
             y.data_ptr(), x32.data_ptr(), rows, blocks.data_ptr(), ggml_type, out_features,
@@ -160,7 +176,7 @@ def quant_rows(blocks: torch.Tensor, ids: torch.Tensor, ggml_type: int,
     """The dequantized rows ``ids`` (int64, any shape) of the weight given as its GGUF
     blocks (uint8 [rows, row bytes]): ``ids.shape + (in_features,)`` in ``dtype`` (the
     embedding lookup). IndexError naming the first id out of range."""
-    _check_blocks(blocks, ggml_type, blocks.shape[0], in_features)
+    check_blocks(blocks, ggml_type, blocks.shape[0], in_features)
     flat = ids.reshape(-1).to(torch.int64).contiguous()
     if flat.numel() and (int(flat.min()) < 0 or int(flat.max()) >= blocks.shape[0]):
         bad = flat[(flat < 0) | (flat >= blocks.shape[0])][0]
