@@ -1,0 +1,162 @@
+"""Multi-LoRA shrink and expand: the two GEMMs of a LoRA delta for a batch whose tokens use
+different adapters (or none), in the style of vLLM V1's ``lora_shrink``/``lora_expand``
+(vllm/lora/ops/triton_ops).
+
+``lora_shrink`` computes ``out[t] = scale * lora_a[s] @ x[t]`` (``[T, R]``, float32) and
+``lora_expand`` adds ``lora_b[s] @ buf[t]`` into a column slice of ``y``, where ``s`` is
+token ``t``'s adapter slot and ``-1`` means no adapter. Adapters of smaller rank are
+zero-padded to the slots' rank ``R``.
+
+The launch grid is ``(token blocks, column blocks, slots)`` and depends only on the
+shapes, never on which token uses which adapter: the token->slot map is turned on the
+device (:func:`group_tokens_by_lora`, torch ops without a host sync) into the token
+indices sorted by slot, each slot's count and start. A program of slot ``s`` takes the
+``BLOCK_M`` tokens of its block among ``s``'s and returns at once when there are fewer -
+so a launch can be recorded in a CUDA graph and replayed for any map.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_M = 16  # tokens per program (tl.dot's smallest tile)
+MAX_BLOCK_N = 64
+BLOCK_K = 32
+
+
+@dataclass(frozen=True)
+class TokenGroups:
+    """Tokens grouped by adapter slot: ``sorted_tokens`` [T] int32, the token indices in
+    slot order (tokens without an adapter first); ``counts`` and ``starts`` [L] int32,
+    each slot's number of tokens and first position in ``sorted_tokens``."""
+
+    sorted_tokens: torch.Tensor
+    counts: torch.Tensor
+    starts: torch.Tensor
+
+
+def group_tokens_by_lora(token_lora: torch.Tensor, num_slots: int) -> TokenGroups:
+    """The grouping both kernels read; shrink and expand of one step can share it."""
+    token_lora = token_lora.to(torch.int64)
+    sorted_tokens = torch.argsort(token_lora, stable=True).to(torch.int32)
+    per_slot = torch.bincount(token_lora + 1, minlength=num_slots + 1)
+    ends = torch.cumsum(per_slot, 0)[1:num_slots + 1]
+    counts = per_slot[1:num_slots + 1]
+    return TokenGroups(sorted_tokens, counts.to(torch.int32), (ends - counts).to(torch.int32))
+
+
+@triton.jit
+def lora_shrink_kernel(out_ptr, x_ptr, a_ptr, sorted_ptr, counts_ptr, starts_ptr,
+                       in_features, rank, stride_x, stride_a_slot, stride_a_row, stride_out,
+                       scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    slot = tl.program_id(2)
+    first = tl.program_id(0) * BLOCK_M
+    count = tl.load(counts_ptr + slot)
+    if first < count:
+        m = first + tl.arange(0, BLOCK_M)
+        tokens = tl.load(sorted_ptr + tl.load(starts_ptr + slot) + m, mask=m < count,
+                         other=0).to(tl.int64)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        k = tl.arange(0, BLOCK_K)
+        x_rows = x_ptr + tokens[:, None] * stride_x
+        a_cols = a_ptr + slot.to(tl.int64) * stride_a_slot + n[None, :] * stride_a_row
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, in_features, BLOCK_K):
+            kk = k0 + k
+            x = tl.load(x_rows + kk[None, :], mask=(m[:, None] < count)
+                        & (kk[None, :] < in_features), other=0.0)
+            a = tl.load(a_cols + kk[:, None], mask=(kk[:, None] < in_features)
+                        & (n[None, :] < rank), other=0.0)
+            acc += tl.dot(x, a.to(x.dtype))
+        tl.store(out_ptr + tokens[:, None] * stride_out + n[None, :], acc * scale,
+                 mask=(m[:, None] < count) & (n[None, :] < rank))
+
+
+@triton.jit
+def lora_expand_kernel(y_ptr, buf_ptr, b_ptr, sorted_ptr, counts_ptr, starts_ptr,
+                       offset, size, rank, stride_y, stride_buf, stride_b_slot, stride_b_row,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RANK_PAD: tl.constexpr):
+    slot = tl.program_id(2)
+    first = tl.program_id(0) * BLOCK_M
+    count = tl.load(counts_ptr + slot)
+    if first < count:
+        m = first + tl.arange(0, BLOCK_M)
+        tokens = tl.load(sorted_ptr + tl.load(starts_ptr + slot) + m, mask=m < count,
+                         other=0).to(tl.int64)
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        r = tl.arange(0, RANK_PAD)
+        buf = tl.load(buf_ptr + tokens[:, None] * stride_buf + r[None, :],
+                      mask=(m[:, None] < count) & (r[None, :] < rank), other=0.0)
+        b = tl.load(b_ptr + slot.to(tl.int64) * stride_b_slot + n[None, :] * stride_b_row
+                    + r[:, None], mask=(r[:, None] < rank) & (n[None, :] < size), other=0.0)
+        # The rank-R intermediate is rounded to the adapter's dtype, as vLLM's expand does.
+        delta = tl.dot(buf.to(b.dtype), b)
+        mask = (m[:, None] < count) & (n[None, :] < size)
+        dst = y_ptr + tokens[:, None] * stride_y + offset + n[None, :]
+        y = tl.load(dst, mask=mask, other=0.0)
+        tl.store(dst, (y.to(tl.float32) + delta).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_map(token_lora: torch.Tensor, num_tokens: int) -> None:
+    if token_lora.shape != (num_tokens,):
+        raise ValueError(f"token_lora {tuple(token_lora.shape)} must be [{num_tokens}]: "
+                         "one adapter slot per token")
+
+
+def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, token_lora: torch.Tensor,
+                out: torch.Tensor, scale: float, groups: TokenGroups | None = None) -> None:
+    """``out[t] = scale * lora_a[s] @ x[t]`` for ``x`` [T, in], ``lora_a`` [L, R, in] and
+    ``out`` [T, R] float32; rows of tokens with slot -1 are zero. ``groups``: the
+    grouping of ``token_lora`` when the caller already has it."""
+    num_tokens, in_features = x.shape
+    num_slots, rank, a_in = lora_a.shape
+    _check_map(token_lora, num_tokens)
+    if a_in != in_features or out.shape != (num_tokens, rank) or out.dtype != torch.float32:
+        raise ValueError(f"lora_shrink: x {tuple(x.shape)}, lora_a {tuple(lora_a.shape)} and "
+                         f"out {tuple(out.shape)} {out.dtype} do not fit "
+                         "(x [T, in], lora_a [L, R, in], out [T, R] float32)")
+    out.zero_()
+    if num_tokens == 0 or num_slots == 0:
+        return
+    groups = groups or group_tokens_by_lora(token_lora, num_slots)
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    lora_a = lora_a if lora_a.stride(-1) == 1 else lora_a.contiguous()
+    block_n = min(MAX_BLOCK_N, max(16, triton.next_power_of_2(rank)))
+    grid = (triton.cdiv(num_tokens, BLOCK_M), triton.cdiv(rank, block_n), num_slots)
+    lora_shrink_kernel[grid](
+        out, x, lora_a, groups.sorted_tokens, groups.counts, groups.starts, in_features, rank,
+        x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0), scale,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K)
+
+
+def lora_expand(y: torch.Tensor, buf: torch.Tensor, lora_b: torch.Tensor,
+                token_lora: torch.Tensor, offset: int, size: int,
+                groups: TokenGroups | None = None) -> None:
+    """``y[t, offset:offset+size] += lora_b[s] @ buf[t]`` in place, for tokens with a slot
+    ``s >= 0``; ``y`` [T, out_total], ``buf`` [T, R], ``lora_b`` [L, size, R]."""
+    num_tokens = y.shape[0]
+    num_slots, b_size, rank = lora_b.shape
+    _check_map(token_lora, num_tokens)
+    if (b_size != size or buf.shape != (num_tokens, rank) or offset < 0
+            or offset + size > y.shape[1]):
+        raise ValueError(f"lora_expand: y {tuple(y.shape)}, buf {tuple(buf.shape)}, lora_b "
+                         f"{tuple(lora_b.shape)}, offset {offset} and size {size} do not fit "
+                         "(buf [T, R], lora_b [L, size, R], offset + size <= y's columns)")
+    if y.stride(-1) != 1:
+        raise ValueError("lora_expand adds into y in place: its last dimension must be dense")
+    if num_tokens == 0 or num_slots == 0 or size == 0:
+        return
+    groups = groups or group_tokens_by_lora(token_lora, num_slots)
+    buf = buf if buf.stride(-1) == 1 else buf.contiguous()
+    lora_b = lora_b if lora_b.stride(-1) == 1 else lora_b.contiguous()
+    block_n = min(MAX_BLOCK_N, max(16, triton.next_power_of_2(size)))
+    grid = (triton.cdiv(num_tokens, BLOCK_M), triton.cdiv(size, block_n), num_slots)
+    lora_expand_kernel[grid](
+        y, buf, lora_b, groups.sorted_tokens, groups.counts, groups.starts, offset, size, rank,
+        y.stride(0), buf.stride(0), lora_b.stride(0), lora_b.stride(1),
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, RANK_PAD=max(16, triton.next_power_of_2(rank)))
