@@ -50,17 +50,23 @@ def group_tokens_by_lora(token_lora: torch.Tensor, num_slots: int) -> TokenGroup
 
 
 @triton.jit
+def slot_tokens(sorted_ptr, counts_ptr, starts_ptr, BLOCK_M: tl.constexpr):
+    """This program's slot, the slot's token count, the program's positions ``m`` among
+    the slot's tokens and the token indices there (0 past the count)."""
+    slot = tl.program_id(2)
+    count = tl.load(counts_ptr + slot)
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    tokens = tl.load(sorted_ptr + tl.load(starts_ptr + slot) + m, mask=m < count, other=0)
+    return slot, count, m, tokens.to(tl.int64)
+
+
+@triton.jit
 def lora_shrink_kernel(out_ptr, x_ptr, a_ptr, sorted_ptr, counts_ptr, starts_ptr,
                        in_features, rank, stride_x, stride_a_slot, stride_a_row, stride_out,
                        scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr):
-    slot = tl.program_id(2)
-    first = tl.program_id(0) * BLOCK_M
-    count = tl.load(counts_ptr + slot)
-    if first < count:
-        m = first + tl.arange(0, BLOCK_M)
-        tokens = tl.load(sorted_ptr + tl.load(starts_ptr + slot) + m, mask=m < count,
-                         other=0).to(tl.int64)
+    slot, count, m, tokens = slot_tokens(sorted_ptr, counts_ptr, starts_ptr, BLOCK_M)
+    if tl.program_id(0) * BLOCK_M < count:  # else the slot has no tokens in this block
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         k = tl.arange(0, BLOCK_K)
         x_rows = x_ptr + tokens[:, None] * stride_x
@@ -81,13 +87,8 @@ def lora_shrink_kernel(out_ptr, x_ptr, a_ptr, sorted_ptr, counts_ptr, starts_ptr
 def lora_expand_kernel(y_ptr, buf_ptr, b_ptr, sorted_ptr, counts_ptr, starts_ptr,
                        offset, size, rank, stride_y, stride_buf, stride_b_slot, stride_b_row,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, RANK_PAD: tl.constexpr):
-    slot = tl.program_id(2)
-    first = tl.program_id(0) * BLOCK_M
-    count = tl.load(counts_ptr + slot)
-    if first < count:
-        m = first + tl.arange(0, BLOCK_M)
-        tokens = tl.load(sorted_ptr + tl.load(starts_ptr + slot) + m, mask=m < count,
-                         other=0).to(tl.int64)
+    slot, count, m, tokens = slot_tokens(sorted_ptr, counts_ptr, starts_ptr, BLOCK_M)
+    if tl.program_id(0) * BLOCK_M < count:  # else the slot has no tokens in this block
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         r = tl.arange(0, RANK_PAD)
         buf = tl.load(buf_ptr + tokens[:, None] * stride_buf + r[None, :],
@@ -100,6 +101,18 @@ def lora_expand_kernel(y_ptr, buf_ptr, b_ptr, sorted_ptr, counts_ptr, starts_ptr
         dst = y_ptr + tokens[:, None] * stride_y + offset + n[None, :]
         y = tl.load(dst, mask=mask, other=0.0)
         tl.store(dst, (y.to(tl.float32) + delta).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _dense_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with a dense last dimension, which the kernels index without a stride."""
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
+
+
+def _grid(num_tokens: int, columns: int, num_slots: int) -> tuple[tuple[int, int, int], int]:
+    """The launch grid (token blocks, column blocks, slots) - shapes only, never the map -
+    and the column block."""
+    block_n = min(MAX_BLOCK_N, max(16, triton.next_power_of_2(columns)))
+    return (triton.cdiv(num_tokens, BLOCK_M), triton.cdiv(columns, block_n), num_slots), block_n
 
 
 def _check_map(token_lora: torch.Tensor, num_tokens: int) -> None:
@@ -124,10 +137,8 @@ def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, token_lora: torch.Tensor,
     if num_tokens == 0 or num_slots == 0:
         return
     groups = groups or group_tokens_by_lora(token_lora, num_slots)
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    lora_a = lora_a if lora_a.stride(-1) == 1 else lora_a.contiguous()
-    block_n = min(MAX_BLOCK_N, max(16, triton.next_power_of_2(rank)))
-    grid = (triton.cdiv(num_tokens, BLOCK_M), triton.cdiv(rank, block_n), num_slots)
+    x, lora_a = _dense_rows(x), _dense_rows(lora_a)
+    grid, block_n = _grid(num_tokens, rank, num_slots)
     lora_shrink_kernel[grid](
         out, x, lora_a, groups.sorted_tokens, groups.counts, groups.starts, in_features, rank,
         x.stride(0), lora_a.stride(0), lora_a.stride(1), out.stride(0), scale,
@@ -152,10 +163,8 @@ def lora_expand(y: torch.Tensor, buf: torch.Tensor, lora_b: torch.Tensor,
     if num_tokens == 0 or num_slots == 0 or size == 0:
         return
     groups = groups or group_tokens_by_lora(token_lora, num_slots)
-    buf = buf if buf.stride(-1) == 1 else buf.contiguous()
-    lora_b = lora_b if lora_b.stride(-1) == 1 else lora_b.contiguous()
-    block_n = min(MAX_BLOCK_N, max(16, triton.next_power_of_2(size)))
-    grid = (triton.cdiv(num_tokens, BLOCK_M), triton.cdiv(size, block_n), num_slots)
+    buf, lora_b = _dense_rows(buf), _dense_rows(lora_b)
+    grid, block_n = _grid(num_tokens, size, num_slots)
     lora_expand_kernel[grid](
         y, buf, lora_b, groups.sorted_tokens, groups.counts, groups.starts, offset, size, rank,
         y.stride(0), buf.stride(0), lora_b.stride(0), lora_b.stride(1),
