@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from octavo.testing.seeds import draw_seed
-from octavo_triton.kernels.quant_gemm import awq_gemm, gptq_gemm
+from octavo_triton.kernels.quant_gemm import awq_gemm, default_split_k, gptq_gemm
 
 from .helpers import DEVICE, DTYPES
 
@@ -67,6 +67,7 @@ def test_awq(dtype: torch.dtype, m: int, split_k: int | None) -> None:
                         torch.arange(k) // group, dtype)
     x = torch.randn(m, k, generator=gen).to(dtype)
     want = x.double() @ weight.double()
+    assert (split_k or default_split_k(m, n, k)) == (2 if split_k is None else 1)
     got = awq_gemm(x.to(DEVICE), qweight.to(DEVICE), scales.to(DEVICE),
                    qzeros.to(DEVICE), split_k=split_k)
     assert got.dtype == dtype and got.shape == (m, n)

@@ -78,7 +78,7 @@ def lora_shrink_kernel(out_ptr, x_ptr, a_ptr, sorted_ptr, counts_ptr, starts_ptr
                         & (kk[None, :] < in_features), other=0.0)
             a = tl.load(a_cols + kk[:, None], mask=(kk[:, None] < in_features)
                         & (n[None, :] < rank), other=0.0)
-            acc += tl.dot(x, a.to(x.dtype))
+            acc += tl.dot(x, a.to(x.dtype), input_precision="ieee")  # fp32: no tf32
         tl.store(out_ptr + tokens[:, None] * stride_out + n[None, :], acc * scale,
                  mask=(m[:, None] < count) & (n[None, :] < rank))
 
@@ -96,7 +96,7 @@ def lora_expand_kernel(y_ptr, buf_ptr, b_ptr, sorted_ptr, counts_ptr, starts_ptr
         b = tl.load(b_ptr + slot.to(tl.int64) * stride_b_slot + n[None, :] * stride_b_row
                     + r[:, None], mask=(r[:, None] < rank) & (n[None, :] < size), other=0.0)
         # The rank-R intermediate is rounded to the adapter's dtype, as vLLM's expand does.
-        delta = tl.dot(buf.to(b.dtype), b)
+        delta = tl.dot(buf.to(b.dtype), b, input_precision="ieee")
         mask = (m[:, None] < count) & (n[None, :] < size)
         dst = y_ptr + tokens[:, None] * stride_y + offset + n[None, :]
         y = tl.load(dst, mask=mask, other=0.0)

@@ -77,7 +77,7 @@ def w4a16_gemm_kernel(out_ptr, x_ptr, qweight_ptr, scales_ptr, qzeros_ptr, g_idx
                         mask=wmask, other=0)
         zero = ((zword >> z_shift[None, :]) & MASK) + ZERO_OFFSET
         w = ((q - zero).to(tl.float32) * scale.to(tl.float32)).to(x.dtype)
-        acc += tl.dot(x, w)
+        acc += tl.dot(x, w, input_precision="ieee")  # fp32 x: no tf32
     tl.store(out_ptr + tl.program_id(2) * stride_split + m[:, None].to(tl.int64) * stride_out
              + n[None, :], acc.to(out_ptr.dtype.element_ty), mask=(m[:, None] < M) & n_ok)
 
