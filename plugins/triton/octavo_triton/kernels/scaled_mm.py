@@ -71,11 +71,13 @@ def quantize_per_token_kernel(out_ptr, scale_ptr, x_ptr, K, stride_x, stride_out
         for k0 in range(0, K, BLOCK):
             x = tl.load(src + k0 + cols, mask=k0 + cols < K, other=0.0)
             amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-        scale = tl.maximum(tl.max(amax, 0) / qmax, 1e-12)
+        # div_rn: a correctly rounded division, as torch's (a GPU's "/" may not be).
+        scale = tl.maximum(tl.math.div_rn(tl.max(amax, 0), qmax), 1e-12)
         tl.store(scale_ptr + row, scale)
     for k0 in range(0, K, BLOCK):
         mask = k0 + cols < K
-        v = tl.load(src + k0 + cols, mask=mask, other=0.0).to(tl.float32) / scale
+        v = tl.math.div_rn(tl.load(src + k0 + cols, mask=mask, other=0.0).to(tl.float32),
+                           scale)
         if INT8:
             v = tl.where(v >= 0, tl.floor(v + 0.5), tl.ceil(v - 0.5))
             v = tl.minimum(tl.maximum(v, -128.0), 127.0)
