@@ -40,13 +40,15 @@ class TokenGroups:
 
 
 def group_tokens_by_lora(token_lora: torch.Tensor, num_slots: int) -> TokenGroups:
-    """The grouping both kernels read; shrink and expand of one step can share it."""
-    token_lora = token_lora.to(torch.int64)
+    """The grouping both kernels read; shrink and expand of one step can share it. Every
+    shape here is fixed by ``T`` and ``num_slots`` (no ``bincount``, whose size depends on
+    the values and costs a host sync), so a CUDA graph can capture it too."""
     sorted_tokens = torch.argsort(token_lora, stable=True).to(torch.int32)
-    per_slot = torch.bincount(token_lora + 1, minlength=num_slots + 1)
-    ends = torch.cumsum(per_slot, 0)[1:num_slots + 1]
-    counts = per_slot[1:num_slots + 1]
-    return TokenGroups(sorted_tokens, counts.to(torch.int32), (ends - counts).to(torch.int32))
+    slots = torch.arange(num_slots, dtype=token_lora.dtype, device=token_lora.device)
+    counts = (token_lora[None, :] == slots[:, None]).sum(1)
+    without = (token_lora < 0).sum(0, keepdim=True)
+    starts = without + torch.cumsum(counts, 0) - counts
+    return TokenGroups(sorted_tokens, counts.to(torch.int32), starts.to(torch.int32))
 
 
 @triton.jit
