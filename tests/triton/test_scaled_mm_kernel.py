@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from octavo.testing.seeds import draw_seed
-from octavo_triton.kernels.scaled_mm import quantize_per_token, scaled_mm
+from octavo_triton.kernels.scaled_mm import e4m3fn_to_fnuz, quantize_per_token, scaled_mm
 
 from .helpers import DEVICE
 
@@ -70,6 +70,17 @@ def test_quantize_then_scaled_mm(qdtype: torch.dtype, dtype: torch.dtype, static
     torch.testing.assert_close(got.cpu().double(), want, rtol=RTOL[dtype],
                                atol=RTOL[dtype] * float(want.abs().max()),
                                msg=lambda msg: f"seed {seed}: {msg}")
+
+
+def test_e4m3fn_weights_as_fnuz_keep_their_values() -> None:
+    """For gfx942: every e4m3fn byte but NaN, times its scale, is the same value as fnuz."""
+    weight = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn)
+    finite = ~weight.float().isnan()
+    scale = torch.tensor([0.37])
+    fnuz, fnuz_scale = e4m3fn_to_fnuz(weight, scale)
+    assert fnuz.dtype == torch.float8_e4m3fnuz
+    assert torch.equal(fnuz.float()[finite] * fnuz_scale, weight.float()[finite] * scale)
+    assert not fnuz.float().isnan().any()  # -0 (0x80) became 0, not fnuz's NaN
 
 
 def test_bad_inputs_are_named() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from octavo_triton.kernels.lora import TokenGroups, group_tokens_by_lora, lora_expand, lora_shrink
 from octavo_triton.kernels.quant_gemm import awq_gemm, gptq_gemm
-from octavo_triton.kernels.scaled_mm import quantize_per_token, scaled_mm
+from octavo_triton.kernels.scaled_mm import e4m3fn_to_fnuz, quantize_per_token, scaled_mm
 
-__all__ = ["TokenGroups", "awq_gemm", "gptq_gemm", "group_tokens_by_lora", "lora_expand",
-           "lora_shrink", "quantize_per_token", "scaled_mm"]
+__all__ = ["TokenGroups", "awq_gemm", "e4m3fn_to_fnuz", "gptq_gemm", "group_tokens_by_lora",
+           "lora_expand", "lora_shrink", "quantize_per_token", "scaled_mm"]

@@ -117,6 +117,19 @@ def quantize_per_token(x: torch.Tensor, dtype: torch.dtype,
     return out, scales
 
 
+def e4m3fn_to_fnuz(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor,
+                                                                        torch.Tensor]:
+    """An OCP e4m3fn weight and its scale as MI300's e4m3fnuz, the fp8 its dot takes (the
+    ``fp8e4b8`` builds): the same bits, whose value fnuz's exponent bias (8, not 7) halves,
+    so the scale doubles - except 0x80, -0 in e4m3fn and NaN in fnuz, which becomes 0 (as
+    vLLM's ``normalize_e4m3fn_to_e4m3fnuz`` does)."""
+    if weight.dtype != torch.float8_e4m3fn:
+        raise ValueError(f"e4m3fn_to_fnuz converts a float8_e4m3fn weight, not {weight.dtype}")
+    bits = weight.view(torch.int8)
+    bits = torch.where(bits == -128, torch.zeros_like(bits), bits)
+    return bits.view(torch.float8_e4m3fnuz), scale * 2
+
+
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
               out_dtype: torch.dtype) -> torch.Tensor:
     """``(a @ b.T) * a_scale * b_scale`` in ``out_dtype``, for ``a`` [M, K] and ``b`` [N, K]
