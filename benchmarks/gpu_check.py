@@ -4,7 +4,9 @@
                                     with random bf16 weights of the config's shapes (the
                                     real weights do not fit in what a device run carries)
     gpu_check.py times OUT_DIR      time each Triton kernel against its torch reference on
-                                    the GPU (bf16, Llama-3-8B-like shapes) -> kernels.json
+                                    the GPU (bf16, Llama-3-8B-like shapes) -> kernels.json;
+                                    the quantized GEMMs against dequantize-then-matmul
+                                    in torch, the LoRA pair against a per-adapter loop
     gpu_check.py table OUT_DIR      print one table: the kernel tests, the kernel timings,
                                     W1/W2 with CUDA graphs on and off, W2 through the
                                     multi-process executor, and the GPU memory the engine
@@ -138,13 +140,91 @@ def kernel_pairs() -> list[tuple[str, str, Callable[[], Any], Callable[[], Any]]
     return pairs
 
 
+def unpack_int4(words: Any, order: list[int]) -> Any:
+    """[R, C] int32 words -> [R, 8C] 4-bit values, nibble i holding column ``order[i]``."""
+    import torch
+
+    nibbles = torch.stack([(words >> (4 * i)) & 15 for i in range(8)], -1)
+    return nibbles[..., [order.index(c) for c in range(8)]].reshape(words.shape[0], -1)
+
+
+def gemm_pairs() -> list[tuple[str, str, Callable[[], Any], Callable[[], Any]]]:
+    """The LoRA and quantized GEMM kernels: a Triton call against the torch path a plain
+    implementation takes (dequantize the weight, then matmul; a loop over adapters)."""
+    import torch
+
+    from octavo_triton.kernels.lora import lora_expand, lora_shrink
+    from octavo_triton.kernels.quant_gemm import awq_gemm, gptq_gemm
+    from octavo_triton.kernels.scaled_mm import quantize_per_token, scaled_mm
+
+    bf16 = {"dtype": torch.bfloat16, "device": "cuda"}
+    k, n, group, awq_order = HIDDEN, HIDDEN, 128, [0, 2, 4, 6, 1, 3, 5, 7]
+    words = {"dtype": torch.int32, "device": "cuda"}
+    awq_q = torch.randint(-2**31, 2**31 - 1, (k, n // 8), **words)
+    gptq_q = torch.randint(-2**31, 2**31 - 1, (k // 8, n), **words)
+    zeros = torch.randint(-2**31, 2**31 - 1, (k // group, n // 8), **words)
+    scales = torch.rand(k // group, n, **bf16) * 0.01
+
+    def awq_torch(x: Any) -> Any:
+        weight = (unpack_int4(awq_q, awq_order) - unpack_int4(zeros, awq_order)
+                  .repeat_interleave(group, 0)) * scales.repeat_interleave(group, 0)
+        return x @ weight.to(x.dtype)
+
+    def gptq_torch(x: Any) -> Any:
+        q = unpack_int4(gptq_q.T.contiguous(), list(range(8))).T
+        z = unpack_int4(zeros, list(range(8))) + 1
+        weight = (q - z.repeat_interleave(group, 0)) * scales.repeat_interleave(group, 0)
+        return x @ weight.to(x.dtype)
+
+    pairs = []
+    for m in (16, 1024):
+        x = torch.randn(m, k, **bf16)
+        pairs.append(("w4a16 AWQ (g128)", f"{m} x {k} x {n}",
+                      lambda x=x: awq_gemm(x, awq_q, scales, zeros), lambda x=x: awq_torch(x)))
+    x = torch.randn(16, k, **bf16)
+    pairs.append(("w4a16 GPTQ (g128)", f"16 x {k} x {n}",
+                  lambda: gptq_gemm(x, gptq_q, scales, zeros), lambda: gptq_torch(x)))
+    x = torch.randn(1024, k, **bf16)
+    fp8_w = (torch.randn(n, k, device="cuda") * 50).to(torch.float8_e4m3fn)
+    int8_w = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
+    w_scale = torch.rand(n, device="cuda") * 0.01
+
+    def scaled(w: Any, qdtype: Any) -> Any:
+        x_q, x_scale = quantize_per_token(x, qdtype)
+        return scaled_mm(x_q, w, x_scale, w_scale, torch.bfloat16)
+
+    for name, w, qdtype in (("fp8", fp8_w, torch.float8_e4m3fn), ("int8", int8_w, torch.int8)):
+        pairs.append((f"{name} scaled GEMM (+ per-token quantize)", f"1024 x {k} x {n}",
+                      lambda w=w, q=qdtype: scaled(w, q),
+                      lambda w=w: x @ (w.to(torch.bfloat16) * w_scale[:, None]).T))
+
+    slots, rank, tokens = 8, 16, 1024
+    token_lora = torch.randint(-1, slots, (tokens,), dtype=torch.int32, device="cuda")
+    lora_a = torch.randn(slots, rank, k, **bf16) * 0.01
+    lora_b = torch.randn(slots, n, rank, **bf16) * 0.01
+    y, buf = torch.randn(tokens, n, **bf16), torch.empty(tokens, rank, device="cuda")
+
+    def lora_triton() -> None:
+        lora_shrink(x, lora_a, token_lora, buf, 2.0)
+        lora_expand(y, buf, lora_b, token_lora, 0, n)
+
+    def lora_torch() -> None:
+        for slot in range(slots):
+            rows = (token_lora == slot).nonzero().squeeze(1)
+            y.index_add_(0, rows, (2.0 * x[rows] @ lora_a[slot].T) @ lora_b[slot].T)
+
+    pairs.append(("LoRA shrink + expand", f"{tokens} tok, {slots} adapters, rank {rank}, "
+                  f"{k} -> {n}", lora_triton, lora_torch))
+    return pairs
+
+
 def times(out_dir: Path) -> None:
     import torch
     from triton.testing import do_bench
 
     rows = []
     with torch.inference_mode():
-        for kernel, shape, triton_call, torch_call in kernel_pairs():
+        for kernel, shape, triton_call, torch_call in kernel_pairs() + gemm_pairs():
             triton_ms = do_bench(triton_call, warmup=10, rep=50)
             torch_ms = do_bench(torch_call, warmup=10, rep=50)
             rows.append({"kernel": kernel, "shape": shape, "triton_us": triton_ms * 1e3,

@@ -5,10 +5,13 @@ an hsaco (AMD) on any machine. Each kernel is built in the variants the launcher
 dtypes, a prompt tile and a decode tile, split-KV, an fp8 cache), with the launch options
 of a platform's ``KernelTuning``.
 
-Run as ``python -m tests.triton.aot PLATFORM TARGET...`` (``PLATFORM`` is ``module:Class``
-of a GPU platform, ``TARGET`` one of :data:`TARGETS`) in a process *without*
+Run as ``python -m tests.triton.aot [--gemm] PLATFORM TARGET...`` (``PLATFORM`` is
+``module:Class`` of a GPU platform, ``TARGET`` one of :data:`TARGETS`) in a process *without*
 ``TRITON_INTERPRET``; it prints one ``ok``/``FAILED`` line per build and exits 1 if any
-failed. The tests of the CUDA and ROCm plugins run it in a subprocess.
+failed. The tests of the CUDA and ROCm plugins run it in a subprocess for the layer and
+attention kernels; ``--gemm`` builds the GEMM kernels instead (LoRA, W4A16, scaled fp8 and
+int8), which tests/triton/test_gemm_aot.py compiles for sm_90 and gfx942 only (sm_80 and
+gfx90a have no fp8 dot).
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ from triton.compiler import ASTSource
 from octavo_triton.kernels.activation import silu_and_mul_kernel
 from octavo_triton.kernels.attention import combine_segments_kernel, paged_attention_kernel
 from octavo_triton.kernels.kv_cache import reshape_and_cache_kernel
+from octavo_triton.kernels.lora import lora_expand_kernel, lora_shrink_kernel
+from octavo_triton.kernels.quant_gemm import w4a16_gemm_kernel
 from octavo_triton.kernels.rms_norm import rms_norm_kernel
 from octavo_triton.kernels.rotary import rotary_kernel
+from octavo_triton.kernels.scaled_mm import quantize_per_token_kernel, scaled_mm_kernel
 from octavo_triton.tuning import KernelTuning
 
 TARGETS = {
@@ -39,9 +45,11 @@ TARGETS = {
 # The fp8 KV-cache format each target supports natively (sm_80 has no e4m3; MI300's is
 # the "fnuz" e4m3; MI200 has no fp8 hardware and Triton emulates e4m3).
 FP8 = {"sm_80": "fp8e5", "sm_90": "fp8e4nv", "gfx90a": "fp8e4nv", "gfx942": "fp8e4b8"}
-FLOAT_ARGS = {"sm_scale", "k_scale", "v_scale", "eps"}
+FLOAT_ARGS = {"sm_scale", "k_scale", "v_scale", "eps", "scale", "qmax"}
 INT_POINTERS = {"block_tables_ptr": "i32", "seq_lens_ptr": "i32", "query_start_loc_ptr": "i32",
-                "slot_mapping_ptr": "i64", "positions_ptr": "i64"}
+                "slot_mapping_ptr": "i64", "positions_ptr": "i64", "sorted_ptr": "i32",
+                "counts_ptr": "i32", "starts_ptr": "i32", "qweight_ptr": "i32",
+                "qzeros_ptr": "i32", "g_idx_ptr": "i32"}
 
 
 @dataclass
@@ -125,6 +133,37 @@ def builds_for(target: str, tuning: KernelTuning) -> list[Build]:
     ]
 
 
+def gemm_builds_for(target: str) -> list[Build]:
+    """The GEMM kernels in the variants their launchers use, with the launchers' (default)
+    launch options."""
+    fp8 = FP8[target]
+    lora = dict(BLOCK_M=16, BLOCK_N=16)
+    w4a16 = dict(BITS=4, BLOCK_M=16, BLOCK_N=64, BLOCK_K=32)
+    scales = {"a_scale_ptr": "fp32", "b_scale_ptr": "fp32"}
+    return [
+        Build("lora_shrink bf16, rank 16", lora_shrink_kernel, {"*": "bf16", "out_ptr": "fp32"},
+              {**lora, "BLOCK_K": 32}, {}),
+        Build("lora_expand bf16, rank 16", lora_expand_kernel, {"*": "bf16", "buf_ptr": "fp32"},
+              {**lora, "BLOCK_N": 64, "RANK_PAD": 16}, {}),
+        Build("w4a16 AWQ bf16, decode tile", w4a16_gemm_kernel,
+              {"*": "bf16", "out_ptr": "fp32"},
+              {**w4a16, "AWQ": True, "ZERO_OFFSET": 0, "HAS_G_IDX": False}, {}),
+        Build("w4a16 GPTQ fp16, act-order", w4a16_gemm_kernel, {"*": "fp16"},
+              {**w4a16, "AWQ": False, "ZERO_OFFSET": 1, "HAS_G_IDX": True}, {}),
+        Build(f"scaled_mm {fp8} -> bf16, per-token x per-channel", scaled_mm_kernel,
+              {"*": fp8, **scales, "out_ptr": "bf16"},
+              dict(PER_TOKEN=True, PER_CHANNEL=True, INT8=False, BLOCK_M=64, BLOCK_N=64,
+                   BLOCK_K=64), {}),
+        Build("scaled_mm int8 -> bf16, per-token x per-channel", scaled_mm_kernel,
+              {"*": "i8", **scales, "out_ptr": "bf16"},
+              dict(PER_TOKEN=True, PER_CHANNEL=True, INT8=True, BLOCK_M=16, BLOCK_N=64,
+                   BLOCK_K=64), {}),
+        Build(f"quantize_per_token bf16 -> {fp8}", quantize_per_token_kernel,
+              {"*": fp8, "scale_ptr": "fp32", "x_ptr": "bf16"},
+              dict(STATIC=False, INT8=False, BLOCK=1024), {}),
+    ]
+
+
 def compile_build(build: Build, target: GPUTarget) -> bytes:
     """The binary (cubin or hsaco) of one build for one target."""
     source = ASTSource(build.kernel, build.signature(), build.constexprs)
@@ -136,11 +175,14 @@ def compile_build(build: Build, target: GPUTarget) -> bytes:
 
 
 def main(argv: list[str]) -> int:
+    gemm = argv[0] == "--gemm"
+    argv = argv[1:] if gemm else argv
     module_name, class_name = argv[0].split(":")
     platform = getattr(importlib.import_module(module_name), class_name)
     failed = 0
     for target in argv[1:]:
-        for build in builds_for(target, platform.kernel_tuning):
+        builds = gemm_builds_for(target) if gemm else builds_for(target, platform.kernel_tuning)
+        for build in builds:
             start = time.perf_counter()
             try:
                 binary = compile_build(build, TARGETS[target])

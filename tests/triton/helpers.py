@@ -22,14 +22,17 @@ ATTENTION_ATOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2.5e
 
 
 def compile_ahead_of_time(platform: str, targets: list[str], cache_dir: Path,
-                          env: dict[str, str] | None = None) -> list[str]:
+                          env: dict[str, str] | None = None, gemm: bool = False) -> list[str]:
     """Compile every kernel for ``targets`` with ``platform``'s tuning (``module:Class``)
     in a subprocess without the interpreter (``tests/triton/aot.py``), into an empty
     Triton cache so that nothing is reused; returns the ``ok`` lines, asserting that
-    nothing failed. ``env``: the subprocess's environment (default: this one's)."""
+    nothing failed. ``env``: the subprocess's environment (default: this one's);
+    ``gemm``: the GEMM kernels instead of the layer and attention ones."""
     env = {k: v for k, v in (env or os.environ).items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(cache_dir)
-    result = subprocess.run([sys.executable, "-m", "tests.triton.aot", platform, *targets],
+    family = ["--gemm"] if gemm else []
+    result = subprocess.run([sys.executable, "-m", "tests.triton.aot", *family, platform,
+                             *targets],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=500)
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr[-3000:]}"
     return [line for line in result.stdout.splitlines() if line.startswith("ok ")]

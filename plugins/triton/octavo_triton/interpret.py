@@ -8,8 +8,8 @@ numpy has no bfloat16 or fp8, so the interpreter keeps those values as raw integ
 and two of its operations get them wrong; :func:`patch_interpreter` fixes both so that
 the kernels compute here what they compute on a GPU:
 
-- ``tl.dot`` multiplies the raw bits of bf16 operands (garbage): they are widened to
-  fp32 first, exactly - the GPU too accumulates bf16 products in fp32;
+- ``tl.dot`` multiplies the raw bits of bf16 and fp8 operands (garbage): they are widened
+  to fp32 first, exactly - the GPU too accumulates bf16 and fp8 products in fp32;
 - float conversions to and from bf16 and fp8 truncate or mis-round, where GPUs round to
   nearest even: they are done by torch, which rounds as the GPU does.
 
@@ -60,7 +60,8 @@ def patch_interpreter() -> None:
         return handle(converted, dst_type.scalar)
 
     def widen(x: interpreter.TensorHandle) -> interpreter.TensorHandle:
-        return convert(x, tl.float32) if x.dtype == tl.bfloat16 else x
+        narrow = x.dtype in (tl.bfloat16, tl.float8e4nv, tl.float8e5)
+        return convert(x, tl.float32) if narrow else x
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
