@@ -32,21 +32,23 @@ PROMPTS = [list(range(10, 15)), list(range(100, 123)), SHARED_PREFIX + [7, 8, 9]
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
 
-def generate(folder: Path, attention_backend: str) -> list[list[int]]:
+def generate(folder: Path, attention_backend: str, kv_cache_dtype: str = "auto",
+             prompts: list[list[int]] = PROMPTS) -> list[list[int]]:
     """Greedy tokens of PROMPTS: with "torch", the portable engine on the CPU (the
     reference); with "triton", the kernels on this machine's device (the GPU worker
     switches the layers itself; on the CPU they are switched here)."""
     on_kernels = attention_backend == "triton"
     backend = "cuda" if on_kernels and DEVICE.type == "cuda" else "cpu"
     llm = LLM(model=str(folder), dtype="float32", kv_cache_memory=2**20,
-              max_num_batched_tokens=32, attention_backend=attention_backend, backend=backend)
+              max_num_batched_tokens=32, attention_backend=attention_backend, backend=backend,
+              kv_cache_dtype=kv_cache_dtype)
     if on_kernels:
         model = llm.llm_engine.core.executor.worker.runner.model
         use_triton_layers(model)
         assert any(isinstance(m, TritonRMSNorm) for m in model.modules())
         assert any(isinstance(m, TritonRotaryEmbedding | ScaledRotaryEmbedding)
                    for m in model.modules())
-    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
     return [list(out.outputs[0].token_ids) for out in outputs]
 
 
@@ -59,6 +61,19 @@ def test_same_greedy_tokens_as_torch_backend(tmp_path: Path, arch: str) -> None:
     want = generate(tmp_path, "torch")
     got = generate(tmp_path, "triton")
     assert got == want, f"{arch} seed {seed}"
+
+
+def test_fp8_kv_cache_same_greedy_tokens_as_torch_backend(tmp_path: Path) -> None:
+    """--kv-cache-dtype fp8 (e4m3, scales 1.0): the Triton write stores the bytes torch's
+    conversion does and attention reads them back, so both backends attend the same keys
+    and values (fp32 model) and pick the same tokens. Three prompts, for time: a chunked
+    one, and two sharing a prefix (a prefix-cache hit)."""
+    seed = draw_seed()
+    save_tiny_model("qwen3", tmp_path, seed)
+    prompts = [PROMPTS[1], PROMPTS[2], PROMPTS[4]]
+    want = generate(tmp_path, "torch", "fp8", prompts)
+    got = generate(tmp_path, "triton", "fp8", prompts)
+    assert got == want, f"qwen3 fp8 KV seed {seed}"
 
 
 def test_latent_attention_same_greedy_tokens_as_torch_backend(tmp_path: Path) -> None:

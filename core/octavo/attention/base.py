@@ -87,6 +87,10 @@ class AttentionImpl(ABC):
     # attn_logit_softcapping; vLLM's name); set by make_impl, only on backends that
     # ``supports_logits_soft_cap``.
     logits_soft_cap: float | None = None
+    # An fp8 KV cache stores keys / k_scale and values / v_scale (``octavo.attention.kv_quant``;
+    # vLLM's names): the checkpoint's per-layer scales, set once the weights are loaded.
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def __init__(
         self,
@@ -186,6 +190,8 @@ class AttentionBackend(ABC):
     supports_token_trees: ClassVar[bool] = False
     # Whether its impls soft-cap attention scores (``AttentionImpl.logits_soft_cap``).
     supports_logits_soft_cap: ClassVar[bool] = False
+    # The --kv-cache-dtype values its impls read and write (auto: the model's dtype).
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
     # What make_mla_impl builds; None: the backend has no latent attention.
     mla_impl_cls: ClassVar[type[MLAImpl] | None] = None
 

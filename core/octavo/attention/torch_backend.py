@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from octavo.attention.base import AttentionBackend, AttentionImpl, AttentionMetadata
+from octavo.attention.kv_quant import is_fp8, read_kv_fp8, round_trip, write_kv_fp8
 from octavo.attention.step_plan import (
     DecodeBatch,
     PrefillGroup,
@@ -40,6 +41,7 @@ from octavo.attention.step_plan import (
     step_plan,
 )
 from octavo.attention.torch_mla import TorchMLAImpl
+from octavo.config.cache import KV_CACHE_DTYPES
 
 
 class TorchAttentionImpl(AttentionImpl):
@@ -59,6 +61,9 @@ class TorchAttentionImpl(AttentionImpl):
             self._write_kv_native(cache_rows, key[:num_tokens].flatten(1),
                                   value[:num_tokens].flatten(1),
                                   metadata.slot_mapping[:num_tokens])
+        elif is_fp8(kv_cache.dtype):
+            write_kv_fp8(cache_rows, key[:num_tokens].flatten(1), value[:num_tokens].flatten(1),
+                         metadata.slot_mapping[:num_tokens], self.k_scale, self.v_scale)
         else:
             write_kv(kv_cache[0], kv_cache[1], key[:num_tokens], value[:num_tokens],
                      metadata.slot_mapping[:num_tokens])
@@ -105,10 +110,13 @@ class TorchAttentionImpl(AttentionImpl):
         n, q_len, s_len = group.num_reqs, group.query_len, group.seq_len
         queries = query.view(n, q_len, self.num_heads, self.head_dim).transpose(1, 2)
         if group.slots is None:  # fresh prompts: the context is exactly the new tokens
+            if is_fp8(cache_rows.dtype):  # as stored, so a later chunk sees the same keys
+                key = round_trip(key, self.k_scale, cache_rows.dtype)
+                value = round_trip(value, self.v_scale, cache_rows.dtype)
             keys = key.view(n, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
             values = value.view(n, q_len, self.num_kv_heads, self.head_dim).transpose(1, 2)
         else:
-            context = cache_rows.index_select(1, group.slots).view(
+            context = self._read_kv(cache_rows, group.slots, query.dtype).view(
                 2, n, s_len, self.num_kv_heads, self.head_dim).transpose(2, 3)
             keys, values = context[0], context[1]
         mask = self._prefill_mask(q_len, s_len, query.device, plan)
@@ -167,7 +175,7 @@ class TorchAttentionImpl(AttentionImpl):
         ``h``: no causal mask is needed (all sit at the same position), only padding."""
         batch = query.shape[0]
         group = self.num_heads // self.num_kv_heads
-        context = cache_rows.index_select(1, decode.slots).view(
+        context = self._read_kv(cache_rows, decode.slots, query.dtype).view(
             2, batch, decode.max_len, self.num_kv_heads, self.head_dim).transpose(2, 3)
         queries = query.view(batch, self.num_kv_heads, group, self.head_dim)
         out = self._attention(queries, context[0], context[1],
@@ -176,6 +184,14 @@ class TorchAttentionImpl(AttentionImpl):
 
     def _decode_mask(self, decode: DecodeBatch, plan: StepPlan) -> torch.Tensor | None:
         return decode_mask(decode, plan, self.sliding_window)
+
+    def _read_kv(self, cache_rows: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype,
+                 ) -> torch.Tensor:
+        """The keys and values of ``slots``, ``[2, len(slots), kv_heads * head_dim]`` in
+        ``dtype``: an fp8 cache's dequantized with the layer's scales."""
+        if is_fp8(cache_rows.dtype):
+            return read_kv_fp8(cache_rows, slots, self.k_scale, self.v_scale, dtype)
+        return cache_rows.index_select(1, slots)
 
 
 def soft_capped_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -217,3 +233,4 @@ class TorchAttentionBackend(AttentionBackend):
     mla_impl_cls = TorchMLAImpl
     supports_token_trees = True
     supports_logits_soft_cap = True
+    supported_kv_cache_dtypes = tuple(KV_CACHE_DTYPES)  # fp8: octavo.attention.kv_quant

@@ -10,9 +10,11 @@ attention done by the fused C kernels (``octavo.cpu.kernels``) straight from the
   one prompt-sized product, and each row's own positions by the decode kernel, which
   merges the two (FlashInfer's and vLLM's cascade attention).
 
-Sliding windows, soft-capped scores and fp32 stay on the portable path, which computes the
-same attention. Latent attention (``CpuMLAImpl``) decodes on the same decode kernel, its
-latent rows serving as keys and values.
+An fp8 KV cache (``--kv-cache-dtype fp8``) is written and decoded by its own kernels
+(``octavo.cpu.kv_fp8``); its prompt chunks take the portable path, which dequantizes
+their context. Sliding windows, soft-capped scores and fp32 stay on the portable path,
+which computes the same attention. Latent attention (``CpuMLAImpl``) decodes on the
+same decode kernel, its latent rows serving as keys and values.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from dataclasses import dataclass
 import torch
 
 from octavo.attention.base import AttentionMetadata
+from octavo.attention.kv_quant import is_fp8
 from octavo.attention.step_plan import DecodeBatch, StepPlan, context_slots
 from octavo.attention.torch_backend import TorchAttentionBackend, TorchAttentionImpl
 from octavo.attention.torch_mla import TorchMLAImpl
-from octavo.cpu import kernels
+from octavo.cpu import kernels, kv_fp8
 
 # Cascade attention pays off when many rows share a long prefix: it replaces one pass over
 # the prefix per row by one product of all rows (vLLM's thresholds: 256 shared tokens).
@@ -104,16 +107,24 @@ def decode_rows(decode: DecodeBatch, plan: StepPlan, head_dim: int, cache_rows: 
 
 class CpuAttentionImpl(TorchAttentionImpl):
     def _native(self, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-        """bf16 on the CPU, no window, no soft cap, and the kernels built here."""
+        """bf16 on the CPU (its cache bf16 or fp8), no window, no soft cap, and the kernels
+        built here."""
         return (self.sliding_window is None and self.logits_soft_cap is None
-                and kernels.usable(query, kv_cache))
+                and (kernels.usable(query, kv_cache) or kv_fp8.usable(query, kv_cache)))
 
     def _write_kv_native(self, cache_rows: torch.Tensor, keys: torch.Tensor,
                          values: torch.Tensor, slots: torch.Tensor) -> None:
-        kernels.write_kv(cache_rows, keys, values, slots)
+        if is_fp8(cache_rows.dtype):
+            kv_fp8.write_kv_fp8(cache_rows, keys, values, slots, self.k_scale, self.v_scale)
+        else:
+            kernels.write_kv(cache_rows, keys, values, slots)
 
     def _decode_native(self, query: torch.Tensor, cache_rows: torch.Tensor,
                        decode: DecodeBatch, plan: StepPlan) -> torch.Tensor:
+        if is_fp8(cache_rows.dtype):  # no cascade: the prefix kernel reads bf16 only
+            return kv_fp8.decode_attention_fp8(
+                query, cache_rows, decode.slots, decode.seq_lens.view(-1), decode.max_len,
+                self.num_kv_heads, self.scale, self.k_scale, self.v_scale)
         rows, prefix = decode_rows(decode, plan, self.head_dim, cache_rows)
         state = None if prefix is None else kernels.prefix_attention(
             query, cache_rows, prefix.slots, self.num_kv_heads, self.scale)
@@ -125,7 +136,8 @@ class CpuAttentionImpl(TorchAttentionImpl):
                         output: torch.Tensor, native: bool) -> None:
         """Every prompt chunk of the step in one kernel call, over the cache (their keys
         and values are already written there)."""
-        if not (native and kernels.attention_available(self.head_dim, cache_rows)):
+        if not (native and not is_fp8(cache_rows.dtype)
+                and kernels.attention_available(self.head_dim, cache_rows)):
             super()._prefill_groups(query, key, value, cache_rows, metadata, plan, output,
                                     native)
             return

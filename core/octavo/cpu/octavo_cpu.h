@@ -95,6 +95,21 @@ void octavo_write_kv(bf16 *cache, int64_t num_slots, const bf16 *key, const bf16
                      const int64_t *slot_mapping, int64_t tokens, int64_t width,
                      int64_t key_stride, int64_t value_stride);
 
+/* The fp8 KV cache (cpu_kv_fp8.c): the format of its bytes, writing keys and values, and
+ * decode attention reading them; cache is [2, num_slots, width] bytes. */
+#define OCTAVO_FP8_E4M3 0
+#define OCTAVO_FP8_E5M2 1
+void octavo_write_kv_fp8(void *cache, int64_t num_slots, const bf16 *key, const bf16 *value,
+                         const int64_t *slot_mapping, int64_t tokens, int64_t width,
+                         int64_t key_stride, int64_t value_stride, float k_inv_scale,
+                         float v_inv_scale, int format);
+int octavo_decode_attention_fp8(bf16 *out, const bf16 *q, const void *cache,
+                                int64_t num_slots, const int64_t *slots,
+                                const int64_t *seq_lens, int64_t batch, int64_t max_len,
+                                int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                                int64_t q_stride, float scale, float k_scale, float v_scale,
+                                int format);
+
 /* Attention over the paged cache (cpu_attention.c). */
 int octavo_decode_attention(bf16 *out, const bf16 *q, const bf16 *cache, int64_t num_slots,
                             const int64_t *slots, const int64_t *seq_lens, int64_t batch,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from octavo.config.cache import KV_CACHE_DTYPES
 from octavo.host_memory import meminfo_bytes, return_freed_memory
 from octavo.platforms.base import Availability, Platform
 
@@ -47,6 +48,7 @@ class CpuPlatform(Platform):
     dist_backend = "gloo"
     default_dtype = "bfloat16" if cpu_has_native_bf16() else "float32"
     attention_backend = "cpu"
+    kv_cache_dtypes = tuple(KV_CACHE_DTYPES)  # fp8 on the portable attention path
 
     @classmethod
     def check_available(cls) -> Availability:

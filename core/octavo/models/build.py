@@ -19,6 +19,7 @@ from octavo.attention.base import AttentionBackend
 from octavo.models.architectures import BUILTIN_ARCHITECTURES
 from octavo.models.base import CausalLM, WeightLoadError
 from octavo.models.config import ArchConfig
+from octavo.models.kv_scales import apply_kv_scales, take_kv_scales
 from octavo.models.layers.gguf import GgufConfig
 from octavo.models.layers.quantization import (
     QUANTIZATION_CONFIGS,
@@ -123,8 +124,10 @@ def model_class_for(
 
 
 def _load(model: CausalLM, files: ModelFiles) -> None:
+    kv_scales: dict[str, tuple[str, float]] = {}
     try:
-        loaded = model.load_weights(files.iter_weights())
+        loaded = model.load_weights(take_kv_scales(files.iter_weights(), kv_scales))
+        apply_kv_scales(model, kv_scales)
     except WeightLoadError as exc:
         raise ModelLoadError(f"{files.weight_file_of(exc.weight_name)}: {exc}") from exc
     missing = model.missing_weights(loaded)

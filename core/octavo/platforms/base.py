@@ -72,6 +72,9 @@ class Platform(ABC):
     distribution: ClassVar[str] = "octavo"  # what to install to get this platform
     # Why the platform cannot run models yet even with its hardware present, or "" when it can.
     missing_kernels: ClassVar[str] = ""
+    # The --kv-cache-dtype values its worker stores (auto: the model's dtype); the attention
+    # backend must support the value too.
+    kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
     # One worker process drives all of an engine's devices (a JAX single controller with a
     # device mesh): the engine keeps that worker in its own process for any world size.
     single_controller: ClassVar[bool] = False

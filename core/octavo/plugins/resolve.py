@@ -110,7 +110,7 @@ def check_names(config: EngineConfig, registries: Registries,
     """Every name in ``config`` is registered (the attention backend too when the platform
     is known); raises ``ConfigError`` at the first that is not. Cheap: no class is built."""
     if platform is not None:
-        attention_backend(config, platform, registries)
+        check_kv_cache_dtype(config, platform, attention_backend(config, platform, registries))
     elif config.device.attention_backend is not None:
         lookup(registries.attention_backends, config.device.attention_backend,
                "attention_backend")
@@ -126,6 +126,20 @@ def attention_backend(config: EngineConfig, platform: type[Platform],
                       registries: Registries) -> type[AttentionBackend]:
     name = config.device.attention_backend or platform.attention_backend
     return lookup(registries.attention_backends, name, "attention_backend")
+
+
+def check_kv_cache_dtype(config: EngineConfig, platform: type[Platform],
+                         backend: type[AttentionBackend]) -> None:
+    """A ``ConfigError`` naming ``--kv-cache-dtype`` when the platform's worker or the
+    attention backend cannot store the cache in that dtype: refused at start, never in a
+    step."""
+    value = config.cache.kv_cache_dtype
+    for what, supported in ((f"the {platform.name!r} backend", platform.kv_cache_dtypes),
+                            (f"the {backend.name!r} attention backend",
+                             backend.supported_kv_cache_dtypes)):
+        if value not in supported:
+            raise ConfigError(f"--kv-cache-dtype {value}: {what} stores the KV cache only as "
+                              f"{', '.join(supported)}")
 
 
 def scheduler_cls(config: EngineConfig, registries: Registries) -> type[SchedulerInterface]:

@@ -71,6 +71,9 @@ class ModelRunner:
                                 num_kv_groups=len(self.kv_groups))
         self.sampler = Sampler()
         self.kv_caches: list[torch.Tensor] = []
+        # What the KV tensors hold: the model's dtype, or fp8 (--kv-cache-dtype), set by the
+        # worker through ``set_kv_cache_dtype`` before the cache is sized.
+        self.kv_cache_dtype = model.dtype
         self.kv_transfer: WorkerKVTransfer | None = None  # set by the worker with a KV connector
         # Set by the worker when speculative decoding is on.
         self.spec: SpecVerifier | None = None
@@ -78,9 +81,18 @@ class ModelRunner:
     # -- KV cache ---------------------------------------------------------------------
     def kv_cache_bytes_per_block(self) -> int:
         shape = self.model.kv_cache_shape(1, self.block_size)
-        per_layer = int(np.prod(shape)) * torch.finfo(self.model.dtype).bits // 8
+        per_layer = int(np.prod(shape)) * torch.finfo(self.kv_cache_dtype).bits // 8
         proposer = self.spec.proposer.kv_cache_bytes_per_block() if self.spec else 0
         return per_layer * self.num_kv_tensors + proposer
+
+    def set_kv_cache_dtype(self, dtype: torch.dtype) -> None:
+        """Store keys and values in ``dtype`` (an fp8 one: ``octavo.attention.kv_quant``);
+        refused, naming the flag, for a latent attention model, whose kernels read only its
+        own dtype."""
+        if dtype != self.model.dtype and self.model.mla_spec is not None:
+            raise ValueError(f"--kv-cache-dtype {dtype} is not supported for multi-head latent "
+                             "attention (MLA) models yet; use --kv-cache-dtype auto")
+        self.kv_cache_dtype = dtype
 
     @property
     def num_kv_tensors(self) -> int:
@@ -103,7 +115,7 @@ class ModelRunner:
         # pages would grow the RSS by the whole cache over the first hours of traffic (the
         # free-block queue cycles through every block), which hides a real leak and moves
         # an out-of-memory kill from start-up to the middle of serving.
-        tensors = [torch.zeros(shape, dtype=self.model.dtype, device=self.device)
+        tensors = [torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
                    for _ in range(self.num_kv_tensors)]
         caches = dict(zip(self.attention_layers,
                           (tensors[index] for index in self.kv_tensor_index)))

@@ -65,6 +65,7 @@ class Worker(WorkerInterface):
             device=self.device,
             **pooling,
         )
+        self.runner.set_kv_cache_dtype(config.cache.kv_torch_dtype(dtype))
         if config.speculative is not None:
             assert classes.proposer is not None, "speculative decoding without a proposer"
             self.runner.spec = SpecVerifier(config.speculative, self.runner, classes.proposer,

@@ -46,10 +46,6 @@ def check_block_size(block_size: int) -> None:
 
 
 class TritonAttentionImpl(AttentionImpl):
-    # Scales of an fp8 KV cache (stored value = value / scale); unused for other dtypes.
-    k_scale: float = 1.0
-    v_scale: float = 1.0
-
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int,
                  sliding_window: int | None = None) -> None:
         super().__init__(num_heads, head_dim, scale, num_kv_heads, sliding_window)
@@ -114,3 +110,6 @@ class TritonAttentionBackend(AttentionBackend):
     impl_cls = TritonAttentionImpl
     mla_impl_cls = TritonMLAImpl
     supported_block_sizes = SUPPORTED_BLOCK_SIZES
+    # An fp8 cache holds value / scale (``AttentionImpl.k_scale`` / ``v_scale``, the
+    # checkpoint's or 1.0); both kernels take it (kernels/kv_cache.py, kernels/attention.py).
+    supported_kv_cache_dtypes = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")

@@ -4,6 +4,7 @@ through ``LLM.generate`` against HF transformers, prefix caching on W3, and the 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -52,20 +53,61 @@ def test_w1_prompts_match_hf(smollm2_hf) -> None:  # type: ignore[no-untyped-def
 BF16_MIN_AGREEMENT = 0.9
 BF16_REQUESTS = 6
 BF16_TOKENS = 64
+# 256 MiB: 728.2 bf16 blocks of SmolLM2 (368,640 bytes), 1456.4 fp8 ones.
+BF16_ENGINE = dict(dtype="bfloat16", quantization="none", max_model_len=512,
+                   kv_cache_memory=256 * 2**20)
 
 
-def test_w1_prompts_bf16_agree_with_hf_bf16(smollm2_hf) -> None:  # type: ignore[no-untyped-def]
-    workload = build_workload("W1_throughput")
-    prompts = workload.prompts[:BF16_REQUESTS]
-    llm = LLM(dtype="bfloat16", quantization="none", max_model_len=512,
-              kv_cache_memory=256 * 2**20)
+@dataclass
+class BF16Run:
+    """W1[:6] on the engine in bf16 (a bf16 KV cache), its picks teacher-forced along HF
+    bf16's greedy text: what the bf16 and the fp8 KV cache tests both judge."""
+
+    llm: LLM
+    prompts: list[list[int]]
+    reference: list[list[int]]  # HF bf16's greedy tokens
+    picks: list[list[int]]  # the engine's, forced along them
+
+
+@pytest.fixture(scope="module")
+def bf16_run(smollm2_hf) -> BF16Run:  # type: ignore[no-untyped-def]
+    prompts = build_workload("W1_throughput").prompts[:BF16_REQUESTS]
+    llm = LLM(**BF16_ENGINE)
     hf_bf16 = copy.deepcopy(smollm2_hf).to(torch.bfloat16)
     reference = [hf_greedy(hf_bf16, p, BF16_TOKENS)[0] for p in prompts]
-    forced = greedy_agreement(engine_forced_picks(llm, prompts, reference), reference)
-    free = greedy_agreement(engine_greedy(llm, prompts, BF16_TOKENS)[0], reference)
+    return BF16Run(llm, prompts, reference, engine_forced_picks(llm, prompts, reference))
+
+
+def test_w1_prompts_bf16_agree_with_hf_bf16(bf16_run: BF16Run) -> None:
+    forced = greedy_agreement(bf16_run.picks, bf16_run.reference)
+    free = greedy_agreement(engine_greedy(bf16_run.llm, bf16_run.prompts, BF16_TOKENS)[0],
+                            bf16_run.reference)
     print(f"\nW1[:{BF16_REQUESTS}] x {BF16_TOKENS} bf16 greedy agreement with HF bf16: "
           f"{forced:.1%} teacher-forced, {free:.1%} free-running")
     assert forced >= BF16_MIN_AGREEMENT
+
+
+# --kv-cache-dtype fp8 (issue 52): the same budget holds twice the blocks, and at each step
+# of HF bf16's greedy text the fp8 cache's pick agrees with the bf16 cache's on at least 98%
+# (measured 2026-12-07, e4m3, scales 1.0: 99.0%). Judged along a text neither engine wrote;
+# along the bf16 engine's own greedy text instead (its tokens the reference, fp8 forced
+# along them) it was 97.7% - that text favours the bf16 cache at its own near-ties. For
+# scale: the bf16 cache through the portable attention path instead of the fused kernels
+# agrees 98.4% with the fused run by that measure.
+FP8_MIN_AGREEMENT = 0.98
+
+
+def test_w1_fp8_kv_cache_doubles_the_blocks_and_agrees_with_bf16(bf16_run: BF16Run) -> None:
+    fp8 = LLM(kv_cache_dtype="fp8", **BF16_ENGINE)
+    assert fp8.llm_engine.core.executor.worker.runner.kv_caches[0].dtype == torch.float8_e4m3fn
+    blocks = fp8.llm_engine.core.num_blocks, bf16_run.llm.llm_engine.core.num_blocks
+    assert blocks[0] == 2 * blocks[1]
+    picks = engine_forced_picks(fp8, bf16_run.prompts, bf16_run.reference)
+    agreement = greedy_agreement(picks, bf16_run.picks)
+    print(f"\nW1[:{BF16_REQUESTS}] x {BF16_TOKENS}: the fp8 (e4m3) KV cache's greedy picks "
+          f"agree with the bf16 cache's on {agreement:.1%}, teacher-forced; {blocks[0]} blocks "
+          f"vs {blocks[1]} of the same budget")
+    assert agreement >= FP8_MIN_AGREEMENT
 
 
 def test_w3_prefix_cache_covers_the_shared_prefix() -> None:
