@@ -25,12 +25,12 @@ import openai
 import psutil
 import pytest
 from openai import OpenAI
-from prometheus_client.parser import text_string_to_metric_families
 
 from octavo.testing.seeds import draw_seed
 
 from ..core.tiny_models import save_tiny_model
 from ..e2e.server import Server
+from ..e2e.test_serve_data_parallel import requests_per_engine
 from .engines import KV_BYTES, one_thread, run
 from .test_tensor_parallel import random_prompts
 
@@ -91,15 +91,6 @@ def server_model(server: Server) -> str:
     return client(server).models.list().data[0].id
 
 
-def engine_served(server: Server) -> dict[str, int]:
-    """Finished requests by engine, from /metrics."""
-    status, _, text = server.request("GET", "/metrics")
-    assert status == 200, text
-    return {sample.labels["engine"]: int(sample.value)
-            for family in text_string_to_metric_families(text) for sample in family.samples
-            if sample.name == "vllm:e2e_request_latency_seconds_count"}
-
-
 def health_of(server: Server) -> tuple[int, object]:
     """/health's status and body; (0, the error) once the server no longer answers."""
     try:
@@ -113,10 +104,10 @@ def test_32_concurrent_requests_equal_one_rank(server: Server, mixtral: tuple[st
                                                reference: list[list[int]],
                                                request: pytest.FixtureRequest) -> None:
     _, prompts = mixtral
-    before = engine_served(server)
+    before = requests_per_engine(server)
     tokens = greedy_tokens(server, prompts)
     served = {engine: count - before.get(engine, 0)
-              for engine, count in engine_served(server).items()}
+              for engine, count in requests_per_engine(server).items()}
     print(f"\n32 concurrent requests: {served} per engine")
     assert sorted(served) == ["0", "1"] and all(served.values()), served
     status, _, health = server.request("GET", "/health")
