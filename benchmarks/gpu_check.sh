@@ -14,7 +14,9 @@
 #   2. times each Triton kernel against its torch reference;
 #   3. runs W1_throughput and W2_latency with --backend cuda, CUDA graphs on and off;
 #   4. runs W2_latency at TP=1 through the multi-process executor (a worker process);
-#   5. on a machine with two GPUs or more, W2_latency at -tp 2 (NCCL between workers);
+#   5. on a machine with two GPUs or more, W2_latency at -tp 2 (NCCL between workers), and
+#      16 requests to a random Mixtral served at -dp 2 --enable-expert-parallel (NCCL
+#      all-to-alls between the engines' workers; benchmarks/gpu/dp_ep.sh);
 # then prints one table. Each step has its own time limit, and the whole stops after 8
 # minutes. Without a CUDA GPU it stops at once with exit code 2.
 #
@@ -103,8 +105,10 @@ bench latency W2_latency mp 50 --distributed-executor-backend mp
 
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)"; then
     bench latency W2_latency tp2 90 -tp 2
+    run_step "-dp 2 --enable-expert-parallel, a random Mixtral (NCCL all-to-alls)" 150 \
+        "$LOGS/dp_ep.log" bash benchmarks/gpu/dp_ep.sh "$PY" "$MODEL" "$LOGS"
 else
-    echo; echo "== -tp 2 skipped: it needs two GPUs"
+    echo; echo "== -tp 2 and -dp 2 --enable-expert-parallel skipped: they need two GPUs"
 fi
 
 step "summary"

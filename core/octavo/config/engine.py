@@ -92,6 +92,11 @@ def check_parallel_combinations(config: EngineConfig) -> None:
     """Refuse, at start, the features that do not run with several workers yet, naming
     them: a combination that is not refused is tested (tests/parallel)."""
     parallel = config.parallel
+    if parallel.experts_across_engines and (config.speculative or config.kv_transfer):
+        # A drafter's or a connector's extra forward passes would step one engine's MoE
+        # collectives without the others.
+        raise ConfigError("enable_expert_parallel with data_parallel_size > 1 does not run "
+                          "with speculative decoding or a KV connector yet")
     if parallel.world_size == 1:
         return
     sizes = (f"tensor_parallel_size={parallel.tensor_parallel_size}, "

@@ -49,9 +49,15 @@ class ParallelConfig:
     # This engine's rank among the data-parallel engines: set per engine, not a flag
     # (None: the node's first, data_parallel_start_rank).
     data_parallel_rank: int | None = None
+    data_parallel_master_port: int | None = field(default=None, metadata={
+        "help": "With data_parallel_size > 1 and enable_expert_parallel: the port on "
+                "data_parallel_address where engine 0 serves the rendezvous of the "
+                "engines' expert group (default: a free port, when every engine runs on "
+                "this node; headless nodes must be given the same one)."})
     enable_expert_parallel: bool = field(default=False, metadata={
-        "help": "Shard MoE experts over the tensor-parallel workers (whole experts per "
-                "worker) instead of slicing each expert."})
+        "help": "Shard MoE experts as whole experts: over the tensor-parallel workers, or "
+                "with data_parallel_size > 1 over every worker of every engine (tokens "
+                "travel to their experts by all-to-all)."})
     distributed_executor_backend: str | None = field(default=None, metadata={
         "help": "How one engine's workers run: uni (in the engine process; one worker "
                 "only), mp (a process per worker) or ray (an actor per worker on a Ray "
@@ -73,7 +79,9 @@ class ParallelConfig:
                               f"{', '.join(DATA_PARALLEL_BACKENDS)}; got "
                               f"{self.data_parallel_backend!r}")
         if backend is None:
-            self.distributed_executor_backend = "uni" if self.world_size == 1 else "mp"
+            # Across engines the expert group's worker needs a process of its own.
+            one = self.world_size == 1 and not self.experts_across_engines
+            self.distributed_executor_backend = "uni" if one else "mp"
         if self.data_parallel_size_local is None:
             self.data_parallel_size_local = self.data_parallel_size - self.data_parallel_start_rank
         if self.data_parallel_rank is None:
@@ -129,7 +137,8 @@ class ParallelConfig:
             raise ConfigError(f"distributed_executor_backend='uni' runs one worker, but "
                               f"tensor_parallel_size x sequence_parallel_size x "
                               f"pipeline_parallel_size = {self.world_size}; use 'mp'")
-        if self.enable_expert_parallel and self.tensor_parallel_size == 1:
+        if (self.enable_expert_parallel and self.tensor_parallel_size == 1
+                and self.data_parallel_size == 1):
             raise ConfigError("enable_expert_parallel shards experts over the "
                               "tensor-parallel workers: it needs tensor_parallel_size > 1")
         if self.sequence_parallel_size > 1 and self.pipeline_parallel_size > 1:
@@ -137,9 +146,30 @@ class ParallelConfig:
                               f"pipeline_parallel_size={self.pipeline_parallel_size} is not "
                               "built: a stage would hand the next a slice of the sequence; "
                               "use one of them")
-        if self.enable_expert_parallel and self.data_parallel_size > 1:
-            raise ConfigError("enable_expert_parallel with data_parallel_size > 1 is not "
-                              "built: Octavo's expert group is one engine's tensor-parallel "
-                              "workers, and experts spread over data-parallel engines (whose "
-                              "idle engines would step dummy batches) are not implemented; "
-                              "use data_parallel_size=1")
+        if self.experts_across_engines:
+            self._refuse_with_experts_across_engines()
+
+    def _refuse_with_experts_across_engines(self) -> None:
+        """What expert parallelism over data-parallel engines does not run with (yet)."""
+        unbuilt = [(f"pipeline_parallel_size={self.pipeline_parallel_size}",
+                    self.pipeline_parallel_size > 1),
+                   (f"sequence_parallel_size={self.sequence_parallel_size}",
+                    self.sequence_parallel_size > 1),
+                   ("data_parallel_backend='ray'", self.data_parallel_backend == "ray"),
+                   (f"distributed_executor_backend={self.distributed_executor_backend!r} "
+                    "(the expert group's workers are mp processes)",
+                    self.distributed_executor_backend != "mp")]
+        for what, used in unbuilt:
+            if used:
+                raise ConfigError(f"enable_expert_parallel with data_parallel_size="
+                                  f"{self.data_parallel_size} does not run with {what} yet")
+
+    @property
+    def experts_across_engines(self) -> bool:
+        """Expert parallelism over every worker of every data-parallel engine."""
+        return self.enable_expert_parallel and self.data_parallel_size > 1
+
+    @property
+    def expert_group_rank(self) -> int:
+        """Where tensor rank 0 of this engine sits in the expert group."""
+        return self.engine_index * self.tensor_parallel_size

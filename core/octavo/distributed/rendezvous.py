@@ -17,9 +17,10 @@ from urllib.parse import urlsplit
 import torch.distributed as dist
 
 
-def rendezvous_store(init_method: str, rank: int, world_size: int,
+def rendezvous_store(init_method: str, rank: int, world_size: int | None,
                      timeout: datetime.timedelta) -> dist.TCPStore:
-    """The store of ``init_method`` (``tcp://host:port``); rank 0 serves it on ``host``."""
+    """The store of ``init_method`` (``tcp://host:port``); rank 0 serves it on ``host``.
+    ``world_size`` None: the server does not wait for its clients to connect."""
     url = urlsplit(init_method)
     if url.scheme != "tcp" or url.hostname is None or url.port is None:
         raise ValueError(f"the rendezvous must be tcp://host:port, not {init_method!r}")

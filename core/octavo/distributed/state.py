@@ -24,6 +24,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from octavo.distributed.engine_group import ExpertGroup
 from octavo.distributed.rendezvous import rendezvous_store
 
 
@@ -147,6 +148,9 @@ class ParallelState:
     sp: ProcessGroupCommunicator | None = None  # None with one sequence shard
     # MoE layers shard whole experts over the tensor group instead of each expert's width.
     enable_expert_parallel: bool = False
+    # Every engine's workers, with data-parallel expert parallelism (else None): the MoE
+    # layers hold whole experts over it and move tokens to them by all-to-all.
+    ep: ExpertGroup | None = None
 
     @property
     def tp_rank(self) -> int:

@@ -71,6 +71,7 @@ from octavo.plugins.resolve import PlatformError, check_names, resolve_platform
 from octavo.request import Request
 
 if TYPE_CHECKING:
+    from octavo.engine.dp_lockstep import DPLockstep
     from octavo.models.generation_config import GenerationConfig
 
 logger = logging.getLogger(__name__)
@@ -117,12 +118,16 @@ class EngineCoreProc:
         # Imported here, in the core process only: the server imports this module to spawn
         # the core, and should not first wait for the model stack (transformers, loaders).
         from octavo.engine.core import EngineCore
+        from octavo.engine.dp_lockstep import DPLockstep
         from octavo.engine.llm_engine import pooler_of, resolve_max_model_len
         from octavo.models.generation_config import read_generation_config
         from octavo.models.loader import load_model_files
 
         platform = resolve_platform(config.device.backend)
         check_names(config, get_registries(), platform)  # before the model load, not after
+        # Before the workers start: they meet on the store engine 0's lockstep serves.
+        self.lockstep = (DPLockstep(config.parallel)
+                         if config.parallel.experts_across_engines else None)
         files = load_model_files(config.model.model)
         max_model_len = resolve_max_model_len(config, files)
         generation_config = read_generation_config(files, config.model.generation_config)
@@ -154,9 +159,27 @@ class EngineCoreProc:
 
     def run_busy_loop(self) -> None:
         """Step while there is work; return on SHUTDOWN."""
+        if self.lockstep is not None:
+            self._run_lockstep_loop(self.lockstep)
+            return
         while self._apply_inputs(block=not self.core.has_unfinished_requests()):
             if self.core.has_unfinished_requests():
                 self._report(self._step())
+
+    def _run_lockstep_loop(self, lockstep: DPLockstep) -> None:
+        """Step whenever any engine of the expert group has work (this one with nothing
+        scheduled runs a dummy batch); return when any engine is told to stop."""
+        while True:
+            stopping = not self._apply_inputs(block=not self.core.has_unfinished_requests(),
+                                              timeout=lockstep.idle_poll_s)
+            busy = self.core.has_unfinished_requests()
+            any_work, any_stopping = lockstep.agree(busy, stopping)
+            if any_stopping:
+                return
+            if any_work:
+                outputs = self._step()
+                if busy:
+                    self._report(outputs)
 
     def _step(self) -> list[EngineCoreOutput]:
         """One step. A failed one costs only its requests, each answered with an error;
@@ -187,8 +210,9 @@ class EngineCoreProc:
         self.context.term()
         self.core.shutdown()
 
-    def _apply_inputs(self, block: bool) -> bool:
-        """Apply every queued message, first waiting for one if ``block``; False on SHUTDOWN.
+    def _apply_inputs(self, block: bool, timeout: float | None = None) -> bool:
+        """Apply every queued message, first waiting for one (up to ``timeout`` s) if
+        ``block``; False on SHUTDOWN.
 
         When the core is left idle by what was applied (e.g. aborts of the last requests),
         no step follows to report its state, so it is reported here.
@@ -196,7 +220,7 @@ class EngineCoreProc:
         applied = False
         while True:
             try:
-                kind, payload = self.inputs.get(block=block and not applied)
+                kind, payload = self.inputs.get(block=block and not applied, timeout=timeout)
             except queue.Empty:
                 break
             applied = True

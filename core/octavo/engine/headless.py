@@ -45,6 +45,7 @@ from octavo.engine.dp_handshake import (
     unseal,
 )
 from octavo.engine.errors import EngineStartError
+from octavo.engine.expert_group_port import with_master_port
 from octavo.engine.ipc import CoreEndpoint, CurveKeys, set_heartbeat
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ def run_headless(config: EngineConfig, secret: bytes, model_path: Path,
                  ranks: list[int] | None = None, handle_signals: bool = True) -> int:
     """Run this node's engines (or those of ``ranks``) until they stop; the exit code.
     ``handle_signals``: SIGTERM and SIGINT stop them (only in a process's main thread)."""
+    config = with_master_port(config, has_remote=True)
     parallel = config.parallel
     assert parallel.data_parallel_size_local is not None
     if ranks is None:

@@ -25,6 +25,7 @@ from octavo.engine.core_proc import EngineReady
 from octavo.engine.dp_client import DPEngineClient
 from octavo.engine.dp_handshake import SECRET_ENV, Ready, engine_identity
 from octavo.engine.errors import EngineStartError
+from octavo.engine.expert_group_port import with_master_port
 from octavo.engine.remote_client import EngineJoinServer
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ async def start_engine_client(config: EngineConfig, secret: bytes | None = None,
         raise EngineStartError(f"engines {remote} are to join from headless nodes, which needs "
                                f"a shared secret: --data-parallel-secret or {SECRET_ENV} (the "
                                "same on every node)")
+    config = with_master_port(config, bool(remote))
     join = _join_server(config, secret, remote) if remote else None
     try:
         results = await asyncio.gather(

@@ -23,7 +23,7 @@ def check_model_fits(config: EngineConfig, hf_config: dict, source: str | Path) 
     """Raise ``ConfigError`` naming the model's dimension that does not split."""
     parallel = config.parallel
     tp, pp = parallel.tensor_parallel_size, parallel.pipeline_parallel_size
-    if parallel.world_size == 1:
+    if parallel.world_size == 1 and not parallel.experts_across_engines:
         return
     arch = ArchConfig.from_hf(hf_config, source)
     sliced = [(arch.num_attention_heads, "attention heads")]
@@ -41,9 +41,12 @@ def check_model_fits(config: EngineConfig, hf_config: dict, source: str | Path) 
     if kv % tp and tp % kv:
         problems.append(f"its {kv} key/value heads neither divide nor are a multiple of "
                         f"tensor_parallel_size={tp}")
-    if parallel.enable_expert_parallel and arch.num_experts % tp:
-        problems.append(f"its {arch.num_experts} experts do not divide by "
-                        f"tensor_parallel_size={tp} (expert parallelism)")
+    dp = parallel.data_parallel_size if parallel.experts_across_engines else 1
+    if parallel.enable_expert_parallel and arch.num_experts % (dp * tp):
+        over = (f"data_parallel_size x tensor_parallel_size = {dp} x {tp} = {dp * tp}"
+                if dp > 1 else f"tensor_parallel_size={tp}")
+        problems.append(f"its {arch.num_experts} experts do not divide by {over} "
+                        "(expert parallelism)")
     problems += sequence_split_problems(arch, tp, parallel.sequence_parallel_size)
     if arch.num_hidden_layers < pp:
         problems.append(f"its {arch.num_hidden_layers} layers are fewer than "

@@ -15,7 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from octavo.config import EngineConfig
-from octavo.distributed.state import RankInfo, init_distributed, output_rank
+from octavo.distributed.engine_group import join_expert_group
+from octavo.distributed.state import (
+    RankInfo,
+    get_parallel_state,
+    init_distributed,
+    output_rank,
+)
 from octavo.executor.base import Executor, WorkerCallError, WorkerDiedError
 from octavo.executor.messages import CallCodec, CallKind, ReplyCodec, RpcCall, WorkerReply
 from octavo.models.loader import ModelFiles
@@ -102,6 +108,13 @@ def start_rank(config: EngineConfig, rank: int, platform_name: str, init_method:
     init_distributed(info, platform.dist_backend, init_method, DIST_TIMEOUT_S,
                      tensor_communicator=platform.tensor_communicator if same_node else None,
                      enable_expert_parallel=parallel.enable_expert_parallel)
+    if parallel.experts_across_engines:
+        assert parallel.data_parallel_master_port is not None, "set by the launch"
+        rank_in_group = parallel.expert_group_rank + info.tp_rank
+        get_parallel_state().ep = join_expert_group(
+            parallel.data_parallel_address, parallel.data_parallel_master_port,
+            rank_in_group, parallel.data_parallel_size * parallel.tensor_parallel_size,
+            platform.dist_backend, DIST_TIMEOUT_S)
     return make_worker(config, platform, load_model_files(config.model.model)), info
 
 

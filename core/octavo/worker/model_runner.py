@@ -13,6 +13,7 @@ from octavo.attention import AttentionBackend
 from octavo.distributed.state import get_parallel_state
 from octavo.kv.cache_spec import is_hybrid, kv_cache_groups, ssm_state_spec
 from octavo.models.base import CausalLM, IntermediateTensors
+from octavo.models.layers.moe import execute_dummy_batch
 from octavo.outputs import (
     LogprobsLists,
     ModelRunnerOutput,
@@ -145,6 +146,8 @@ class ModelRunner:
 
     def _execute_step(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         if not scheduler_output.total_num_scheduled_tokens:
+            if get_parallel_state().ep is not None:  # the other engines' MoE layers wait
+                execute_dummy_batch(self.model)
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
         drafts = scheduler_output.scheduled_spec_decode_tokens
         if drafts:

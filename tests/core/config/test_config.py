@@ -63,8 +63,12 @@ def test_each_default_is_written_once_and_the_flags_come_from_it() -> None:
 
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"enable_expert_parallel": True}, "it needs tensor_parallel_size > 1"),
-    ({"data_parallel_size": 2, "tensor_parallel_size": 2, "enable_expert_parallel": True},
-     "experts spread over data-parallel engines"),
+    ({"data_parallel_size": 2, "pipeline_parallel_size": 2, "enable_expert_parallel": True},
+     "data_parallel_size=2 does not run with pipeline_parallel_size=2 yet"),
+    ({"data_parallel_size": 2, "data_parallel_backend": "ray", "enable_expert_parallel": True},
+     "does not run with data_parallel_backend='ray' yet"),
+    ({"data_parallel_size": 2, "distributed_executor_backend": "uni",
+      "enable_expert_parallel": True}, "does not run with distributed_executor_backend='uni'"),
     ({"data_parallel_size": 2, "data_parallel_start_rank": 1, "data_parallel_size_local": 2},
      "name engines beyond data_parallel_size=2"),
     ({"data_parallel_size": 2, "data_parallel_rank": 2}, "is not one of this node's engines"),

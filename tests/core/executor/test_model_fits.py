@@ -44,6 +44,18 @@ def test_expert_parallel_needs_whole_experts_not_sliced_features() -> None:
     assert "MLP features" not in str(refused.value)
 
 
+def test_experts_across_engines_split_over_dp_times_tp() -> None:
+    """-dp 2 -tp 2 --enable-expert-parallel: 6 experts over 4 workers are refused with the
+    numbers; -dp 2 alone (one worker per engine, 3 experts each) fits."""
+    check_model_fits(EngineConfig.from_kwargs(data_parallel_size=2,
+                                              enable_expert_parallel=True), MIXTRAL, "m")
+    config = EngineConfig.from_kwargs(data_parallel_size=2, tensor_parallel_size=2,
+                                      enable_expert_parallel=True)
+    with pytest.raises(ConfigError, match=r"6 experts do not divide by data_parallel_size x "
+                                          r"tensor_parallel_size = 2 x 2 = 4"):
+        check_model_fits(config, MIXTRAL, "m")
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"tensor_parallel_size": 2}, "9 attention heads do not divide by tensor_parallel_size=2"),
     ({"tensor_parallel_size": 2}, "3 key/value heads neither divide nor are a multiple"),

@@ -10,7 +10,11 @@ i.e. HF's ``w1`` and ``w3``, stacked along the output) and ``w2 [E_local, H, I_l
   ``[r * E / tp_size, (r + 1) * E / tp_size)`` (``E_local = E / tp_size``).
 
 Either way a rank computes a partial sum of the output for every token, and the partials
-are all-reduced. Expert parallelism needs no token dispatch here: after attention's
+are all-reduced. With data-parallel engines (``-dp N --enable-expert-parallel``) the
+experts are spread over every worker of every engine instead, and tokens travel to them
+by all-to-all (``octavo.models.layers.expert_dispatch``).
+
+Inside one engine, expert parallelism needs no token dispatch: after attention's
 all-reduce every tensor rank holds every token, so each rank runs its local experts on the
 tokens routed to them and the combine is an all-reduce of the partial sums, the simplest
 form of the all-gather/reduce-scatter family (correct because every rank sees every token).
@@ -27,6 +31,7 @@ from torch import nn
 
 from octavo.distributed.state import get_parallel_state
 from octavo.models.layers.activation import SiluAndMul
+from octavo.models.layers.expert_dispatch import dispatch_and_combine, token_share
 from octavo.models.layers.parallel import all_reduce, check_divisible, resolve_tp
 from octavo.models.layers.weights import copy_shard, new_parameter
 
@@ -168,7 +173,17 @@ class FusedMoE(nn.Module):
             enable_expert_parallel = get_parallel_state().enable_expert_parallel
         self.expert_parallel = enable_expert_parallel and self.tp_size > 1
         self.num_experts = num_experts
-        if self.expert_parallel:
+        self.expert_group = get_parallel_state().ep
+        if self.expert_group is not None:  # across data-parallel engines
+            group = self.expert_group
+            if num_experts % group.size:
+                raise ValueError(f"{num_experts} experts cannot be split evenly over the "
+                                 f"{group.size} ranks of the expert-parallel group "
+                                 "(data_parallel_size x tensor_parallel_size)")
+            num_local = num_experts // group.size
+            self.local_experts = range(group.rank * num_local, (group.rank + 1) * num_local)
+            self.intermediate_shard = (0, 1)
+        elif self.expert_parallel:
             num_local = check_divisible("experts (expert parallelism)", num_experts,
                                         self.tp_size)
             self.local_experts = range(self.tp_rank * num_local, (self.tp_rank + 1) * num_local)
@@ -211,11 +226,48 @@ class FusedMoE(nn.Module):
         Runs this rank's experts on the pairs routed to them, weights each result by its
         routing weight, sums them per token and all-reduces the partial sums.
         """
+        if self.expert_group is not None:
+            return self._forward_across_engines(x, weights, expert_ids)
         routes = route_to_experts(weights, expert_ids, self.local_experts.start,
                                   len(self.local_experts))
-        inputs = x[routes.tokens]
-        kernel = expert_kernel(inputs, self.w13_weight, self.w2_weight)
-        outputs = kernel(inputs, self.w13_weight, self.w2_weight, routes.counts, self.act)
+        outputs = self._run_local_experts(x[routes.tokens], routes.counts)
         outputs = (outputs * routes.weights[:, None]).to(x.dtype)
         output = torch.zeros_like(x).index_add_(0, routes.tokens, outputs)
         return all_reduce(output) if self.tp_size > 1 else output
+
+    def _run_local_experts(self, inputs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        kernel = expert_kernel(inputs, self.w13_weight, self.w2_weight)
+        return kernel(inputs, self.w13_weight, self.w2_weight, counts, self.act)
+
+    def _forward_across_engines(self, x: torch.Tensor, weights: torch.Tensor,
+                                expert_ids: torch.Tensor) -> torch.Tensor:
+        """Each tensor rank dispatches its share of the tokens over the expert group; the
+        engine's tensor ranks then all-reduce the shares (rows of zeros elsewhere)."""
+        assert self.expert_group is not None
+        share = token_share(len(x), self.tp_rank, self.tp_size)
+        part = dispatch_and_combine(x[share], weights[share], expert_ids[share],
+                                    self.expert_group, len(self.local_experts),
+                                    self._run_local_experts)
+        if self.tp_size == 1:
+            return part
+        output = torch.zeros_like(x)
+        output[share] = part
+        return all_reduce(output)
+
+    def run_dummy(self) -> None:
+        """Take part in one pass of the expert group's collectives with no tokens: what an
+        engine with no work does so that the engines with work are not left waiting."""
+        hidden = self.w2_weight.shape[1]
+        x = self.w2_weight.new_empty(0, hidden)
+        no_routes = torch.empty(0, 1, dtype=torch.int64, device=x.device)
+        self(x, no_routes.float(), no_routes)
+
+
+def execute_dummy_batch(model: nn.Module) -> None:
+    """An engine's step with no tokens while the expert group spans engines (vLLM's
+    ``execute_dummy_batch``): every MoE layer, in order, takes part in its collectives with
+    no tokens, so the engines that have work are not left waiting. Attention is
+    data-parallel, so only the MoE layers need the other engines."""
+    for module in model.modules():
+        if isinstance(module, FusedMoE):
+            module.run_dummy()
