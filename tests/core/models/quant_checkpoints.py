@@ -3,7 +3,9 @@
 
 The packing here follows the tools' writers loop for loop (AutoAWQ ``WQLinear_GEMM
 .from_linear``, AutoGPTQ ``QuantLinear.pack``, compressed-tensors ``pack_to_int32``), not
-octavo's unpacking, so a wrong field order or offset on either side shows. Each quantizer
+octavo's unpacking, so a wrong field order or offset on either side shows; the
+compressed-tensors fixtures are packed by compressed-tensors itself (``pack_to_int32``, what
+llm-compressor saves with). Each quantizer
 returns the checkpoint tensors of one linear weight, the dense weight they stand for,
 ``(q - z) * s`` from the integers and the stored scales (the reference), and that weight as
 GGUF blocks hold it (``q * fp16(s) + fp16(-z * s)``, octavo's CPU form of 4-bit and
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 from safetensors.torch import load_file, save_file
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ: field i of a word holds column AWQ_ORDER[i]
@@ -120,7 +123,8 @@ def gptq(bits: int, group: int, sym: bool, act_order: bool, seed: int,
 def ct_packed(bits: int, group: int, sym: bool) -> Quantizer:
     def quantize(w: torch.Tensor) -> Quantized:
         q, scales, zeros, groups = group_quantize(w, bits, group, sym)
-        tensors = {"weight_packed": pack_sequential(q, bits, 1),  # stored signed + 2^(b-1)
+        offset = 1 << (bits - 1)  # compressed-tensors' own packer: signed int8 in
+        tensors = {"weight_packed": pack_to_int32((q - offset).to(torch.int8), bits),
                    "weight_scale": scales.bfloat16(),
                    "weight_shape": torch.tensor(list(w.shape), dtype=torch.int64)}
         if not sym:

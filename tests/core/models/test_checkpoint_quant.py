@@ -14,6 +14,7 @@ largest logit), teacher-forced greedy picks >= 99% the exact model's.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -63,6 +64,8 @@ W4 = {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 64, "symm
 # name: (quantizer, config.json's quantization_config)
 FORMATS = {
     "awq-g32": (qc.awq(32), {"quant_method": "awq", "bits": 4, "group_size": 32,
+                             "zero_point": True, "version": "gemm"}),
+    "awq-g64": (qc.awq(64), {"quant_method": "awq", "bits": 4, "group_size": 64,
                              "zero_point": True, "version": "gemm"}),
     "awq-g128": (qc.awq(128), {"quant_method": "awq", "bits": 4, "group_size": 128,
                                "zero_point": True, "version": "gemm"}),
@@ -292,3 +295,29 @@ def test_quantized_layers_leave_embeddings_dense(tiny_llama, tmp_path_factory):
     model = build_model(files, torch.float32, TorchAttentionBackend)
     assert model.model.embed_tokens.quant_method.dense
     assert model.lm_head.quant_method.dense
+
+
+def test_autoawq_dequantizes_the_awq_fixture_as_octavo_does():
+    """AutoAWQ's own dequantizer (``awq/utils/packing_utils.py``, loaded by path: the
+    package's ``__init__`` needs datasets and triton) reads the AWQ fixture's tensors back
+    as the weight octavo loads. AutoAWQ is not a CI dependency (it pulls triton): skipped
+    where it is not installed."""
+    spec = importlib.util.find_spec("awq")
+    if spec is None or spec.submodule_search_locations is None:
+        pytest.skip("autoawq is not installed")
+    path = Path(spec.submodule_search_locations[0]) / "utils" / "packing_utils.py"
+    module_spec = importlib.util.spec_from_file_location("awq_packing_utils", path)
+    assert module_spec is not None and module_spec.loader is not None
+    packing = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(packing)
+    gen = torch.Generator().manual_seed(draw_seed())
+    w = torch.randn(OUT_SIZES[0], IN_FEATURES, generator=gen) * 0.05
+    tensors, reference, _ = qc.awq(64)(w)
+    theirs = packing.dequantize_gemm(tensors["qweight"], tensors["qzeros"], tensors["scales"],
+                                     4, 64)  # [in, out]
+    # AutoAWQ multiplies in fp16: each value rounded once (2^-11 of it); a wrong field
+    # order or zero would be off by whole steps.
+    torch.testing.assert_close(theirs.float().T, reference, rtol=FP16_U, atol=0)
+    layer = load_layer("awq-g64", [w], "row")[0]
+    x = torch.randn(2, IN_FEATURES, generator=gen)
+    assert ((layer(x) - x @ theirs.float()).abs() <= block_bound(x, reference)).all()
