@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from octavo.testing import quant_checkpoints as qc
 from octavo.testing.seeds import draw_seed
 
-from ..core.models import quant_checkpoints as qc
 from ..core.models.test_checkpoint_quant import FORMATS
 from ..core.tiny_models import save_tiny_model
 from .engines import max_logprob_gap, one_thread, run

@@ -34,8 +34,8 @@ from octavo.models.layers.checkpoint_configs import (
 from octavo.models.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from octavo.models.layers.quantization import QuantizationConfig, quantization_scope
 from octavo.models.loader import ModelLoadError, load_model_files
+from octavo.testing import quant_checkpoints as qc
 from octavo.testing.seeds import draw_seed
-from tests.core.models import quant_checkpoints as qc
 from tests.core.models.test_models_parity import PagedDriver
 from tests.core.tiny_models import VOCAB_SIZE, save_tiny_model
 

@@ -1,15 +1,15 @@
 """Quantized checkpoints written from each format's published spec, for the tests of
-``octavo.models.layers.checkpoint_*``.
+``octavo.models.layers.checkpoint_*`` and benchmarks/quant_formats.py.
 
 The packing here follows the tools' writers loop for loop (AutoAWQ ``WQLinear_GEMM
 .from_linear``, AutoGPTQ ``QuantLinear.pack``, compressed-tensors ``pack_to_int32``), not
 octavo's unpacking, so a wrong field order or offset on either side shows; the
 compressed-tensors fixtures are packed by compressed-tensors itself (``pack_to_int32``, what
-llm-compressor saves with). Each quantizer
-returns the checkpoint tensors of one linear weight, the dense weight they stand for,
-``(q - z) * s`` from the integers and the stored scales (the reference), and that weight as
-GGUF blocks hold it (``q * fp16(s) + fp16(-z * s)``, octavo's CPU form of 4-bit and
-symmetric 8-bit integers: int_weights.py), which octavo must match to fp32 rounding.
+llm-compressor saves with). Each quantizer returns the checkpoint tensors of one linear
+weight, the dense weight they stand for, ``(q - z) * s`` from the integers and the stored
+scales (the reference), and that weight as GGUF blocks hold it (``q * fp16(s) +
+fp16(-z * s)``, octavo's CPU form of 4-bit and symmetric 8-bit integers: int_weights.py),
+which octavo must match to fp32 rounding.
 
 ``quantize_folder`` turns a dense HF Llama folder into one quantized checkpoint and the
 folders of its dequantized weights (both fp32 reference models).
@@ -23,7 +23,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 from safetensors.torch import load_file, save_file
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ: field i of a word holds column AWQ_ORDER[i]
@@ -123,7 +122,10 @@ def gptq(bits: int, group: int, sym: bool, act_order: bool, seed: int,
 def ct_packed(bits: int, group: int, sym: bool) -> Quantizer:
     def quantize(w: torch.Tensor) -> Quantized:
         q, scales, zeros, groups = group_quantize(w, bits, group, sym)
-        offset = 1 << (bits - 1)  # compressed-tensors' own packer: signed int8 in
+        # compressed-tensors' own packer (a dev dependency): signed int8 in
+        from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
+
+        offset = 1 << (bits - 1)
         tensors = {"weight_packed": pack_to_int32((q - offset).to(torch.int8), bits),
                    "weight_scale": scales.bfloat16(),
                    "weight_shape": torch.tensor(list(w.shape), dtype=torch.int64)}
