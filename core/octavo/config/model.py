@@ -35,7 +35,8 @@ class ModelConfig:
         "help": "How the weights are held (vLLM's --quantization): default, as the "
                 "checkpoint has them, except a GGUF, dequantized at load (dense is faster "
                 "today); gguf: a GGUF kept in its blocks, on the CPU's quantized kernels; "
-                "none: dense weights in --dtype."})
+                "awq, gptq, fp8, compressed-tensors: the checkpoint's quantization_config "
+                "(read without the flag); none: dense weights in --dtype (GGUF only)."})
     seed: int = field(default=0, metadata={"help": "Random seed."})
     enable_prompt_embeds: bool = field(default=False, metadata={
         "help": "Accept prompt embeddings (a [tokens, hidden_size] tensor) instead of token "

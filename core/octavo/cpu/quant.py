@@ -30,14 +30,18 @@ class QuantGemm:
     """``x @ W.T (+ bias)`` for one layer on its GGUF blocks, checked and its decode kernel
     chosen once, here."""
 
-    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> None:
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None,
+                 perm: torch.Tensor | None = None) -> None:
         check_blocks(weight.blocks, weight.ggml_type, weight.rows, weight.cols)
         self.weight = weight
         self.bias = bias
+        self.perm = perm  # the blocks' order of the input features (None: as given)
         self.kernel = decode_kernel(weight.ggml_type)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
+        if self.perm is not None:
+            x = x.index_select(-1, self.perm)
         y = checked_matmul(x, w.blocks, w.ggml_type, w.rows, w.cols, self.kernel)
         return y if self.bias is None else y + self.bias
 
@@ -57,8 +61,10 @@ def attach_quant_gemms(model: nn.Module) -> int:
         if weight.ggml_type not in quant_types():
             continue
         bias = getattr(module, "bias", None)
+        perm = cast(GgufMethod, module.quant_method).input_perm(module)
         cast(GemmSlot, module).cpu_gemm = QuantGemm(weight,
-                                                    None if bias is None else bias.detach())
+                                                    None if bias is None else bias.detach(),
+                                                    perm)
         attached += 1
     return attached
 

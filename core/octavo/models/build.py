@@ -20,6 +20,7 @@ from octavo.models.architectures import BUILTIN_ARCHITECTURES
 from octavo.models.base import CausalLM, WeightLoadError
 from octavo.models.config import ArchConfig
 from octavo.models.kv_scales import apply_kv_scales, take_kv_scales
+from octavo.models.layers.checkpoint_configs import AwqConfig
 from octavo.models.layers.gguf import GgufConfig
 from octavo.models.layers.quantization import (
     QUANTIZATION_CONFIGS,
@@ -37,6 +38,7 @@ NO_QUANTIZATION = "none"  # --quantization none: dense weights (a GGUF dequantiz
 # and its prefill dequantizes panels. It becomes the default once it is the faster path.
 OPT_IN = frozenset({"gguf"})
 assert GgufConfig.name in QUANTIZATION_CONFIGS  # imported for its registration
+assert AwqConfig.name in QUANTIZATION_CONFIGS  # and the checkpoint formats' module with it
 
 
 def build_model(
@@ -70,17 +72,28 @@ def quantization_config(files: ModelFiles, quantization: str | None
     """The config the layers of ``files``' model take their methods from (None: dense)."""
     if quantization is None and files.quantization in OPT_IN:
         return None
+    known = ", ".join(sorted([NO_QUANTIZATION, *QUANTIZATION_CONFIGS]))
+    if files.quantization is not None and files.quantization not in QUANTIZATION_CONFIGS:
+        raise ModelLoadError(f"{config_file_of(files.source)}: quantization_config's "
+                             f"quant_method {files.quantization!r} is not supported "
+                             f"(supported: {known})")
     name = files.quantization if quantization is None else quantization
+    if name == NO_QUANTIZATION and files.quantization not in (None, *OPT_IN):
+        raise ModelLoadError(f"{files.source}: --quantization {NO_QUANTIZATION} cannot "
+                             f"load the {files.quantization} checkpoint's weights densely")
     if name is None or name == NO_QUANTIZATION:
         return None
     if name not in QUANTIZATION_CONFIGS:
-        known = ", ".join(sorted([NO_QUANTIZATION, *QUANTIZATION_CONFIGS]))
         raise ModelLoadError(f"--quantization {name!r} is not a known method ({known})")
     if name != files.quantization:
         raise ModelLoadError(f"{files.source}: --quantization {name} does not match the "
                              f"checkpoint's weights ({files.quantization or 'dense'}); "
                              f"use --quantization {NO_QUANTIZATION} for dense weights")
-    return QUANTIZATION_CONFIGS[name]()
+    try:
+        return QUANTIZATION_CONFIGS[name].from_config(files.hf_config.get("quantization_config"))
+    except ValueError as exc:
+        raise ModelLoadError(f"{config_file_of(files.source)}: quantization_config "
+                             f"({name}): {exc}") from exc
 
 
 def count_parameters(files: ModelFiles, attn_backend: type[AttentionBackend],

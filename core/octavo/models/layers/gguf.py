@@ -122,6 +122,12 @@ class GgufMethod:
         """The layer's blocks for a platform's kernels; None where it keeps dense weights."""
         return self.weight.quantized(layer_weight(layer))
 
+    def input_perm(self, layer: nn.Module) -> torch.Tensor | None:
+        """The order the blocks take the input features in (None: as given): a kernel
+        multiplies ``x[..., perm]`` with them (GPTQ act-order repacked into blocks)."""
+        del layer
+        return None
+
 
 class GgufLinearMethod(GgufMethod, LinearMethodBase):
     """A linear layer on GGUF blocks (see the module's docstring)."""
