@@ -39,7 +39,7 @@ def main() -> None:
     prompts = json.loads(open(prompts_path).read())
     context = max(len(p) for p in prompts) + int(output_len)
     llm = llama_cpp.Llama(model_path=model, n_ctx=context, n_batch=512, n_threads=threads,
-                          n_threads_batch=threads, logits_all=True, verbose=False)
+                          n_threads_batch=threads, verbose=False)
     results = [continuation(llm, prompt, int(output_len)) for prompt in prompts]
     with open(out_path, "w") as f:
         json.dump({"llama_cpp_python": llama_cpp.__version__, "sequences": results}, f)
