@@ -6,11 +6,15 @@ prompt. This times ``octavo.cpu.kernels.decode_attention`` (or, with ``--prefill
 ``prefill_attention`` on ``--rows`` prompts of ``--context`` tokens) over ``--layers``
 separate caches, so that each layer's keys and values come from memory as in a model step
 (W1's decode reads ~470 MB of them a step), the contexts in blocks of 16 slots scattered at
-random over each cache as a long-running server leaves them, fresh random bf16 contents. It
+random over each cache as a long-running server leaves them (``--layout random``; ``runs``:
+each row's blocks one adjacent run, as the block pool now hands them out where it has room;
+``lockstep``: ``--prompt-blocks`` blocks a row in a run, then its decode blocks ``--rows``
+apart, as a batch decoding in lockstep got them before), fresh random bf16 contents. It
 prints the best and median step time of ``--repeats``; for decode also the rate at which the
 step read the cache, to set beside the machine's memory bandwidth:
 
     python benchmarks/cpu_attention.py --threads 2 --rows 64 --context 320
+    python benchmarks/cpu_attention.py --threads 2 --rows 64 --context 320 --layout lockstep
     python benchmarks/cpu_attention.py --threads 2 --rows 16 --context 256 --prefill
 """
 
@@ -51,6 +55,20 @@ def prefill_call(args: argparse.Namespace, slots: torch.Tensor,
         out, q, cache, slots, starts, lens, lens, args.kv_heads, args.head_dim**-0.5)
 
 
+def block_order(args: argparse.Namespace, blocks_per_row: int, num_blocks: int,
+                ) -> torch.Tensor:
+    """``[rows, blocks_per_row]`` block ids in the ``--layout`` asked for."""
+    rows = args.rows
+    if args.layout == "random":
+        return torch.randperm(num_blocks)[: rows * blocks_per_row].view(rows, -1)
+    if args.layout == "runs":
+        return torch.arange(rows * blocks_per_row).view(rows, -1)
+    prompt = min(args.prompt_blocks, blocks_per_row)
+    runs = torch.arange(rows * prompt).view(rows, prompt)
+    decode = rows * prompt + torch.arange(rows * (blocks_per_row - prompt)).view(-1, rows).T
+    return torch.cat([runs, decode], dim=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -63,6 +81,10 @@ def main() -> None:
     parser.add_argument("--kv-heads", type=int, default=3)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--layout", choices=("random", "runs", "lockstep"), default="random",
+                        help="where each row's blocks lie in the cache (see above)")
+    parser.add_argument("--prompt-blocks", type=int, default=16,
+                        help="--layout lockstep: each row's blocks in a run before decode")
     args = parser.parse_args()
     if cpu_kernels.library() is None:
         raise SystemExit("the CPU kernels are not built here (no C compiler?)")
@@ -75,7 +97,7 @@ def main() -> None:
     num_blocks = args.rows * blocks_per_row + 8
     caches = [torch.randn(2, num_blocks * BLOCK, width).to(torch.bfloat16)
               for _ in tqdm(range(args.layers), desc="caches")]
-    order = torch.randperm(num_blocks)[: args.rows * blocks_per_row].view(args.rows, -1)
+    order = block_order(args, blocks_per_row, num_blocks)
     slots = (order[:, :, None] * BLOCK + torch.arange(BLOCK)).flatten(1)
     slots = slots[:, : args.context].contiguous()
     layer = (prefill_call if args.prefill else decode_call)(args, slots)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from octavo.block_hash import BlockHash
@@ -17,6 +18,7 @@ class KVBlock:
     is free *and* hashed can still be reused by a prefix hit until it is evicted.
     ``prev_free``/``next_free`` are the free queue's links, kept on the block itself so a
     prefix hit can take it out of the middle of the queue in O(1).
+    ``reserved_by``: the owner a free block is softly reserved for (``BlockPool.reserve``).
     Identity equality (``eq=False``): two blocks are never "equal", only the same block.
     """
 
@@ -25,3 +27,4 @@ class KVBlock:
     block_hash: BlockHash | None = None
     prev_free: KVBlock | None = field(default=None, repr=False)
     next_free: KVBlock | None = field(default=None, repr=False)
+    reserved_by: Hashable | None = field(default=None, repr=False)

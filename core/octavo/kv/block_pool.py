@@ -9,15 +9,34 @@ out for something else - that is the eviction, and it takes the head of the free
 Queue order is the eviction policy: freed cached blocks go to the tail, so the least
 recently freed are evicted first (LRU); freed blocks that hold nothing reusable go to the
 head, so they are handed out before any cached block is sacrificed.
+
+Adjacent blocks (why a request's next block is, where it can be, the one after its last):
+requests that prefill together and then decode in lockstep all cross a block boundary at
+the same step; taking the queue's head one each, a request's decode blocks would land a
+batch apart, and the CPU decode attention, which streams a request's blocks in order,
+prefetches best over adjacent ones. So ``get_new_blocks`` given the request's last block
+takes the block right after it when that block is free, holds no cached prefix and is not
+reserved for someone else; and ``reserve`` *softly* reserves the run after a request's
+blocks for its growth. A reserved block stays free (counted, and handed to anyone once the
+plain free blocks run out): it only moves in the free queue from the plain uncached blocks
+to behind them (in front of the queue's marker), ahead of every cached block. So the
+eviction order of cached blocks is untouched, no prefix is evicted while an uncached
+block is free, and a reservation never makes an allocation fail. Only uncached blocks are
+ever moved out of order; every step is O(1) per block (a reservation's list is at most
+``MAX_RESERVED`` long).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 from octavo.block_hash import BlockHash
 from octavo.kv.block import KVBlock
 from octavo.kv.free_queue import FreeBlockQueue
+
+# The longest soft reservation a request gets: 16 blocks cover 256 tokens of decode
+# growth at the default block size, W1's 128 output tokens with room to spare.
+MAX_RESERVED = 16
 
 
 class BlockPool:
@@ -31,6 +50,9 @@ class BlockPool:
         # One block per hash: when two requests compute the same prefix at the same time,
         # the first to finish a block caches it and the other's copy stays private.
         self.cached: dict[BlockHash, KVBlock] = {}
+        # Soft reservations: owner -> the free blocks reserved after its last block, in
+        # block order (each block's ``reserved_by`` names the owner).
+        self._reserved: dict[Hashable, list[KVBlock]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -40,18 +62,83 @@ class BlockPool:
     def get_cached_block(self, block_hash: BlockHash) -> KVBlock | None:
         return self.cached.get(block_hash)
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVBlock]:
-        """Take ``num_blocks`` from the head of the free queue, evicting their cached
-        contents, each with one reference for the caller."""
+    def get_new_blocks(self, num_blocks: int, after: KVBlock | None = None,
+                       owner: Hashable | None = None) -> list[KVBlock]:
+        """Take ``num_blocks`` free blocks, evicting their cached contents, each with one
+        reference for the caller.
+
+        ``after``: the caller's last block; each new block is then the one right after the
+        previous where that one is free, uncached and not reserved for another owner than
+        ``owner``, else the free queue's head (``owner``'s reservation, no longer adjacent,
+        is then given back first, so the head is its run)."""
         if num_blocks > self.num_free_blocks:
             raise ValueError(
                 f"cannot allocate {num_blocks} blocks: only {self.num_free_blocks} are free"
             )
-        blocks = [self.free_queue.popleft() for _ in range(num_blocks)]
-        for block in blocks:
+        blocks = []
+        for _ in range(num_blocks):
+            block = None if after is None else self._adjacent_free(after, owner)
+            if block is None:
+                if owner is not None:
+                    self.release_reservation(owner)
+                block = self.free_queue.popleft()
+            else:
+                self.free_queue.remove(block)
+            self._unreserve(block)
             self._evict(block)
             block.ref_cnt = 1
+            blocks.append(block)
+            after = block
         return blocks
+
+    def reserve(self, owner: Hashable, last: KVBlock, num_blocks: int) -> None:
+        """Softly reserve for ``owner`` up to ``num_blocks`` (at most ``MAX_RESERVED``)
+        blocks in a run right after ``last``, its last block (see the module docstring);
+        the run stops at the first block that is not free, uncached and unreserved."""
+        run = self._reserved.setdefault(owner, [])
+        end = run[-1] if run else last
+        while len(run) < min(num_blocks, MAX_RESERVED):
+            block = self._adjacent_free(end, None)
+            if block is None:
+                break
+            self.free_queue.remove(block)
+            self.free_queue.append_before_marker(block)
+            block.reserved_by = owner
+            run.append(block)
+            end = block
+        if not run:
+            del self._reserved[owner]
+
+    def release_reservation(self, owner: Hashable) -> None:
+        """Give ``owner``'s reserved blocks back to the head of the free queue, in block
+        order: the next allocation from the head takes them as a run."""
+        for block in reversed(self._reserved.pop(owner, ())):
+            block.reserved_by = None
+            self.free_queue.remove(block)
+            self.free_queue.appendleft(block)
+
+    def _adjacent_free(self, block: KVBlock, owner: Hashable | None) -> KVBlock | None:
+        """The block after ``block`` if it is free, uncached and unreserved or reserved for
+        ``owner``; else None."""
+        nxt_id = block.block_id + 1
+        if nxt_id >= self.num_blocks:
+            return None
+        nxt = self.blocks[nxt_id]
+        if nxt.ref_cnt or nxt.block_hash is not None:
+            return None
+        if nxt.reserved_by is not None and (owner is None or nxt.reserved_by != owner):
+            return None
+        return nxt
+
+    def _unreserve(self, block: KVBlock) -> None:
+        """``block`` leaves its reservation (taken by its owner or by anyone)."""
+        if block.reserved_by is None:
+            return
+        run = self._reserved[block.reserved_by]
+        run.remove(block)
+        if not run:
+            del self._reserved[block.reserved_by]
+        block.reserved_by = None
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
         """Take one more reference on each of ``blocks`` (prefix hits): a free one leaves the

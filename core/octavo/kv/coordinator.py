@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 from octavo.block_hash import update_block_hashes
 from octavo.kv.block import KVBlock
-from octavo.kv.block_pool import BlockPool
+from octavo.kv.block_pool import MAX_RESERVED, BlockPool
 from octavo.kv.cache_spec import KVCacheGroup, SlidingWindowSpec
 from octavo.kv.group_manager import GroupManager, SlidingWindowGroupManager
 from octavo.kv.interface import KVCacheManagerInterface
@@ -156,14 +156,23 @@ class KVCacheCoordinator(KVCacheManagerInterface):
             states.take(request_id)
         for manager in self.managers:
             manager.remove_skipped_blocks(request_id, num_computed)
+        reserve = self._blocks_to_reserve(request, num_blocks)
         new_blocks = [block for manager in self.managers
-                      for block in manager.allocate_new(request_id, num_blocks)]
+                      for block in manager.allocate_new(request_id, num_blocks, reserve)]
         if self.enable_caching:
             block_hashes = update_block_hashes(request, self.block_size)
             num_known = num_computed + (0 if delay_cache_blocks else num_new_tokens)
             for manager in self.managers:
                 manager.cache_full_blocks(request, block_hashes, num_known)
         return new_blocks
+
+    def _blocks_to_reserve(self, request: Request, num_blocks: int) -> int:
+        """How many blocks past its ``num_blocks`` the request's table may still grow: to
+        where it stops at ``max_tokens`` (with none, the longest soft reservation)."""
+        max_tokens = request.sampling_params.max_tokens
+        if max_tokens is None:
+            return MAX_RESERVED
+        return -(-(request.num_prompt_tokens + max_tokens) // self.block_size) - num_blocks
 
     def _split(self, blocks: Sequence[KVBlock]) -> list[Sequence[KVBlock]]:
         """Per-group slices of blocks laid out group after group, equally many each."""

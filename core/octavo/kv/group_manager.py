@@ -75,12 +75,25 @@ class GroupManager:
         """Release the blocks no later token attends (none under full attention)."""
         del request_id, num_computed
 
-    def allocate_new(self, request_id: str, num_blocks: int) -> list[KVBlock]:
-        """Grow the request's table to ``num_blocks`` blocks; the new ones."""
+    def allocate_new(self, request_id: str, num_blocks: int, reserve: int = 0) -> list[KVBlock]:
+        """Grow the request's table to ``num_blocks`` blocks; the new ones. Each new block
+        is the one after the request's last where the pool allows, and ``reserve`` more
+        after them are softly reserved for its growth (``BlockPool``: adjacent blocks)."""
         blocks = self.req_blocks.setdefault(request_id, [])
-        new = self.pool.get_new_blocks(max(0, num_blocks - len(blocks)))
+        owner = (request_id, self.key_suffix)
+        new = self.pool.get_new_blocks(max(0, num_blocks - len(blocks)),
+                                       self._last_live(blocks), owner)
         blocks.extend(new)
+        last = self._last_live(blocks)
+        if reserve > 0 and last is not None:
+            self.pool.reserve(owner, last, reserve)
         return new
+
+    def _last_live(self, blocks: Sequence[KVBlock]) -> KVBlock | None:
+        """The request's last block, unless it has none or it is the null block."""
+        if not blocks or blocks[-1] is self.null_block:
+            return None
+        return blocks[-1]
 
     def cache_full_blocks(self, request: Request, block_hashes: Sequence[BlockHash],
                           num_tokens: int) -> None:
@@ -100,6 +113,9 @@ class GroupManager:
         """Release every block, last first (a prefix's tail is worth least)."""
         blocks = self.req_blocks.pop(request_id, [])
         self._num_cached_blocks.pop(request_id, None)
+        # The reservation first: the blocks freed after it go in front, so the free
+        # queue's head is the request's blocks and then its reservation, one run.
+        self.pool.release_reservation((request_id, self.key_suffix))
         self.pool.free_blocks(block for block in reversed(blocks)
                               if block is not self.null_block)
 

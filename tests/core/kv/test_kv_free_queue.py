@@ -16,7 +16,13 @@ def _check_links(queue: FreeBlockQueue, expected: list[KVBlock]) -> None:
     assert [b.block_id for b in forward] == [b.block_id for b in expected]
     assert len(queue) == len(expected)
     for prev, nxt in zip(forward, forward[1:]):
-        assert prev.next_free is nxt and nxt.prev_free is prev
+        link = prev.next_free
+        assert link is not None
+        if link is nxt:
+            assert nxt.prev_free is prev
+        else:  # the marker sits between them (a sentinel: block id -1)
+            assert link.block_id == -1 and link.prev_free is prev and link.next_free is nxt
+            assert nxt.prev_free is link
 
 
 def test_random_operations_match_a_list() -> None:
@@ -25,21 +31,26 @@ def test_random_operations_match_a_list() -> None:
     rng = random.Random(seed)
     blocks = [KVBlock(i) for i in range(40)]
     queue = FreeBlockQueue(blocks)
-    model = list(blocks)
+    # The model: the blocks in front of the queue's marker, and those behind it.
+    front, back = list(blocks), []
     for _ in range(500):
+        model = front + back
         outside = [b for b in blocks if b not in model]
-        op = rng.choice(["popleft", "remove", "append", "appendleft"])
+        op = rng.choice(["popleft", "remove", "append", "appendleft", "append_before_marker"])
         if op == "popleft" and model:
-            assert queue.popleft() is model.pop(0)
+            assert queue.popleft() is (front or back).pop(0)
         elif op == "remove" and model:
             block = rng.choice(model)
             queue.remove(block)
-            model.remove(block)
-        elif op in ("append", "appendleft") and outside:
+            (front if block in front else back).remove(block)
+        elif op != "popleft" and op != "remove" and outside:
             block = rng.choice(outside)
             getattr(queue, op)(block)
-            model.insert(len(model) if op == "append" else 0, block)
-        _check_links(queue, model)
+            if op == "append":
+                back.append(block)
+            else:
+                front.insert(0 if op == "appendleft" else len(front), block)
+        _check_links(queue, front + back)
 
 
 def test_misuse_is_refused() -> None:
