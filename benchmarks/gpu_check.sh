@@ -14,7 +14,8 @@
 #   2. times each Triton kernel against its torch reference;
 #   3. runs W1_throughput and W2_latency with --backend cuda, CUDA graphs on and off;
 #   4. runs W2_latency at TP=1 through the multi-process executor (a worker process);
-#   5. on a machine with two GPUs or more, W2_latency at -tp 2 (NCCL between workers);
+#   5. on a machine with two GPUs or more, W2_latency at -tp 2 (NCCL between workers), and
+#      W1_throughput at -pp 2 with pipeline micro-batches (two steps in flight) and without;
 # then prints one table. Each step has its own time limit, and the whole stops after 8
 # minutes. Without a CUDA GPU it stops at once with exit code 2.
 #
@@ -103,8 +104,10 @@ bench latency W2_latency mp 50 --distributed-executor-backend mp
 
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)"; then
     bench latency W2_latency tp2 90 -tp 2
+    bench throughput W1_throughput pp2 60 -pp 2
+    bench throughput W1_throughput pp2-serial 60 -pp 2 --no-enable-pipeline-micro-batching
 else
-    echo; echo "== -tp 2 skipped: it needs two GPUs"
+    echo; echo "== -tp 2 and -pp 2 skipped: they need two GPUs"
 fi
 
 step "summary"
