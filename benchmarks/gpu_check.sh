@@ -104,8 +104,8 @@ bench latency W2_latency mp 50 --distributed-executor-backend mp
 
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)"; then
     bench latency W2_latency tp2 90 -tp 2
-    bench throughput W1_throughput pp2 60 -pp 2
-    bench throughput W1_throughput pp2-serial 60 -pp 2 --no-enable-pipeline-micro-batching
+    bench throughput W1_throughput pp2 60 -pp 2 --enable-pipeline-micro-batching
+    bench throughput W1_throughput pp2-serial 60 -pp 2
 else
     echo; echo "== -tp 2 and -pp 2 skipped: they need two GPUs"
 fi

@@ -20,7 +20,9 @@ import pytest
 
 from octavo import LLM, SamplingParams
 from octavo.bench.workloads import build_workload
+from octavo.config import ConfigError, EngineConfig
 from octavo.engine.batch_queue import BatchQueue
+from octavo.engine.core import check_steps_in_flight_supported
 from octavo.engine.errors import StepError
 from octavo.executor.base import WorkerDiedError
 from octavo.models.loader import default_model_path
@@ -136,3 +138,17 @@ def run_to_end(core: Any) -> dict[str, int]:
             if out.finished:
                 finished[out.request_id] = counts[out.request_id]
     return finished
+
+
+def test_what_cannot_run_with_steps_in_flight_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A KV connector plans its loads and saves step by step: refused at start with
+    micro-batches on, with the flag to leave off; one step at a time takes it."""
+    config = EngineConfig.from_kwargs(
+        model=str(tmp_path), kv_transfer_config={"connector": "shared_storage",
+                                                 "role": "producer", "path": str(tmp_path)},
+        **MICRO_BATCHES)
+    with pytest.raises(ConfigError, match="a KV connector .* does not run with pipeline "
+                                          "micro-batches .*leave --enable-pipeline-micro-"
+                                          "batching off"):
+        check_steps_in_flight_supported(config, 2)
+    check_steps_in_flight_supported(config, 1)

@@ -94,7 +94,7 @@ class EngineCore:
                 self.executor.shutdown()
                 raise ConfigError(f"--scheduler-cls {config.scheduler.scheduler_cls} does "
                                   "not support steps in flight (pipeline micro-batches): "
-                                  "pass --no-enable-pipeline-micro-batching")
+                                  "leave --enable-pipeline-micro-batching off")
             self.batch_queue = BatchQueue(self.executor.max_concurrent_batches)
             self.scheduler.steps_in_flight = self.batch_queue.size
             logger.info("pipeline micro-batches: up to %d steps in flight",
@@ -225,8 +225,8 @@ def check_steps_in_flight_supported(config: EngineConfig, max_concurrent_batches
     used = [what for what in features_in_use(config) if "--kv-manager" not in what]
     if used:
         raise ConfigError(f"{used[0]} does not run with pipeline micro-batches ("
-                          f"{max_concurrent_batches} steps in flight): pass "
-                          "--no-enable-pipeline-micro-batching to run one step at a time")
+                          f"{max_concurrent_batches} steps in flight): "
+                          "leave --enable-pipeline-micro-batching off to run one step at a time")
 
 
 def check_kv_groups_supported(config: EngineConfig, kv_groups: list[KVCacheGroup]) -> None:
