@@ -271,6 +271,12 @@ def table(out_dir: Path) -> None:
         rows.append(["W2_latency", "TP=1: mp executor | in-process worker",
                      f"{workers['avg_latency']:.4g} s", f"{in_process['avg_latency']:.4g} s",
                      f"{in_process['avg_latency'] / workers['avg_latency']:.2f}x"])
+    staged, serial = (_load(out_dir / f"W1_throughput_{m}.json") for m in ("pp2", "pp2-serial"))
+    if staged is not None and serial is not None:  # two GPUs only
+        key = "output_tokens_per_second"
+        rows.append(["W1_throughput", "PP=2: micro-batches | one step at a time",
+                     f"{staged[key]:.4g} output tok/s", f"{serial[key]:.4g} output tok/s",
+                     f"{staged[key] / serial[key]:.2f}x"])
     rows.append(["GPU memory", "W1_throughput, graphs",
                  _memory_line(out_dir / "W1_throughput_graphs.log"), "", ""])
     print(format_table(["check", "configuration", "octavo (triton / graphs)",

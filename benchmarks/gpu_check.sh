@@ -16,7 +16,8 @@
 #   4. runs W2_latency at TP=1 through the multi-process executor (a worker process);
 #   5. on a machine with two GPUs or more, W2_latency at -tp 2 (NCCL between workers), and
 #      16 requests to a random Mixtral served at -dp 2 --enable-expert-parallel (NCCL
-#      all-to-alls between the engines' workers; benchmarks/gpu/dp_ep.sh);
+#      all-to-alls between the engines' workers; benchmarks/gpu/dp_ep.sh), and
+#      W1_throughput at -pp 2 with pipeline micro-batches (two steps in flight) and without;
 # then prints one table. Each step has its own time limit, and the whole stops after 8
 # minutes. Without a CUDA GPU it stops at once with exit code 2.
 #
@@ -107,8 +108,10 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.device_count() >= 2 els
     bench latency W2_latency tp2 90 -tp 2
     run_step "-dp 2 --enable-expert-parallel, a random Mixtral (NCCL all-to-alls)" 150 \
         "$LOGS/dp_ep.log" bash benchmarks/gpu/dp_ep.sh "$PY" "$MODEL" "$LOGS"
+    bench throughput W1_throughput pp2 60 -pp 2 --enable-pipeline-micro-batching
+    bench throughput W1_throughput pp2-serial 60 -pp 2
 else
-    echo; echo "== -tp 2 and -dp 2 --enable-expert-parallel skipped: they need two GPUs"
+    echo; echo "== -tp 2, -pp 2 and -dp 2 --enable-expert-parallel skipped: they need two GPUs"
 fi
 
 step "summary"

@@ -9,14 +9,22 @@ held through the scheduler's normal finish path, which frees their KV blocks and
 workers to drop them in the next step, so scheduler and workers agree again and the other
 requests run on; ``StepError`` then says which requests were lost. Whether to go on is the
 caller's decision.
+
+With pipeline micro-batches (``executor.max_concurrent_batches`` > 1) ``step()`` keeps up
+to that many steps in flight (``octavo.engine.batch_queue``): it sends a new step while
+there is room and applies the oldest step's output otherwise, so a call may return no
+outputs while the pipeline fills. A step that fails (or a schedule that fails) aborts the
+requests of every step in flight, whose futures are all waited for first.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from octavo.config import ConfigError, EngineConfig
+from octavo.engine.batch_queue import BatchQueue, InFlightStep
 from octavo.engine.components import build_scheduler
 from octavo.engine.errors import StepError
 from octavo.engine.heap import freeze_startup_heap
@@ -36,7 +44,7 @@ from octavo.kv.cache_spec import (
 )
 from octavo.models.config import model_eos_token_ids
 from octavo.models.loader import ModelFiles
-from octavo.outputs import EngineCoreOutput
+from octavo.outputs import EngineCoreOutput, ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
 from octavo.plugins import get_registries
 from octavo.request import Request, RequestStatus
@@ -67,6 +75,7 @@ class EngineCore:
             num_blocks = self.executor.determine_num_blocks()
             check_kv_fits(num_blocks, config.cache.block_size, max_model_len,
                           kv_groups, config.scheduler.max_num_batched_tokens)
+            check_steps_in_flight_supported(config, self.executor.max_concurrent_batches)
             self.executor.initialize_kv_cache(num_blocks)
         except BaseException:
             self.executor.shutdown()
@@ -78,6 +87,18 @@ class EngineCore:
             config.structured_outputs)
         self.scheduler = build_scheduler(config, registries, self.structured_output,
                                          kv_groups, ssm_state)
+        # Steps in flight (pipeline micro-batches); None: one step at a time.
+        self.batch_queue: BatchQueue | None = None
+        if self.executor.max_concurrent_batches > 1:
+            if not self.scheduler.supports_steps_in_flight:
+                self.executor.shutdown()
+                raise ConfigError(f"--scheduler-cls {config.scheduler.scheduler_cls} does "
+                                  "not support steps in flight (pipeline micro-batches): "
+                                  "leave --enable-pipeline-micro-batching off")
+            self.batch_queue = BatchQueue(self.executor.max_concurrent_batches)
+            self.scheduler.steps_in_flight = self.batch_queue.size
+            logger.info("pipeline micro-batches: up to %d steps in flight",
+                        self.batch_queue.size)
         if encoder:
             logger.info("no KV cache (an encoder); the scheduler counts a step's tokens in %d "
                         "blocks of %d", num_blocks, config.cache.block_size)
@@ -104,7 +125,7 @@ class EngineCore:
         self._request_ids.difference_update(request_ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self.batch_queue)
 
     def shutdown(self) -> None:
         """Stop the workers (worker processes, with the ``mp`` executor)."""
@@ -117,6 +138,8 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         """Schedule, execute, update; raises ``StepError`` (from the cause) once the
         requests of a step that failed are aborted."""
+        if self.batch_queue is not None:
+            return self.step_with_batch_queue(self.batch_queue)
         try:
             scheduler_output = self.scheduler.schedule()
         except Exception as exc:  # the plan may have changed any request's state
@@ -127,16 +150,83 @@ class EngineCore:
         except WorkerDiedError:
             raise  # not this step's fault: no step can run any more
         except Exception as exc:
-            raise self._abort_step(list(scheduler_output.num_scheduled_tokens), exc) from exc
+            raise self._abort_step(list(scheduler_output.num_scheduled_tokens), exc,
+                                   [scheduler_output]) from exc
         self._request_ids.difference_update(out.request_id for out in outputs if out.finished)
         return outputs
 
-    def _abort_step(self, request_ids: list[str], cause: Exception) -> StepError:
+    def step_with_batch_queue(self, queue: BatchQueue) -> list[EngineCoreOutput]:
+        """Send a new step while the queue has room and the oldest step is still running;
+        otherwise apply the oldest step's output (vLLM's ``step_with_batch_queue``)."""
+        if not queue.full:
+            try:
+                scheduler_output = self.scheduler.schedule()
+            except Exception as exc:
+                raise self._fail_in_flight(queue, sorted(self._request_ids), exc) from exc
+            if self._worth_sending(scheduler_output, queue):
+                queue.push(InFlightStep(scheduler_output, self._submit(scheduler_output)))
+                if not queue.full and not queue.oldest_done():
+                    return []
+        step = queue.pop_oldest()
+        try:
+            outputs = self.scheduler.update_from_output(step.scheduler_output,
+                                                        step.future.result())
+        except WorkerDiedError:
+            queue.drain()
+            raise
+        except Exception as exc:
+            failed = list(step.scheduler_output.num_scheduled_tokens)
+            raise self._fail_in_flight(queue, failed, exc, [step.scheduler_output]) from exc
+        self._request_ids.difference_update(out.request_id for out in outputs if out.finished)
+        return outputs
+
+    def _submit(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
+        """The executor's future for the step; a step it could not even send fails there."""
+        try:
+            return self.executor.submit_step(scheduler_output)
+        except Exception as exc:  # WorkerDiedError included: result() raises it again
+            future: Future[ModelRunnerOutput] = Future()
+            future.set_exception(exc)
+            return future
+
+    @staticmethod
+    def _worth_sending(scheduler_output: SchedulerOutput, queue: BatchQueue) -> bool:
+        """An empty step is sent only when nothing is in flight (as one step at a time
+        does) or when it tells the workers of finished requests; otherwise the oldest
+        step's output is what the engine waits for."""
+        return bool(scheduler_output.total_num_scheduled_tokens
+                    or scheduler_output.finished_req_ids or not queue)
+
+    def _fail_in_flight(self, queue: BatchQueue, request_ids: list[str], cause: Exception,
+                        failed: list[SchedulerOutput] | None = None) -> StepError:
+        """A failure with steps in flight fails their requests too: wait for every step's
+        answer, then abort the requests of ``request_ids`` and of every step in flight."""
+        in_flight = queue.request_ids()
+        steps = [*(failed or []), *queue.drain()]
+        return self._abort_step(list(dict.fromkeys([*request_ids, *in_flight])), cause, steps)
+
+    def _abort_step(self, request_ids: list[str], cause: Exception,
+                    steps: list[SchedulerOutput] | None = None) -> StepError:
         """Abort the failed step's requests. Every one of them is reported, even those the
-        scheduler finished before the failure: their final outputs were lost with it. If
+        scheduler finished before the failure: their final outputs were lost with it; the
+        scheduler forgets the failed ``steps`` (no output of theirs will be applied). If
         the abort fails too, the scheduler's state is broken and that error propagates."""
         self.abort_requests(request_ids)
+        self.scheduler.forget_steps(steps or [])
         return StepError(request_ids, cause)
+
+
+def check_steps_in_flight_supported(config: EngineConfig, max_concurrent_batches: int) -> None:
+    """Refuse, at start, what cannot run with several steps in flight rather than run it
+    one step at a time unasked: drafts (speculative decoding) are proposed from the
+    previous step's output, and a KV connector's loads and saves are planned step by step."""
+    if max_concurrent_batches == 1:
+        return
+    used = [what for what in features_in_use(config) if "--kv-manager" not in what]
+    if used:
+        raise ConfigError(f"{used[0]} does not run with pipeline micro-batches ("
+                          f"{max_concurrent_batches} steps in flight): "
+                          "leave --enable-pipeline-micro-batching off to run one step at a time")
 
 
 def check_kv_groups_supported(config: EngineConfig, kv_groups: list[KVCacheGroup]) -> None:

@@ -11,6 +11,13 @@ is itself a daemonic process, which ``multiprocessing`` forbids to have children
 holding one end of a socket pair: the start-up handshake travels on it, and a worker exits
 when it reads end-of-file, i.e. when the engine process is gone, however it died.
 
+With pipeline stages, steps are pipelined (``submit_step``): the step is written into the
+broadcast queue at once and a collector thread reads the replies, step after step, into
+each step's future, so stage 0 computes step N+1 while stage 1 computes step N (each rank
+still runs its steps in order, so one step's KV writes come before the next's). A blocking
+call (``collective_rpc``, ``execute_model``) first waits for the steps in flight: replies
+are read in the order the calls were written.
+
 A monitor thread waits on every worker's exit. When one dies unasked, the executor shuts
 down the others, a step waiting for answers raises ``WorkerDiedError`` at once, and
 ``on_failure`` (the engine core process's: exit, so the front end reports the engine dead)
@@ -29,7 +36,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from octavo.config import EngineConfig
 from octavo.executor.base import WorkerDiedError
@@ -38,6 +47,7 @@ from octavo.executor.ranks import STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, RankedExecu
 from octavo.executor.shm_queue import MessageQueue, QueueClosed
 from octavo.models.loader import ModelFiles
 from octavo.net import free_port
+from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.paths import make_socket_dir
 from octavo.platforms import Platform
 
@@ -53,6 +63,11 @@ class MultiprocExecutor(RankedExecutor):
         self.procs: list[subprocess.Popen[bytes]] = []
         self.pipes: list[multiprocessing.connection.Connection] = []
         self.replies: list[MessageQueue] = []
+        # Micro-batches: one step per pipeline stage in flight, unless turned off.
+        self._max_in_flight = (config.parallel.pipeline_parallel_size
+                               if config.parallel.enable_pipeline_micro_batching else 1)
+        self._collector = ThreadPoolExecutor(1, thread_name_prefix="executor-collect")
+        self._in_flight: deque[Future[ModelRunnerOutput]] = deque()
         try:
             self._start_workers(config)
         except BaseException as exc:
@@ -115,10 +130,39 @@ class MultiprocExecutor(RankedExecutor):
         raise WorkerDiedError(message)
 
     # -- calls --------------------------------------------------------------------------
+    @property
+    def max_concurrent_batches(self) -> int:
+        return self._max_in_flight
+
+    def submit_step(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
+        """Write the step for every worker now; the collector thread reads its replies
+        once those of the steps before it are read."""
+        self.check_health()
+        self._post(self._call_codec.encode(CallKind.EXECUTE, scheduler_output))
+        future = self._collector.submit(
+            lambda: self._step_output(self._fold(self._collect())))
+        self._in_flight.append(future)
+        while self._in_flight and self._in_flight[0].done():
+            self._in_flight.popleft()
+        return future
+
     def _send(self, message: bytes) -> list[bytes]:
-        """Through the broadcast queue to every worker; each answers on its reply queue."""
+        """Through the broadcast queue to every worker; each answers on its reply queue.
+        The steps in flight are answered first (their replies come first)."""
+        wait(self._in_flight)
+        self._in_flight.clear()
+        self._post(message)
+        return self._collect()
+
+    def _post(self, message: bytes) -> None:
         try:
             self.calls.enqueue(message, self._is_dead)
+        except QueueClosed:
+            raise WorkerDiedError(self.failure or "the workers were shut down") from None
+
+    def _collect(self) -> list[bytes]:
+        """Every worker's reply to the oldest call not yet answered, in rank order."""
+        try:
             return [queue.dequeue(self._is_dead) for queue in self.replies]
         except QueueClosed:
             raise WorkerDiedError(self.failure or "the workers were shut down") from None
@@ -165,6 +209,9 @@ class MultiprocExecutor(RankedExecutor):
             except QueueClosed:
                 pass
         self._stop_workers(STOP_TIMEOUT_S if self.failure is None else 0.0)
+        # Every step in flight is answered (WorkerDiedError: the executor is stopping)
+        # before the queues its collector reads are closed.
+        self._collector.shutdown(wait=True)
         for queue in [self.calls, *self.replies]:
             queue.close()
         for pipe in self.pipes:

@@ -64,8 +64,12 @@ class RankedExecutor(Executor):
         order) raises ``WorkerCallError`` once all answers are in, so that every rank has
         finished the call and the transports stay in step."""
         self.check_health()
-        replies = [self._reply_codec.decode(reply)
-                   for reply in self._send(self._call_codec.encode(kind, payload))]
+        return self._fold(self._send(self._call_codec.encode(kind, payload)))
+
+    def _fold(self, encoded: list[bytes]) -> list[WorkerReply]:
+        """Every rank's decoded reply; the first error (in rank order) raises
+        ``WorkerCallError``."""
+        replies = [self._reply_codec.decode(reply) for reply in encoded]
         errors = [reply.error for reply in replies if reply.error is not None]
         if errors:
             raise WorkerCallError(errors[0])
@@ -76,7 +80,10 @@ class RankedExecutor(Executor):
         return [reply.result for reply in replies]
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        output = self._call(CallKind.EXECUTE, scheduler_output)[self.output_rank].output
+        return self._step_output(self._call(CallKind.EXECUTE, scheduler_output))
+
+    def _step_output(self, replies: list[WorkerReply]) -> ModelRunnerOutput:
+        output = replies[self.output_rank].output
         assert output is not None, "the output rank answered a step without its output"
         return output
 

@@ -27,6 +27,13 @@ if TYPE_CHECKING:
 
 
 class SchedulerInterface(ABC):
+    # Whether it keeps a request out of the steps scheduled after one it is in until that
+    # step's output is applied (``octavo.sched.scheduler``): the engine core keeps several
+    # steps in flight (pipeline micro-batches) only with a scheduler that does.
+    supports_steps_in_flight: bool = False
+    # How many steps the engine core keeps in flight (set by it, when it supports them).
+    steps_in_flight: int = 1
+
     @abstractmethod
     def __init__(self, config: EngineConfig, kv_manager: KVCacheManagerInterface, *,
                  policy: SchedulingPolicy | None = None,
@@ -46,6 +53,12 @@ class SchedulerInterface(ABC):
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Take in a step's sampled tokens; return each affected request's news."""
+
+    def forget_steps(self, scheduler_outputs: list[SchedulerOutput]) -> None:
+        """Steps that failed: no output of theirs will come (their requests were aborted
+        first). A scheduler that tracks steps in flight stops counting them; one that does
+        not (``supports_steps_in_flight`` false) has nothing to do."""
+        return None
 
     @abstractmethod
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:

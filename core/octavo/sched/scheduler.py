@@ -10,14 +10,24 @@ that is set); a decode gets 1.
 Order: running requests first, in policy order; with speculative decoding a decode gets
 1 + its drafts (see ``octavo.sched.spec_decode``); when the KV pool cannot hold a running
 request's new tokens, the policy's least valued running request that has not been
-scheduled this step is preempted (its blocks are freed and it goes back to waiting, to
-be recomputed later - cheaply, since its full blocks stay in the prefix cache until
-evicted). Then, if nothing was preempted, waiting requests in policy order, each
-starting after its longest cached prefix.
+scheduled this step (nor is in a step in flight) is preempted (its blocks are freed and it
+goes back to waiting, to be recomputed later - cheaply, since its full blocks stay in the
+prefix cache until evicted). Then, if nothing was preempted, waiting requests in policy
+order, each starting after its longest cached prefix.
 
 ``num_computed_tokens`` advances when a request is scheduled, not when its output
 returns: the tokens of a step are as good as computed once the step is sent, so the
 next step can be planned from the scheduler's state alone.
+
+Steps in flight (pipeline micro-batches): the engine core may schedule a step before the
+outputs of the ones before it are back. A request is in at most one step in flight: from
+``schedule()`` until ``update_from_output()`` of that step it is passed over, and it is
+never a preemption victim (that step's forward pass writes its blocks). An abort or a stop
+frees a request in flight at once; the workers run their steps in order, so a block freed
+that way is written by the step in flight before any later step reuses it, and the
+request's tokens from that step are dropped when it returns. With ``steps_in_flight`` = k
+a step schedules at most 1/k of the running requests (the first in policy order that are
+not in flight), so that the steps in flight share them instead of one holding them all.
 """
 
 from __future__ import annotations
@@ -77,6 +87,8 @@ class Scheduler(SchedulerInterface):
     plugin registries): the KV-cache manager, the waiting-queue policy, the scheduler side
     of a KV connector, the grammars of guided decoding."""
 
+    supports_steps_in_flight = True
+
     def __init__(self, config: EngineConfig, kv_manager: KVCacheManagerInterface, *,
                  policy: SchedulingPolicy | None = None,
                  kv_connector: KVConnector | None = None,
@@ -107,6 +119,8 @@ class Scheduler(SchedulerInterface):
         self.spec = SpecScheduling(k, self.max_model_len, kv_manager) if k else None
         # Pipeline stages before the last do not sample: they are sent the sampled tokens.
         self.send_new_tokens = config.parallel.pipeline_parallel_size > 1
+        # The requests of the steps scheduled whose outputs are not applied yet.
+        self.in_flight: set[str] = set()
 
     def add_request(self, request: Request) -> None:
         request_id = request.request_id
@@ -147,12 +161,14 @@ class Scheduler(SchedulerInterface):
         if self.kv_transfer is not None:
             self.kv_transfer.attach_metadata(output)
         self.finished_req_ids = set()
+        self.in_flight.update(step.num_scheduled_tokens)
         return output
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         """Append the sampled tokens, finish the requests that stop, report to the front end."""
+        self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
         if model_runner_output.kv_connector_output is not None and self.kv_transfer is not None:
             for loaded in self.kv_transfer.update(model_runner_output.kv_connector_output):
                 bisect.insort(self.waiting, loaded, key=self.policy.sort_key)
@@ -210,6 +226,10 @@ class Scheduler(SchedulerInterface):
         return LogprobsLists(logprobs.token_ids[seen:], logprobs.logprobs[seen:],
                              logprobs.ranks[seen:])
 
+    def forget_steps(self, scheduler_outputs: list[SchedulerOutput]) -> None:
+        for scheduler_output in scheduler_outputs:
+            self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
+
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
         """End requests from outside (abort, or a stop string the front end found). Unknown
         or already finished ids are ignored: the request may have finished meanwhile."""
@@ -240,11 +260,15 @@ class Scheduler(SchedulerInterface):
         )
 
     def _schedule_running(self, step: _Step) -> None:
+        # With steps in flight each takes its share of the running requests: otherwise one
+        # step would hold them all and the next none, one step at a time after all.
+        share = -(-len(self.running) // self.steps_in_flight)
         for request in self.policy.order(self.running):
-            if step.token_budget == 0:
+            if step.token_budget == 0 or len(step.num_scheduled_tokens) >= share:
                 break
-            if request.status is not RequestStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if (request.status is not RequestStatus.RUNNING
+                    or request.request_id in self.in_flight):
+                continue  # preempted earlier in this loop, or its last step is not back
             num_new_tokens = min(self._capped(request.num_tokens - request.num_computed_tokens),
                                  step.token_budget)
             drafts = (self.spec.drafts_to_schedule(request, step.token_budget - num_new_tokens)
@@ -289,7 +313,8 @@ class Scheduler(SchedulerInterface):
             if new_blocks is not None:
                 return new_blocks
             candidates = [r for r in self.running
-                          if r.request_id not in step.num_scheduled_tokens]
+                          if r.request_id not in step.num_scheduled_tokens
+                          and r.request_id not in self.in_flight]
             victim = self.policy.pick_victim(candidates)
             self._preempt(victim)
             step.preempted = True
@@ -418,8 +443,11 @@ class Scheduler(SchedulerInterface):
 
     def _next_waiting(self) -> Request | None:
         """The first waiting request in policy order that can start: those whose grammar
-        is still compiling are passed over, so they hold up nobody."""
+        is still compiling are passed over, so they hold up nobody; so are those whose id
+        is in a step in flight (a request aborted there and added again under its id)."""
         for request in self.waiting:
+            if request.request_id in self.in_flight:
+                continue
             if request.status is not RequestStatus.WAITING_FOR_GRAMMAR:
                 return request
             assert self.structured_output is not None
