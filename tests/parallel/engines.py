@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from octavo import LLM, SamplingParams
+from octavo import LLM, RequestOutput, SamplingParams
 
 TOP_LOGPROBS = 20
 KV_BYTES = 1 << 25  # per rank: the tests' prompts are short
@@ -54,9 +54,44 @@ def run(model: str, prompts: list[list[int]], max_tokens: int, **engine: Any) ->
 
 def generate(llm: LLM, prompts: list[list[int]], max_tokens: int) -> Run:
     """Greedy generation of ``max_tokens`` per prompt on a running engine."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
-                            prompt_logprobs=TOP_LOGPROBS)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(max_tokens),
+                           use_tqdm=False)
+    return to_run(outputs)
+
+
+def run_staggered(model: str, prompts: list[list[int]], max_tokens: int, per_step: int = 3,
+                  **engine: Any) -> tuple[Run, int]:
+    """Greedy generation with ``per_step`` new requests added before each engine step (a
+    server's traffic): steps mix prompts with decodes, and requests finish a few at a time,
+    so the workers' batch rows move. Returns the run and the most requests that finished
+    in one step (the move that once set the tensor ranks' rows apart)."""
+    llm = make_llm(model, **engine)
+    try:
+        core = llm.llm_engine
+        params = greedy(max_tokens)
+        pending = list(enumerate(prompts))
+        done: dict[int, RequestOutput] = {}
+        most_finished = 0
+        while pending or core.has_unfinished_requests():
+            for i, prompt in pending[:per_step]:
+                core.add_request({"prompt_token_ids": prompt}, params, request_id=str(i))
+            del pending[:per_step]
+            finished = [o for o in core.step() if isinstance(o, RequestOutput) and o.finished]
+            done.update((int(o.request_id), o) for o in finished)
+            most_finished = max(most_finished, len(finished))
+        return to_run([done[i] for i in range(len(prompts))]), most_finished
+    finally:
+        llm.shutdown()
+
+
+def greedy(max_tokens: int) -> SamplingParams:
+    """Greedy, ``max_tokens`` exactly, the top logprobs of every prompt position."""
+    return SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True,
+                          prompt_logprobs=TOP_LOGPROBS)
+
+
+def to_run(outputs: list[RequestOutput]) -> Run:
+    """The tokens and prompt logprobs of finished outputs, in the prompts' order."""
     return Run(
         tokens=[o.outputs[0].token_ids for o in outputs],
         prompt_logprobs=[[{t: lp.logprob for t, lp in position.items()}

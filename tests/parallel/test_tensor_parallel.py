@@ -21,7 +21,7 @@ from octavo.testing.seeds import draw_seed
 from ..core.loader_helpers import TinyGguf
 from ..core.models.loader.test_gguf_quantized import UNIFORM
 from ..core.tiny_models import save_tiny_model
-from .engines import max_logprob_gap, one_thread, run
+from .engines import max_logprob_gap, one_thread, run, run_staggered
 
 LOGPROB_TOLERANCE = 1e-4
 
@@ -45,6 +45,21 @@ def test_llama_tensor_parallel_matches_one_rank(llama_8q_4kv: str, tp: int) -> N
     with one_thread():
         reference = run(llama_8q_4kv, prompts, 24)
     parallel = run(llama_8q_4kv, prompts, 24, tensor_parallel_size=tp)
+    assert parallel.tokens == reference.tokens
+    assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE
+
+
+def test_llama_tp2_with_requests_arriving_mid_decode(llama_8q_4kv: str) -> None:
+    """Three new requests a step while the others decode, as a server sees them: steps mix
+    prompts with decodes, and requests finish three at a time. The workers' batch rows
+    once came apart there (each process removed a step's finished requests in its own set
+    order), so the ranks summed partial results of different requests: 6-9 of 32 prompts
+    parted from one rank, by 0.1-0.4 in logprob."""
+    prompts = random_prompts(np.random.default_rng(draw_seed()), 15)
+    with one_thread():
+        reference, _ = run_staggered(llama_8q_4kv, prompts, 6)
+    parallel, most_finished = run_staggered(llama_8q_4kv, prompts, 6, tensor_parallel_size=2)
+    assert most_finished >= 2, "no step finished several requests: rows never moved"
     assert parallel.tokens == reference.tokens
     assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE
 

@@ -77,8 +77,14 @@ class InputBatch:
         runner's state: its generator, its prompt embeddings on the device); a request
         resumed after preemption starts afresh from its ``NewRequestData``; running ones
         get their new blocks and computed-token counts. ``reads_sampled_tokens``: a
-        pipeline stage before the last, which did not sample the tokens it is now given."""
-        for req_id in so.finished_req_ids:
+        pipeline stage before the last, which did not sample the tokens it is now given.
+
+        The rows come out the same on every worker given the same outputs: a step's tokens
+        are flattened in row order, and tensor ranks sum their partial results token by
+        token (pipeline stages pass them on), so two ranks with different layouts would
+        mix up requests. Hence the finished requests leave in sorted order - a set's order
+        follows its strings' hashes, which each process salts differently."""
+        for req_id in sorted(so.finished_req_ids):
             if req_id in self.req_index:
                 self.remove(req_id)
         for new in so.scheduled_new_reqs:
