@@ -10,13 +10,11 @@ from typing import Any
 
 from octavo.config import ConfigError, EngineConfig, PoolerConfig
 from octavo.engine.core import EngineCore
-from octavo.engine.errors import InvalidRequestError
+from octavo.engine.lora_requests import lora_ref, lora_registry
 from octavo.engine.output_processor import OutputProcessor
 from octavo.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from octavo.engine.processor import Processor, PromptType
-from octavo.lora.adapter import LoRAError
-from octavo.lora.registry import AdapterRegistry
-from octavo.lora_request import LoRAAdapterRef, LoRARequest
+from octavo.lora_request import LoRARequest
 from octavo.models.config import eos_token_ids
 from octavo.models.config_rope import context_length
 from octavo.models.generation_config import (
@@ -71,21 +69,6 @@ def build_processor(tokenizer: Any, hf_config: dict[str, Any], max_model_len: in
                      pooler=pooler, hf_config=hf_config)
 
 
-def lora_ref(adapters: AdapterRegistry | None,
-             request: LoRARequest | None) -> LoRAAdapterRef | None:
-    """The checked adapter a request runs with (None: the base model); refusals are
-    ``InvalidRequestError``s naming the adapter and the problem."""
-    if request is None:
-        return None
-    if adapters is None:
-        raise InvalidRequestError(f"LoRA adapter {request.lora_name!r} requested, but this "
-                                  f"engine runs without enable_lora")
-    try:
-        return adapters.ref(request)
-    except LoRAError as exc:
-        raise InvalidRequestError(str(exc)) from None
-
-
 def pooler_of(config: EngineConfig) -> PoolerConfig | None:
     """A settled config's pooler settings, for its front end; None for generation."""
     return config.pooler if config.model.runner == "pooling" else None
@@ -117,8 +100,7 @@ class LLMEngine:
                                          self.generation_config, platform, pooler_of(config))
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
-        self.lora_adapters = (AdapterRegistry(files.hf_config, config.lora.max_lora_rank)
-                              if config.lora.enable_lora else None)
+        self.lora_adapters = lora_registry(config, files.hf_config)
 
     def add_request(self, prompt: PromptType, params: SamplingParams | PoolingParams,
                     request_id: str | None = None, priority: int = 0,

@@ -113,7 +113,8 @@ class OpenAIServingChat(OpenAIServing):
                                       self._constraint(request, reader))
         request_id = self.response_id(id_prefix, request)
         streams = await self.start(request_id, [{"prompt_token_ids": prompt_ids}], params,
-                                   request.priority, request.cache_salt)
+                                   request.priority, request.cache_salt,
+                                   self.lora_of(request.model))
         return ChatJob(request_id, reader, streams[0])
 
     def render_prompt(self, messages: list[ChatMessage], fields: ChatTemplateFields,

@@ -56,7 +56,7 @@ class OpenAIServingCompletion(OpenAIServing):
             prompts.append({"prompt_embeds": tensor})
         request_id = self.response_id("cmpl-", request)
         streams = await self.start(request_id, prompts, params, request.priority,
-                                   request.cache_salt)
+                                   request.cache_salt, self.lora_of(request.model))
         if request.stream:
             return event_stream(self._stream(request_id, request, streams))
         outputs = await unless_disconnected(raw, final_outputs(streams))

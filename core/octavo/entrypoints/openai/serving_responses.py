@@ -242,6 +242,7 @@ def chat_request(request: ResponsesRequest,
         raise OpenAIError(400, "input: give at least one item", param="input")
     body: dict[str, Any] = {
         "messages": messages, "max_completion_tokens": request.max_output_tokens,
+        "model": request.model,  # a LoRA adapter's name picks it here too
         "parallel_tool_calls": request.parallel_tool_calls, "user": request.user,
         "priority": request.priority, "cache_salt": request.cache_salt,
         "request_id": request.request_id,
