@@ -199,6 +199,10 @@ class SchedulerStats:
     prefix_cache: PrefixCacheStats
     kv_transfer: KVTransferStats = field(default_factory=KVTransferStats)
     spec_decoding: SpecDecodingStats | None = None  # totals since start; None: spec off
+    # Requests per LoRA adapter name, running and waiting (vLLM's lora stats); empty
+    # without LoRA.
+    running_lora_adapters: dict[str, int] = field(default_factory=dict)
+    waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def stopped(cls) -> SchedulerStats:

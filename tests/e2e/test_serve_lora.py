@@ -80,6 +80,8 @@ def test_runtime_lora_load_serve_reload_unload(tmp_path: Path,
         next(iter(stream))
         status, body = unload("mine")
         assert status == 409 and "in use by 1 request" in body, body
+        metrics = server.request("GET", "/metrics")[2]
+        assert 'running_lora_adapters="mine"' in metrics, "no vllm:lora_requests_info sample"
         for _ in stream:
             pass
         assert unload("mine")[0] == 200

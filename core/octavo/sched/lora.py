@@ -9,6 +9,7 @@ The running set is capped, not just each step, so every step holds at most ``max
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 
 from octavo.request import Request
@@ -31,3 +32,8 @@ def admissible(waiting: Iterable[Request], running: Iterable[Request],
             yield request
         else:
             blocked = True
+
+
+def requests_per_adapter(requests: Iterable[Request]) -> dict[str, int]:
+    """How many of ``requests`` run with each adapter, by its served name (the stats)."""
+    return dict(Counter(request.lora.name for request in requests if request.lora is not None))

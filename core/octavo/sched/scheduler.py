@@ -47,7 +47,7 @@ from octavo.outputs import (
 from octavo.request import Request, RequestStatus
 from octavo.sched.interface import SchedulerInterface
 from octavo.sched.kv_transfer import KVTransferScheduling
-from octavo.sched.lora import admissible
+from octavo.sched.lora import admissible, requests_per_adapter
 from octavo.sched.policy import FcfsPolicy, SchedulingPolicy
 from octavo.sched.spec_decode import SpecScheduling
 from octavo.sched.stop import check_stop
@@ -240,6 +240,8 @@ class Scheduler(SchedulerInterface):
             kv_transfer=(dataclasses.replace(self.kv_transfer.stats) if self.kv_transfer
                          else KVTransferStats()),
             spec_decoding=self.spec.snapshot() if self.spec else None,
+            running_lora_adapters=requests_per_adapter(self.running),
+            waiting_lora_adapters=requests_per_adapter(self.waiting),
         )
 
     def _schedule_running(self, step: _Step) -> None:

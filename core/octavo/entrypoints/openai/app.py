@@ -79,9 +79,11 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     """The app serving ``engine``; shutting the app down shuts the engine down."""
     cache = CacheInfo(engine.ready.block_size, engine.ready.num_blocks,
                       engine.ready.enable_prefix_caching)
+    lora = engine.config.lora
     metrics = PrometheusMetrics(settings.served_model_name,
                                 engine.config.parallel.data_parallel_size,
-                                engine.max_model_len, cache)
+                                engine.max_model_len, cache,
+                                lora.max_loras if lora.enable_lora else 0)
     engine.stat_loggers.append(metrics)
 
     @asynccontextmanager
