@@ -52,7 +52,8 @@ class Worker(WorkerInterface):
         model = build_model(files, dtype, classes.attn_backend, device=self.device,
                             architectures=classes.architectures,
                             quantization=config.model.quantization)
-        lora = install_lora(model, config.lora, dtype) if config.lora.enable_lora else None
+        lora = (install_lora(model, config.lora, dtype, platform.lora_kernels())
+                if config.lora.enable_lora else None)
         platform.prepare_model(model, dtype)
         pooling = ({"pooling_type": config.pooler.pooling_type}
                    if config.model.runner == "pooling" else {})
