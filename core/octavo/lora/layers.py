@@ -4,16 +4,19 @@ The wrapper keeps the base method (``base``) and, for each slice of the layer (o
 ``o_proj``/``down_proj``, three for ``qkv_proj``, two for ``gate_up_proj``), a stack of
 A and B over the adapter slots: ``a [slices, L, R, in]`` and ``b [L, out, R]`` (the
 slices' rows back to back, as in the base weight), zero where a slot holds no adapter or
-the adapter does not target the slice. ``apply`` is the base's output plus, for the step's
-tokens with an adapter, ``(x A^T) B^T`` through the platform's shrink/expand.
+the adapter does not target the slice. The layer's output is the base product plus, for
+the step's tokens with an adapter, ``(x A^T) B^T`` through the platform's shrink/expand
+(``after_gemm``), whichever GEMM computed the base product: the base method's ``apply``, or
+the platform's faster one where the base weight is dense (``dense`` is the base's: the CPU
+gives a wrapped bf16 layer its prepacked GEMM and hands the product to ``after_gemm``).
 
 Tensor parallelism shards the stacks the way the base layer is sharded, through the
 layer's own weight loader: a column-parallel layer's B on its output rows (A whole), a
 row-parallel layer's A on its input columns (B whole; the partial deltas are summed by
 the layer's all-reduce with the base output).
 
-``dense`` is False: a platform's own dense GEMM would bypass ``apply``, so a wrapped layer
-keeps the portable path (the CPU's prepacked GEMMs and its fused decode stack skip it).
+``adds_after_gemm`` is True only in a step with an adapter: a platform's fused path that
+never calls ``after_gemm`` (the CPU's fused decode stack) serves the steps without one.
 """
 
 from __future__ import annotations
@@ -70,18 +73,27 @@ class LoRALinearMethod(LinearMethodBase):
 
     @property
     def dense(self) -> bool:
-        return False
+        return self.base.dense
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         self.base.process_weights_after_loading(layer)
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        y = self.base.apply(layer, x, bias)
+        return self._with_delta(x, self.base.apply(layer, x, bias))
+
+    def after_gemm(self, layer: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self._with_delta(x, self.base.after_gemm(layer, x, y))
+
+    def _with_delta(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``y`` (the base layer's output) with the step's deltas added in place."""
         token_lora = self.batch.token_lora
         if token_lora is not None:
             self.add_delta(x, y, token_lora)
         return y
+
+    def adds_after_gemm(self) -> bool:
+        return self.batch.token_lora is not None or self.base.adds_after_gemm()
 
     def add_delta(self, x: torch.Tensor, y: torch.Tensor, token_lora: torch.Tensor) -> None:
         """``y += (x A_s^T) B_s^T`` per token's slot ``s``, slice by slice."""
