@@ -46,6 +46,7 @@ def test_runtime_lora_load_serve_reload_unload(tmp_path: Path,
                                               temperature=0.0,
                                               extra_body={"return_token_ids": True})
             hits = server.metrics()["vllm:prefix_cache_hits_total"] - before
+            assert reply.model == model, "a reply names the adapter, as vLLM's do"
             return reply.choices[0].model_extra["token_ids"], hits
 
         def load(name: str, path: Path, key: str | None = API_KEY) -> int:
@@ -63,6 +64,11 @@ def test_runtime_lora_load_serve_reload_unload(tmp_path: Path,
         new_tokens = hf_greedy(new, prompt, MAX_TOKENS)[0]
         assert old_tokens != new_tokens, f"seed {seed}: the two adapters agree"
         assert tokens_and_hits("start") == (old_tokens, 0), f"seed {seed}"
+        hello = [{"role": "user", "content": "hello"}]
+        assert client.chat.completions.create(model="start", messages=hello,
+                                              max_tokens=2).model == "start"
+        assert client.responses.create(model="start", input="hello",
+                                       max_output_tokens=2).model == "start"
 
         # Runtime loading: behind the API key, a bad folder refused naming the problem.
         assert load("mine", tmp_path / "old", key=None) == 401
@@ -77,7 +83,7 @@ def test_runtime_lora_load_serve_reload_unload(tmp_path: Path,
         stream = client.completions.create(model="mine", prompt=prompt, max_tokens=400,
                                            temperature=0.0, stream=True,
                                            extra_body={"ignore_eos": True})
-        next(iter(stream))
+        assert next(iter(stream)).model == "mine"
         status, body = unload("mine")
         assert status == 409 and "in use by 1 request" in body, body
         metrics = server.request("GET", "/metrics")[2]

@@ -54,6 +54,13 @@ class OpenAIServing:
                                    f"{self.model_name!r}", param="model",
                               code="model_not_found")
 
+    def reply_model(self, model: str | None) -> str:
+        """The ``model`` a reply names: the LoRA adapter's name where the request picked one
+        (as vLLM does), else the served model's (a request's adapter cannot be unloaded
+        while it runs, so every chunk of a stream names the same)."""
+        return model if model is not None and model in self.engine.served_loras else (
+            self.model_name)
+
     def lora_of(self, model: str | None) -> LoRARequest | None:
         """The LoRA adapter a request's ``model`` names (None: the base model)."""
         return None if model is None else self.engine.served_loras.get(model)

@@ -163,7 +163,8 @@ class OpenAIServingResponses:
                                   total_tokens=prompt + generated)
         tool_choice = request.tool_choice
         return ResponseObject(
-            id=response_id, model=self.chat.model_name, status=status, output=items,
+            id=response_id, model=self.chat.reply_model(request.model), status=status,
+            output=items,
             usage=usage, incomplete_details=incomplete, instructions=request.instructions,
             previous_response_id=request.previous_response_id,
             max_output_tokens=request.max_output_tokens, temperature=request.temperature,
