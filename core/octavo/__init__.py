@@ -10,6 +10,7 @@ the entrypoints, and on top ``plugin_api``, the one module plugins import.
 from typing import TYPE_CHECKING, Any
 
 from octavo.logger import init_logger
+from octavo.lora_request import LoRARequest
 from octavo.pooling_params import PoolingParams
 from octavo.sampling_params import SamplingParams
 from octavo.version import __version__
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from octavo.engine.llm import LLM
     from octavo.engine.outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
 
-__all__ = ["LLM", "CompletionOutput", "EmbeddingRequestOutput", "PoolingParams",
+__all__ = ["LLM", "CompletionOutput", "EmbeddingRequestOutput", "LoRARequest", "PoolingParams",
            "RequestOutput", "SamplingParams", "__version__"]
 
 

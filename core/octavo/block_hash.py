@@ -50,9 +50,12 @@ def hash_block_embeds(
 
 
 def first_block_extra_keys(request: Request) -> tuple[Any, ...]:
-    """What besides the tokens decides the KV of a prefix: the LoRA adapter that computes it,
-    and the cache salt that keeps one tenant's cached prefixes out of another's reach."""
-    return tuple(key for key in (request.lora_name, request.cache_salt) if key is not None)
+    """What besides the tokens decides the KV of a prefix: the LoRA adapter that computes it
+    (the digest of its content, never its name: a name re-loaded with new weights must not
+    reuse the old weights' blocks), and the cache salt that keeps one tenant's cached
+    prefixes out of another's reach."""
+    lora = None if request.lora is None else request.lora.digest
+    return tuple(key for key in (lora, request.cache_salt) if key is not None)
 
 
 def update_block_hashes(request: Request, block_size: int) -> list[BlockHash]:

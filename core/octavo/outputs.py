@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from octavo.lora_request import LoRAAdapterRef
 from octavo.sampling_params import SamplingParams
 from octavo.stats import KVTransferStats, PrefixCacheStats, SpecDecodingStats
 
@@ -44,6 +45,7 @@ class NewRequestData:
     prompt_embeds: np.ndarray | None = None
     # A model with SSM layers: the request's slot in their per-request state (-1: none).
     state_slot: int = -1
+    lora: LoRAAdapterRef | None = None  # the LoRA adapter it runs with; None: the base model
 
 
 @dataclass
@@ -197,6 +199,10 @@ class SchedulerStats:
     prefix_cache: PrefixCacheStats
     kv_transfer: KVTransferStats = field(default_factory=KVTransferStats)
     spec_decoding: SpecDecodingStats | None = None  # totals since start; None: spec off
+    # Requests per LoRA adapter name, running and waiting (vLLM's lora stats); empty
+    # without LoRA.
+    running_lora_adapters: dict[str, int] = field(default_factory=dict)
+    waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def stopped(cls) -> SchedulerStats:

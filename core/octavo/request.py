@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from octavo.lora_request import LoRAAdapterRef
 from octavo.outputs import EngineCoreEvent
 from octavo.pooling_params import PoolingParams
 from octavo.sampling_params import SamplingParams
@@ -58,7 +59,7 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list, repr=False)
     # Timestamped events not yet reported in an EngineCoreOutput.
     events: list[EngineCoreEvent] = field(default_factory=list, repr=False)
-    lora_name: str | None = None  # the LoRA adapter computing this request; None: base model
+    lora: LoRAAdapterRef | None = None  # the LoRA adapter computing this request; None: base
     # Speculative decoding: drafts proposed for the next step (not tokens until verified),
     # and this request's acceptance figures.
     spec_token_ids: list[int] = field(default_factory=list)

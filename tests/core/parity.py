@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from octavo import LLM, SamplingParams
+from octavo import LLM, LoRARequest, SamplingParams
 
 TIE_GAP = 1e-4
 
@@ -38,14 +38,18 @@ class RecordingSampler(torch.nn.Module):
 
 
 def engine_greedy(llm: LLM, prompts: list[list[int]], max_tokens: int,
+                  loras: list[LoRARequest | None] | None = None,
                   ) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
-    """Token ids and per-step logits of each prompt, generated together."""
+    """Token ids and per-step logits of each prompt, generated together (``loras``: each
+    prompt's LoRA adapter, None for the base model)."""
     runner = llm.llm_engine.core.executor.worker.runner
     recorder = RecordingSampler(runner.sampler)
     runner.sampler = recorder
     engine = llm.llm_engine
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    ids = [engine.add_request({"prompt_token_ids": p}, params) for p in prompts]
+    ids = [engine.add_request({"prompt_token_ids": p}, params,
+                              lora_request=loras[i] if loras else None)
+           for i, p in enumerate(prompts)]
     logits: dict[str, list[torch.Tensor]] = {i: [] for i in ids}
     tokens: dict[str, list[int]] = {}
     core = engine.core

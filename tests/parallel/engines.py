@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from octavo import LLM, RequestOutput, SamplingParams
+from octavo import LLM, LoRARequest, RequestOutput, SamplingParams
 
 TOP_LOGPROBS = 20
 KV_BYTES = 1 << 25  # per rank: the tests' prompts are short
@@ -43,19 +43,22 @@ def make_llm(model: str, **engine: Any) -> LLM:
     return LLM(model, **(settings | engine))
 
 
-def run(model: str, prompts: list[list[int]], max_tokens: int, **engine: Any) -> Run:
-    """Greedy generation of ``max_tokens`` per prompt; the engine is shut down after."""
+def run(model: str, prompts: list[list[int]], max_tokens: int,
+        loras: list[LoRARequest | None] | None = None, **engine: Any) -> Run:
+    """Greedy generation of ``max_tokens`` per prompt (``loras``: each prompt's LoRA
+    adapter); the engine is shut down after."""
     llm = make_llm(model, **engine)
     try:
-        return generate(llm, prompts, max_tokens)
+        return generate(llm, prompts, max_tokens, loras)
     finally:
         llm.shutdown()
 
 
-def generate(llm: LLM, prompts: list[list[int]], max_tokens: int) -> Run:
+def generate(llm: LLM, prompts: list[list[int]], max_tokens: int,
+             loras: list[LoRARequest | None] | None = None) -> Run:
     """Greedy generation of ``max_tokens`` per prompt on a running engine."""
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(max_tokens),
-                           use_tqdm=False)
+                           use_tqdm=False, lora_request=loras)
     return to_run(outputs)
 
 

@@ -113,14 +113,6 @@ def test_32_concurrent_requests_equal_one_rank(server: Server, mixtral: tuple[st
     status, _, health = server.request("GET", "/health")
     assert status == 200 and [e["alive"] for e in health["engines"]] == [True, True], health
     differing = [i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b]
-    if differing and "tp2" in request.node.callspec.id:
-        # TP=2 alone differs from one rank when requests arrive while others decode: plain
-        # -tp 2 serving these 32 requests does, and so does an in-process TP=2 engine (a
-        # dense tiny Llama too) fed 3 new requests per step, against one rank fed the same
-        # way. Not the expert group's doing (-dp 2 alone matches one rank); reported, not
-        # hidden: this turns into a failure once that is fixed.
-        pytest.xfail(f"prompts {differing} differ from one rank's tokens: TP=2 with "
-                     "requests arriving mid-decode differs from one rank, as plain -tp 2 does")
     assert not differing, f"prompts {differing} differ from one rank's tokens"
 
 

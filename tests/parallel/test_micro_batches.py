@@ -1,6 +1,6 @@
 """Pipeline micro-batches (``mp`` executor, PP=2): two steps in flight, one per stage, must
 give the same fp32 greedy tokens as one rank, with preemption forced by a small KV cache and
-prefix caching on (skipped: they do not yet, see docs/parallel.md); a step that raises with
+prefix caching on; a step that raises with
 steps in flight fails their requests and no others; a stage killed with steps in flight
 fails every request in flight and leaves no future unresolved and nothing hanging.
 
@@ -52,10 +52,6 @@ def prompts() -> list[dict[str, list[int]]]:
     return [{"prompt_token_ids": p} for p in build_workload("W1_throughput").prompts[:16]]
 
 
-@pytest.mark.skip(reason="PP=2 gives other greedy tokens than one rank for some requests when "
-                         "running requests are left out of a step (the 1/PP share does that "
-                         "every step), on the one-step-at-a-time path too: docs/parallel.md, "
-                         "'Micro-batches'; not found yet")
 def test_micro_batches_match_one_rank_with_preemption(prompts, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     with one_thread():
         llm = make_llm(1)

@@ -11,6 +11,7 @@ from octavo.config.device import PLATFORM_CHOICES, DeviceConfig
 from octavo.config.engine import EngineConfig
 from octavo.config.errors import ConfigError
 from octavo.config.kv_transfer import KVTransferConfig
+from octavo.config.lora import LoRAConfig
 from octavo.config.model import DTYPES, ModelConfig
 from octavo.config.observability import ObservabilityConfig
 from octavo.config.parallel import ParallelConfig
@@ -28,6 +29,7 @@ __all__ = [
     "DeviceConfig",
     "EngineConfig",
     "KVTransferConfig",
+    "LoRAConfig",
     "ModelConfig",
     "ObservabilityConfig",
     "POOLING_TYPES",

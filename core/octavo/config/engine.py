@@ -15,6 +15,7 @@ from octavo.config.cache import CacheConfig
 from octavo.config.device import DeviceConfig
 from octavo.config.errors import ConfigError
 from octavo.config.kv_transfer import KVTransferConfig
+from octavo.config.lora import LoRAConfig
 from octavo.config.model import ModelConfig
 from octavo.config.observability import ObservabilityConfig
 from octavo.config.parallel import ParallelConfig
@@ -27,7 +28,8 @@ from octavo.config.structured_outputs import StructuredOutputsConfig
 # The parts whose fields are flat keywords, by EngineConfig attribute.
 PARTS: dict[str, type] = {"model": ModelConfig, "cache": CacheConfig,
                           "scheduler": SchedulerConfig, "parallel": ParallelConfig,
-                          "device": DeviceConfig, "observability": ObservabilityConfig}
+                          "device": DeviceConfig, "observability": ObservabilityConfig,
+                          "lora": LoRAConfig}
 # Parts given as one JSON object each, by their keyword (vLLM's names).
 JSON_PARTS = {"speculative_config": "speculative", "kv_transfer_config": "kv_transfer",
               "structured_outputs_config": "structured_outputs", "pooler_config": "pooler"}
@@ -41,6 +43,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     structured_outputs: StructuredOutputsConfig = field(default_factory=StructuredOutputsConfig)
     speculative: SpeculativeConfig | None = None  # None: no speculative decoding
     kv_transfer: KVTransferConfig | None = None  # None: no KV connector
@@ -72,6 +75,8 @@ class EngineConfig:
         check_parallel_combinations(self)
         if self.model.runner == "pooling":
             check_pooling_combinations(self)
+        if self.lora.enable_lora:
+            check_lora_combinations(self)
         if self.model.enable_prompt_embeds and self.speculative is not None:
             # vLLM refuses it too: drafts are proposed from token ids a prompt of
             # embeddings does not have.
@@ -137,6 +142,19 @@ def check_pooling_combinations(config: EngineConfig) -> None:
         if used:
             raise ConfigError(f"the pooling runner (runner=pooling) does not run with {what} "
                               "yet")
+
+
+def check_lora_combinations(config: EngineConfig) -> None:
+    """Refuse, at start, what LoRA does not run with (yet), naming it."""
+    unsupported = [
+        ("the pooling runner (runner=pooling)", config.model.runner == "pooling"),
+        ("speculative decoding (speculative_config)", config.speculative is not None),
+        (f"sequence_parallel_size={config.parallel.sequence_parallel_size}",
+         config.parallel.sequence_parallel_size > 1),
+    ]
+    for what, used in unsupported:
+        if used:
+            raise ConfigError(f"LoRA (enable_lora) does not run with {what} yet")
 
 
 def flat_fields() -> list[tuple[str, Field[Any]]]:

@@ -14,10 +14,14 @@ It applies where every part is the fused kernels' and nothing else happens in be
 bf16 layer whose four projections the pair GEMM serves alone (AVX512-BF16, one tensor-
 parallel rank), plain RMSNorms, the CPU's rotary embedding, no per-head q/k norm, no
 sliding window, a SiLU MLP. Any other layer or step (prefill chunks, speculative
-verification, Qwen3's q/k norms, Gemma) takes the portable layer's path.
+verification, Qwen3's q/k norms, Gemma) takes the portable layer's path, as does a step in
+which a projection's method adds to its GEMM's product (``adds_after_gemm``: a LoRA adapter
+in the step; the fused calls compute the base products alone).
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 
@@ -28,6 +32,7 @@ from octavo.cpu.attention import CpuAttentionImpl, decode_rows
 from octavo.cpu.gemm import CpuGemm
 from octavo.cpu.layers import CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
 from octavo.models.layers.linear import LinearBase
+from octavo.models.layers.quantization import LinearMethodBase
 from octavo.models.layers.rotary import RotaryEmbedding
 from octavo.models.layers.sequence_parallel import sp_size
 from octavo.models.layers.switch import switch_layers
@@ -46,12 +51,29 @@ def _pair_gemm(linear: LinearBase) -> CpuGemm | None:
     return None
 
 
-def _pair_gemms(layer: LlamaDecoderLayer, mlp: LlamaMLP) -> list[CpuGemm | None]:
-    """The pair GEMMs of ``layer``'s qkv, o, gate/up and down projections, in the order the
-    fused call takes them (:func:`_pair_gemm` of each)."""
+def _projections(layer: LlamaDecoderLayer, mlp: LlamaMLP) -> tuple[LinearBase, ...]:
+    """``layer``'s qkv, o, gate/up and down projections, in the order the fused call takes
+    them."""
     attn = layer.self_attn
-    return [_pair_gemm(linear) for linear in
-            (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+    return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
+def _pair_gemms(layer: LlamaDecoderLayer, mlp: LlamaMLP) -> list[CpuGemm | None]:
+    """The pair GEMMs of ``layer``'s projections (:func:`_pair_gemm` of each)."""
+    return [_pair_gemm(linear) for linear in _projections(layer, mlp)]
+
+
+def _methods(layers: list[LlamaDecoderLayer]) -> list[LinearMethodBase]:
+    """The linear methods of ``layers``' projections, asked each step whether they add to
+    their GEMM's product (:func:`_adds_after_gemm`)."""
+    return [linear.quant_method for layer in layers
+            for linear in _projections(layer, cast(LlamaMLP, layer.mlp))]
+
+
+def _adds_after_gemm(methods: list[LinearMethodBase]) -> bool:
+    """Whether some method adds to its GEMM's product this step (a LoRA adapter in the
+    step): the fused calls compute the products alone, so the layers run one by one."""
+    return any(method.adds_after_gemm() for method in methods)
 
 
 def fused_rows(layer: LlamaDecoderLayer) -> int:
@@ -107,6 +129,7 @@ class CpuLlamaDecoderLayer(LlamaDecoderLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         weights = _layer_weights(self)
         step = (None if weights is None or hidden.shape[0] >= self._fused_rows
+                or _adds_after_gemm(_methods([self]))
                 or not kernels.usable(hidden, kv_cache) or not hidden.is_contiguous()
                 else decode_step(positions, hidden.shape[0], kv_cache, attn_metadata,
                                  self.self_attn.rotary_emb))
@@ -125,6 +148,7 @@ class CpuLlamaModel(LlamaModel):
 
     _stack: kernels.LayerStack | None = None
     _fused_rows = 0  # steps of fewer rows run fused: the least of the layers' (_fused_stack)
+    _methods: list[LinearMethodBase] = []  # the stack's projections' (set with _stack)
 
     def run_layers(
         self,
@@ -137,7 +161,8 @@ class CpuLlamaModel(LlamaModel):
         stack = (None if residual is not None or self.aux_hidden_state_layers
                  or not hidden.is_contiguous() or not kernels.usable(hidden, kv_caches[0])
                  else self._fused_stack(kv_caches))
-        if stack is not None and hidden.shape[0] >= self._fused_rows:
+        if stack is not None and (hidden.shape[0] >= self._fused_rows
+                                  or _adds_after_gemm(self._methods)):
             stack = None
         step = None if stack is None else decode_step(
             positions, hidden.shape[0], kv_caches[0], attn_metadata, self._rotary())
@@ -165,6 +190,7 @@ class CpuLlamaModel(LlamaModel):
             return None
         self._fused_rows = min(layer._fused_rows for layer in layers
                                if isinstance(layer, CpuLlamaDecoderLayer))
+        self._methods = _methods([cast(LlamaDecoderLayer, layer) for layer in layers])
         rows = [c.view(2, -1, c.shape[-2] * c.shape[-1]) for c in kv_caches]
         self._stack = kernels.LayerStack(weights, rows)
         return self._stack

@@ -63,11 +63,13 @@ class CpuSiluAndMul(SiluAndMul):
 class CpuLlamaMLP(LlamaMLP):
     """The gate/up projection and SiLU-and-mul in one pass of the pair GEMM where it serves
     the projection (``CpuGemm.silu_and_mul``): the [T, 2 * intermediate] projection is never
-    written out and read back (W1's prompt chunks: 25 MB a layer)."""
+    written out and read back (W1's prompt chunks: 25 MB a layer). Not in a step where the
+    projection's method adds to the GEMM's product (a LoRA adapter's delta) before SiLU."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gemm = self.gate_up_proj.cpu_gemm
-        if isinstance(gemm, CpuGemm) and type(self.act) is CpuSiluAndMul:
+        if (isinstance(gemm, CpuGemm) and type(self.act) is CpuSiluAndMul
+                and not self.gate_up_proj.quant_method.adds_after_gemm()):
             act = gemm.silu_and_mul(x)
             if act is not None:
                 return self.down_proj(act)

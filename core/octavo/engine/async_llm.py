@@ -37,11 +37,13 @@ from octavo.engine.core_client import EngineClient, request_error
 from octavo.engine.core_proc import EngineReady
 from octavo.engine.errors import EngineDeadError, InvalidRequestError
 from octavo.engine.launch import start_engine_client
+from octavo.engine.lora_requests import lora_ref, lora_registry
 from octavo.engine.output_processor import OutputProcessor, ParentState
 from octavo.engine.outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
 from octavo.engine.processor import ProcessedPrompt, PromptType
 from octavo.engine.stall_watch import StallWatch
 from octavo.engine.stop_strings import StopStrings
+from octavo.lora_request import LoRAAdapterRef, LoRARequest
 from octavo.outputs import EngineCoreEventType, EngineCoreOutputs, SchedulerStats
 from octavo.platforms import Platform
 from octavo.plugins import get_registries
@@ -135,8 +137,9 @@ class _RequestState:
     """One user request in flight: the newest snapshot for its consumer, and its timing."""
 
     def __init__(self, arrival_time: float, max_tokens: int | None = None,
-                 num_sequences: int = 1) -> None:
+                 num_sequences: int = 1, lora: LoRAAdapterRef | None = None) -> None:
         self.arrival_time = arrival_time
+        self.lora = lora  # its LoRA adapter (None: the base model)
         self.max_tokens = max_tokens  # the request's parameter, for the metrics
         self.num_tokens = 0  # output tokens over all n sequences, so far
         self.num_waiting_sequences = num_sequences  # of its n, those without a token yet
@@ -210,6 +213,9 @@ class AsyncLLM:
         # get_diff_sampling_param): the model's generation config, unless "vllm".
         self.default_sampling_params = (log_sampling_defaults(ready.generation_config)
                                         if ready.generation_config is not None else {})
+        self.lora_adapters = lora_registry(config, ready.hf_config)
+        # The adapters the server serves, by the name ``model`` gives (octavo.entrypoints).
+        self.served_loras: dict[str, LoRARequest] = {}
         self.output_processor = OutputProcessor(ready.tokenizer)
         self.stat_loggers: list[StatLogger] = []
         self._pool = ThreadPoolExecutor(PROCESSING_THREADS, thread_name_prefix="octavo-processor")
@@ -269,6 +275,11 @@ class AsyncLLM:
     def num_unfinished_requests(self) -> int:
         return len(self._states)
 
+    def num_requests_with_lora(self, name: str) -> int:
+        """Requests in flight that run with the LoRA adapter served as ``name``."""
+        return sum(1 for state in self._states.values()
+                   if state.lora is not None and state.lora.name == name)
+
     @property
     def num_waiting_sequences(self) -> int:
         """Sequences (each of a request's ``n``) accepted that have not produced a token yet
@@ -292,16 +303,19 @@ class AsyncLLM:
     @overload
     async def add_request(self, prompt: PromptType, sampling_params: SamplingParams,
                           request_id: str, priority: int = 0,
+                          lora_request: LoRARequest | None = None,
                           ) -> AsyncGenerator[RequestOutput, None]: ...
 
     @overload
     async def add_request(self, prompt: PromptType, sampling_params: PoolingParams,
                           request_id: str, priority: int = 0,
+                          lora_request: LoRARequest | None = None,
                           ) -> AsyncGenerator[EmbeddingRequestOutput, None]: ...
 
     async def add_request(self, prompt: PromptType,
                           sampling_params: SamplingParams | PoolingParams,
                           request_id: str, priority: int = 0,
+                          lora_request: LoRARequest | None = None,
                           ) -> AsyncGenerator[Any, None]:
         """Validate and tokenize the request on a processing thread, send it to the core and
         return its outputs, to iterate as they grow (vLLM's ``add_request``). With
@@ -313,10 +327,12 @@ class AsyncLLM:
         request stays before the return - one that fails, or whose caller is cancelled while
         it is processed. Closing the iterator before the last output aborts the request.
         """
-        return self.submit(await self.prepare(prompt, sampling_params, request_id, priority))
+        return self.submit(await self.prepare(prompt, sampling_params, request_id, priority,
+                                              lora_request))
 
     async def prepare(self, prompt: PromptType, sampling_params: SamplingParams | PoolingParams,
-                      request_id: str, priority: int = 0) -> PreparedRequest:
+                      request_id: str, priority: int = 0,
+                      lora_request: LoRARequest | None = None) -> PreparedRequest:
         """The first half of ``add_request``: validate and tokenize (raising
         ``InvalidRequestError``), without sending anything to the core, so that a caller
         with many prompts can check them all before any runs and send them as it likes."""
@@ -327,7 +343,7 @@ class AsyncLLM:
         try:
             processed, children, stops = await self.run_in_pool(
                 self._process_request, prompt, sampling_params, request_id, priority,
-                time.monotonic())
+                time.monotonic(), lora_request)
         finally:
             self._num_processing -= num_sequences
         return PreparedRequest(request_id, processed, children, stops)
@@ -339,10 +355,12 @@ class AsyncLLM:
 
     async def generate(self, prompt: PromptType, sampling_params: SamplingParams,
                        request_id: str, priority: int = 0,
+                       lora_request: LoRARequest | None = None,
                        ) -> AsyncGenerator[RequestOutput, None]:
         """vLLM's ``AsyncLLM.generate``: the request's output as it grows. A bad request
         raises at the first iteration; use ``add_request`` to hear of it before that."""
-        outputs = await self.add_request(prompt, sampling_params, request_id, priority)
+        outputs = await self.add_request(prompt, sampling_params, request_id, priority,
+                                         lora_request)
         try:
             async for output in outputs:
                 yield output
@@ -363,13 +381,17 @@ class AsyncLLM:
     def _process_request(self, prompt: PromptType,
                          sampling_params: SamplingParams | PoolingParams,
                          request_id: str, priority: int, arrival_time: float,
+                         lora_request: LoRARequest | None = None,
                          ) -> tuple[ProcessedPrompt, list[Request], StopStrings]:
         """On a processing thread. The request arrived before it waited for one, so its
         latency counts that wait and this work (its stop strings' automaton too)."""
+        lora = lora_ref(self.lora_adapters, lora_request)
         processed = self.processor.process_prompt(prompt)
         children = self.processor.make_requests(request_id, processed, sampling_params,
                                                 priority, strict_length=True,
                                                 arrival_time=arrival_time)
+        for child in children:
+            child.lora = lora
         return processed, children, StopStrings(children[0].sampling_params.stop)
 
     def _register(self, request_id: str, processed: ProcessedPrompt, children: list[Request],
@@ -380,7 +402,7 @@ class AsyncLLM:
         if request_id in self._states:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         state = _RequestState(children[0].arrival_time, children[0].sampling_params.max_tokens,
-                              len(children))
+                              len(children), children[0].lora)
         self.output_processor.add_request(request_id, processed.prompt, children, stops)
         self._states[request_id] = state
         self.stall_watch.sent(time.monotonic())

@@ -11,6 +11,7 @@ from octavo.config import EngineConfig
 from octavo.engine.llm_engine import LLMEngine
 from octavo.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from octavo.engine.processor import PromptType
+from octavo.lora_request import LoRARequest
 from octavo.pooling_params import PoolingParams
 from octavo.sampling_params import SamplingParams
 
@@ -47,15 +48,19 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: list[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in prompt order. A prompt dict
         may carry a ``cache_salt`` (vLLM's key): prompts share prefix-cache blocks only with
-        prompts of the same salt."""
+        prompts of the same salt. ``lora_request``: the LoRA adapter of every prompt, or one
+        per prompt (None: the base model), as in vLLM."""
         prompt_list = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
         params_list = _as_params_list(sampling_params, len(prompt_list))
-        ids = [self.llm_engine.add_request(p, sp, priority=priority[i] if priority else 0)
+        loras = _as_lora_list(lora_request, len(prompt_list))
+        ids = [self.llm_engine.add_request(p, sp, priority=priority[i] if priority else 0,
+                                           lora_request=loras[i])
                for i, (p, sp) in enumerate(zip(prompt_list, params_list))]
         return self._run(ids, use_tqdm)  # type: ignore[return-value]
 
@@ -121,3 +126,13 @@ def _as_params_list(params: SamplingParams | Sequence[SamplingParams],
     if len(params) != count:
         raise ValueError(f"got {len(params)} sampling params for {count} prompts")
     return params
+
+
+def _as_lora_list(lora: LoRARequest | Sequence[LoRARequest | None] | None,
+                  count: int) -> list[LoRARequest | None]:
+    if lora is None or isinstance(lora, LoRARequest):
+        return [lora] * count
+    loras = list(lora)
+    if len(loras) != count:
+        raise ValueError(f"got {len(loras)} LoRA requests for {count} prompts")
+    return loras

@@ -10,9 +10,11 @@ from typing import Any
 
 from octavo.config import ConfigError, EngineConfig, PoolerConfig
 from octavo.engine.core import EngineCore
+from octavo.engine.lora_requests import lora_ref, lora_registry
 from octavo.engine.output_processor import OutputProcessor
 from octavo.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from octavo.engine.processor import Processor, PromptType
+from octavo.lora_request import LoRARequest
 from octavo.models.config import eos_token_ids
 from octavo.models.config_rope import context_length
 from octavo.models.generation_config import (
@@ -98,14 +100,20 @@ class LLMEngine:
                                          self.generation_config, platform, pooler_of(config))
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
+        self.lora_adapters = lora_registry(config, files.hf_config)
 
     def add_request(self, prompt: PromptType, params: SamplingParams | PoolingParams,
-                    request_id: str | None = None, priority: int = 0) -> str:
+                    request_id: str | None = None, priority: int = 0,
+                    lora_request: LoRARequest | None = None) -> str:
         """A generation request (``SamplingParams``) or a pooling one (``PoolingParams``),
-        as in vLLM; each engine takes one kind (``runner``)."""
+        as in vLLM; each engine takes one kind (``runner``). ``lora_request``: the adapter
+        it runs with (an engine with ``enable_lora``)."""
         request_id = str(next(self._ids)) if request_id is None else request_id
+        lora = lora_ref(self.lora_adapters, lora_request)
         processed = self.processor.process_prompt(prompt)
         children = self.processor.make_requests(request_id, processed, params, priority)
+        for child in children:
+            child.lora = lora
         self.output_processor.add_request(request_id, processed.prompt, children)
         for child in children:
             self.core.add_request(child)

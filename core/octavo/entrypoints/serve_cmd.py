@@ -53,6 +53,20 @@ class NameList(click.ParamType):
         return tuple(names)
 
 
+def _lora_modules(ctx: click.Context, param: click.Parameter,
+                  values: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``NAME=PATH`` pairs as ``(name, path)``."""
+    del ctx, param
+    modules = []
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise click.BadParameter(f"{value!r} is not NAME=PATH",
+                                     param_hint="--lora-modules")
+        modules.append((name, path))
+    return tuple(modules)
+
+
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535),
@@ -63,6 +77,9 @@ class NameList(click.ParamType):
 @click.option("--served-model-name", default=None,
               help="The model name clients use (default: the --model path, or "
                    f"{DEFAULT_MODEL_NAME} for the default model).")
+@click.option("--lora-modules", multiple=True, metavar="NAME=PATH", callback=_lora_modules,
+              help="Serve the PEFT LoRA adapter in folder PATH as model NAME (with "
+                   "--enable-lora; repeat the flag for several).")
 @click.option("--max-waiting-requests", type=click.IntRange(min=1), default=None,
               help="Answer 503 with Retry-After when a request would bring the sequences "
                    "(prompts x n) waiting for their first token above this many (default: "

@@ -10,6 +10,7 @@ used (no instances), so every method is a classmethod.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -104,6 +105,12 @@ class Platform(ABC):
         many layers were changed. The portable default changes nothing."""
         del model, dtype
         return 0
+
+    @classmethod
+    def lora_kernels(cls) -> tuple[Callable[..., None], Callable[..., None]] | None:
+        """This platform's ``(lora_shrink, lora_expand)``, with the signatures of
+        ``octavo.lora.ops`` (vLLM V1's split of a LoRA delta); None: those portable ones."""
+        return None
 
     @classmethod
     def validate_request(cls, request: Request) -> None:

@@ -57,6 +57,7 @@ from octavo.outputs import (
 from octavo.request import Request, RequestStatus
 from octavo.sched.interface import SchedulerInterface
 from octavo.sched.kv_transfer import KVTransferScheduling
+from octavo.sched.lora import admissible, requests_per_adapter
 from octavo.sched.policy import FcfsPolicy, SchedulingPolicy
 from octavo.sched.spec_decode import SpecScheduling
 from octavo.sched.stop import check_stop
@@ -104,6 +105,8 @@ class Scheduler(SchedulerInterface):
         self.long_prefill_token_threshold = config.scheduler.long_prefill_token_threshold
         # Off for pooling models that need a prompt whole in one step (SchedulerConfig).
         self.chunked_prefill = config.scheduler.enable_chunked_prefill
+        # Distinct LoRA adapters running at once (0: LoRA off).
+        self.max_loras = config.lora.max_loras if config.lora.enable_lora else 0
         self.kv_manager = kv_manager
         self.policy = policy if policy is not None else FcfsPolicy()
         # Grammars of guided decoding; None: the engine takes no constrained requests.
@@ -257,6 +260,8 @@ class Scheduler(SchedulerInterface):
             kv_transfer=(dataclasses.replace(self.kv_transfer.stats) if self.kv_transfer
                          else KVTransferStats()),
             spec_decoding=self.spec.snapshot() if self.spec else None,
+            running_lora_adapters=requests_per_adapter(self.running),
+            waiting_lora_adapters=requests_per_adapter(self.waiting),
         )
 
     def _schedule_running(self, step: _Step) -> None:
@@ -367,6 +372,7 @@ class Scheduler(SchedulerInterface):
                 group_block_ids=(self.kv_manager.get_group_block_ids(request.request_id)
                                  if self.kv_manager.num_kv_groups > 1 else []),
                 state_slot=self.kv_manager.get_state_slot(request.request_id),
+                lora=request.lora,
             ))
             self._grant(request, num_new_tokens, step)
 
@@ -444,8 +450,11 @@ class Scheduler(SchedulerInterface):
     def _next_waiting(self) -> Request | None:
         """The first waiting request in policy order that can start: those whose grammar
         is still compiling are passed over, so they hold up nobody; so are those whose id
-        is in a step in flight (a request aborted there and added again under its id)."""
-        for request in self.waiting:
+        is in a step in flight (a request aborted there and added again under its id) and
+        those whose LoRA adapter has no slot yet (``octavo.sched.lora``)."""
+        waiting = (admissible(self.waiting, self.running, self.max_loras)
+                   if self.max_loras else self.waiting)
+        for request in waiting:
             if request.request_id in self.in_flight:
                 continue
             if request.status is not RequestStatus.WAITING_FOR_GRAMMAR:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from octavo.lora_request import LoRAAdapterRef
 from octavo.outputs import NewRequestData, SchedulerOutput
 from octavo.sample.metadata import SamplingArrays, make_generator
 from octavo.sampling_params import SamplingParams, SamplingType
@@ -37,6 +38,7 @@ class CachedRequestState:
     prompt_embeds: torch.Tensor | None = None
     # Its slot of the SSM layers' per-request state (-1: the model has none).
     state_slot: int = -1
+    lora: LoRAAdapterRef | None = None  # its LoRA adapter (None: the base model)
 
 
 class InputBatch:

@@ -12,6 +12,7 @@ import torch
 from octavo.attention import AttentionBackend
 from octavo.distributed.state import get_parallel_state
 from octavo.kv.cache_spec import is_hybrid, kv_cache_groups, ssm_state_spec
+from octavo.lora.manager import WorkerLoRAManager
 from octavo.models.base import CausalLM, IntermediateTensors
 from octavo.models.layers.moe import execute_dummy_batch
 from octavo.outputs import (
@@ -78,6 +79,8 @@ class ModelRunner:
         self.kv_transfer: WorkerKVTransfer | None = None  # set by the worker with a KV connector
         # Set by the worker when speculative decoding is on.
         self.spec: SpecVerifier | None = None
+        # Set by the worker with --enable-lora: the adapter slots.
+        self.lora: WorkerLoRAManager | None = None
 
     # -- KV cache ---------------------------------------------------------------------
     def kv_cache_bytes_per_block(self) -> int:
@@ -159,6 +162,8 @@ class ModelRunner:
             assert self.spec is not None, "drafts were scheduled without a proposer"
             verify_mask = SpecVerifier.draft_mask(step, self.batch, drafts)
             self.spec.mark_trees(step, verify_mask)
+        if self.lora is not None:
+            self._prepare_lora(step)
         hidden = self.run_model(step)
         if hidden is None:  # a pipeline stage before the last: the hidden states went on
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
@@ -187,6 +192,15 @@ class ModelRunner:
             spec_token_ids=(self.spec.propose(step, hidden, sampled, drafts)
                             if self.spec else []),
         )
+
+    def _prepare_lora(self, step: StepInputs) -> None:
+        """Slot the step's adapters and map its tokens (in step order) to them."""
+        assert self.lora is not None
+        starts = step.metadata.query_start_loc_cpu
+        assert starts is not None  # prepare_step always fills the host copy
+        states = [self.batch.states[self.batch.req_ids[row]] for row in step.rows.tolist()]
+        self.lora.prepare_step([state.lora for state in states], torch.diff(starts).tolist(),
+                               total=step.input_ids.shape[0])
 
     def _prompt_logprobs(self, step: StepInputs, hidden: torch.Tensor,
                          ) -> dict[str, LogprobsLists]:
@@ -284,6 +298,7 @@ class ModelRunner:
             block_ids=list(new.block_ids),
             group_block_ids=[list(ids) for ids in new.group_block_ids],
             state_slot=new.state_slot,
+            lora=new.lora,
             prompt_embeds=(None if new.prompt_embeds is None else torch.tensor(
                 new.prompt_embeds, dtype=self.model.dtype, device=self.device)),
         )

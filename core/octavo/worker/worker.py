@@ -13,6 +13,7 @@ import torch
 
 from octavo.config import EngineConfig
 from octavo.kv_transfer.base import KVConnectorRole
+from octavo.lora.manager import install_lora
 from octavo.models.build import build_model
 from octavo.models.config import model_eos_token_ids
 from octavo.models.loader import ModelFiles
@@ -51,6 +52,8 @@ class Worker(WorkerInterface):
         model = build_model(files, dtype, classes.attn_backend, device=self.device,
                             architectures=classes.architectures,
                             quantization=config.model.quantization)
+        lora = (install_lora(model, config.lora, dtype, platform.lora_kernels())
+                if config.lora.enable_lora else None)
         platform.prepare_model(model, dtype)
         pooling = ({"pooling_type": config.pooler.pooling_type}
                    if config.model.runner == "pooling" else {})
@@ -66,6 +69,7 @@ class Worker(WorkerInterface):
             **pooling,
         )
         self.runner.set_kv_cache_dtype(config.cache.kv_torch_dtype(dtype))
+        self.runner.lora = lora
         if config.speculative is not None:
             assert classes.proposer is not None, "speculative decoding without a proposer"
             self.runner.spec = SpecVerifier(config.speculative, self.runner, classes.proposer,

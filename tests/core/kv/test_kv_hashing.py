@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from octavo.block_hash import hash_block_tokens, update_block_hashes
+from octavo.lora_request import LoRAAdapterRef
 from tests.core.scheduler_fakes import make_request
 
 BS = 4
@@ -33,7 +34,7 @@ def test_extra_keys_separate_every_block() -> None:
     plain = update_block_hashes(make_request("a", tokens), BS)
     salted = update_block_hashes(make_request("b", tokens, cache_salt="tenant-1"), BS)
     lora = make_request("c", tokens)
-    lora.lora_name = "adapter"
+    lora.lora = LoRAAdapterRef("adapter", "/adapters/a", digest="0" * 64)
     for other in (salted, update_block_hashes(lora, BS)):
         assert len(other) == 3 and all(x != y for x, y in zip(plain, other)), tokens
 

@@ -48,6 +48,7 @@ async def run_server(config: EngineConfig, settings: ServerSettings,
     import octavo.structured.grammar  # noqa: F401
     from octavo.entrypoints.openai.app import build_app
     from octavo.entrypoints.openai.chat_template import check_start_template
+    from octavo.entrypoints.openai.lora_routes import serve_lora_modules
     from octavo.entrypoints.openai.stall import StallMonitor
     from octavo.entrypoints.openai.supervisor import DrainingServer, supervise
 
@@ -56,6 +57,7 @@ async def run_server(config: EngineConfig, settings: ServerSettings,
         engine.stat_loggers.append(LoggingStatLogger(config.observability.log_stats_interval))
     try:
         check_start_template(engine.tokenizer, settings.chat_template)
+        serve_lora_modules(engine, settings)
         ready = engine.ready
         logger.info("engine core process pid %d: platform %s, model %s, %d KV blocks of %d "
                     "tokens, max_model_len %d", ready.pid, ready.platform, ready.model,

@@ -24,6 +24,7 @@ from octavo.engine.async_llm import AsyncLLM
 from octavo.engine.core_client import EngineStatus
 from octavo.entrypoints.openai.embeddings import embeddings_router, generation_only
 from octavo.entrypoints.openai.errors import OpenAIError, install_error_handlers
+from octavo.entrypoints.openai.lora_routes import lora_router, runtime_updating_allowed
 from octavo.entrypoints.openai.metrics import CacheInfo, PrometheusMetrics
 from octavo.entrypoints.openai.openapi_doc import (
     ANY_ROUTE,
@@ -78,9 +79,11 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
     """The app serving ``engine``; shutting the app down shuts the engine down."""
     cache = CacheInfo(engine.ready.block_size, engine.ready.num_blocks,
                       engine.ready.enable_prefix_caching)
+    lora = engine.config.lora
     metrics = PrometheusMetrics(settings.served_model_name,
                                 engine.config.parallel.data_parallel_size,
-                                engine.max_model_len, cache)
+                                engine.max_model_len, cache,
+                                lora.max_loras if lora.enable_lora else 0)
     engine.stat_loggers.append(metrics)
 
     @asynccontextmanager
@@ -100,6 +103,9 @@ def build_app(engine: AsyncLLM, settings: ServerSettings) -> FastAPI:
                        responses=errors(401))
     app.include_router(embeddings_router(engine, settings), dependencies=key_check,
                        responses=errors(401))
+    if runtime_updating_allowed():
+        app.include_router(lora_router(engine, settings, [*JSON_ONLY, *key_check]),
+                           responses=errors(401))
     if not settings.disable_docs:
         app.include_router(docs_router(app, key_check))
     if not settings.disable_playground:
@@ -173,7 +179,11 @@ def _protected_routes(engine: AsyncLLM, settings: ServerSettings) -> APIRouter:
         card = ModelCard(id=settings.served_model_name, root=engine.ready.model,
                          max_model_len=engine.max_model_len,
                          supported_tasks=engine.supported_tasks)
-        return JSONResponse(ModelList(data=[card]).model_dump())
+        adapters = [ModelCard(id=name, root=lora.lora_path, parent=settings.served_model_name,
+                              max_model_len=engine.max_model_len,
+                              supported_tasks=engine.supported_tasks)
+                    for name, lora in engine.served_loras.items()]
+        return JSONResponse(ModelList(data=[card, *adapters]).model_dump())
 
     @router.post("/v1/completions", dependencies=generation, responses={
         **ok_stream(CompletionResponse, CompletionResponse), **errors(*BODY_ROUTE, 404)})

@@ -14,6 +14,7 @@ the KV connector's ``octavo:kv_transfer_*`` counters and ``octavo:engine_stalled
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -147,10 +148,15 @@ class _Families:
         self.cache_info = Gauge("vllm:cache_config_info", "The KV cache's configuration.",
                                 ["engine", "block_size", "num_gpu_blocks",
                                  "enable_prefix_caching"], registry=registry)
+        # vLLM's: one sample per engine whose labels name the adapters of the running and
+        # waiting requests (comma-separated), its value the time of the snapshot.
+        self.lora_info = Gauge("vllm:lora_requests_info", "Running and waiting LoRA adapters.",
+                               ["engine", "max_lora", "waiting_lora_adapters",
+                                "running_lora_adapters"], registry=registry)
 
     def per_engine(self) -> list[Gauge | Counter | Histogram]:
         """The families with one child per engine, labelled by ``LABELS`` alone."""
-        extra = (self.success, self.spec_accepted_per_pos, self.cache_info)
+        extra = (self.success, self.spec_accepted_per_pos, self.cache_info, self.lora_info)
         return [family for family in vars(self).values()
                 if not isinstance(family, dict) and family not in extra] + \
             list(self.kv_transfer.values())
@@ -170,8 +176,11 @@ class PrometheusMetrics:
     """A ``StatLogger`` with its own registry (so servers in one process do not clash)."""
 
     def __init__(self, model_name: str, num_engines: int = 1, max_model_len: int = 2048,
-                 cache: CacheInfo | None = None) -> None:
+                 cache: CacheInfo | None = None, max_loras: int = 0) -> None:
+        """``max_loras``: the engine's adapter slots (0: LoRA off, no LoRA gauge)."""
         self.registry = CollectorRegistry()
+        self._max_loras = max_loras
+        self._lora_labels: dict[str, tuple[str, ...]] = {}  # each engine's LoRA gauge sample
         self._families = _Families(self.registry, max_model_len)
         self._model_name = model_name
         self._cache = cache
@@ -222,6 +231,18 @@ class PrometheusMetrics:
                     enable_prefix_caching=str(self._cache.enable_prefix_caching)).set(1)
         return labels
 
+    def _record_loras(self, stats: SchedulerStats, engine: str) -> None:
+        """The engine's one ``vllm:lora_requests_info`` sample, replaced (not added to: the
+        label values change with the adapters, and old samples would pile up)."""
+        gauge = self._families.lora_info
+        labels = (engine, str(self._max_loras), ",".join(sorted(stats.waiting_lora_adapters)),
+                  ",".join(sorted(stats.running_lora_adapters)))
+        previous = self._lora_labels.get(engine)
+        if previous is not None and previous != labels:
+            gauge.remove(*previous)
+        self._lora_labels[engine] = labels
+        gauge.labels(*labels).set(time.time())
+
     def _record_finished(self, finished: FinishedRequestStats, labels: dict[str, str]) -> None:
         families = self._families
         for reason in finished.finish_reasons:
@@ -247,6 +268,8 @@ class PrometheusMetrics:
         families.running.labels(**labels).set(stats.num_running_reqs)
         families.waiting.labels(**labels).set(stats.num_waiting_reqs)
         families.kv_usage.labels(**labels).set(stats.kv_cache_usage)
+        if self._max_loras:
+            self._record_loras(stats, labels["engine"])
         prefix = stats.prefix_cache  # totals since the engine started
         families.prefix_hit_rate.labels(**labels).set(prefix.hit_rate)
         _add_total(families.prefix_queries.labels(**labels), prefix.queries,

@@ -40,7 +40,8 @@ ERROR_REASONS = {
          "CORS preflight",
     401: "Missing or wrong API key (when the server has --api-key)",
     404: "The model is not the one served (code model_not_found), or no stored response "
-         "has the id (code response_not_found)",
+         "has the id (code response_not_found), or no LoRA adapter has the name",
+    409: "The LoRA adapter is in use by requests in flight (unload it once they finish)",
     408: "The request body did not arrive in time",
     413: "The request body is larger than --max-request-body-size",
     415: "Content-Type is not application/json",

@@ -588,7 +588,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = Field(default_factory=_now)
     owned_by: str = "octavo"
-    root: str  # the model file or folder served
+    root: str  # the model file or folder served (a LoRA adapter's folder)
+    parent: str | None = None  # a LoRA adapter's base model (vLLM's field); None: a base
     max_model_len: int
     # What the model is served for, vLLM's task names: ["generate"], or ["embed"] from the
     # pooling runner (--runner pooling).

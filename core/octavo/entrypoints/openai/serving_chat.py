@@ -92,7 +92,8 @@ class OpenAIServingChat(OpenAIServing):
         output = outputs[0]
         choices = [self._choice(c, request, job.reader) for c in output.outputs]
         ids = request.return_token_ids
-        body = ChatCompletionResponse(id=job.request_id, model=self.model_name, choices=choices,
+        body = ChatCompletionResponse(id=job.request_id, model=self.reply_model(request.model),
+                                      choices=choices,
                                       usage=usage_of(outputs),
                                       prompt_logprobs=prompt_logprobs_json(output),
                                       prompt_token_ids=output.prompt_token_ids if ids else None)
@@ -113,7 +114,8 @@ class OpenAIServingChat(OpenAIServing):
                                       self._constraint(request, reader))
         request_id = self.response_id(id_prefix, request)
         streams = await self.start(request_id, [{"prompt_token_ids": prompt_ids}], params,
-                                   request.priority, request.cache_salt)
+                                   request.priority, request.cache_salt,
+                                   self.lora_of(request.model))
         return ChatJob(request_id, reader, streams[0])
 
     def render_prompt(self, messages: list[ChatMessage], fields: ChatTemplateFields,
@@ -157,7 +159,7 @@ class OpenAIServingChat(OpenAIServing):
         request_id, reader = job.request_id, job.reader
 
         def chunk(choices: list[ChatStreamChoice]) -> str:
-            return sse(ChatCompletionChunk(id=request_id, model=self.model_name,
+            return sse(ChatCompletionChunk(id=request_id, model=self.reply_model(request.model),
                                            choices=choices))
 
         echo = _echoed(request)
@@ -189,8 +191,9 @@ class OpenAIServingChat(OpenAIServing):
             yield sse(error_body(error.status, error.message, code=error.code))
         else:
             if request.include_usage and final is not None:
-                yield sse(ChatCompletionChunk(id=request_id, model=self.model_name, choices=[],
-                                              usage=usage_of([final])))
+                yield sse(ChatCompletionChunk(id=request_id,
+                                              model=self.reply_model(request.model),
+                                              choices=[], usage=usage_of([final])))
         yield SSE_DONE
 
     def _choice(self, completion: CompletionOutput, request: ChatCompletionRequest,

@@ -56,7 +56,7 @@ class OpenAIServingCompletion(OpenAIServing):
             prompts.append({"prompt_embeds": tensor})
         request_id = self.response_id("cmpl-", request)
         streams = await self.start(request_id, prompts, params, request.priority,
-                                   request.cache_salt)
+                                   request.cache_salt, self.lora_of(request.model))
         if request.stream:
             return event_stream(self._stream(request_id, request, streams))
         outputs = await unless_disconnected(raw, final_outputs(streams))
@@ -65,8 +65,8 @@ class OpenAIServingCompletion(OpenAIServing):
         choices = [self._choice(prompt_index * request.n + c.index, output, c, c.text, 0,
                                 request)
                    for prompt_index, output in enumerate(outputs) for c in output.outputs]
-        body = CompletionResponse(id=request_id, model=self.model_name, choices=choices,
-                                  usage=usage_of(outputs))
+        body = CompletionResponse(id=request_id, model=self.reply_model(request.model),
+                                  choices=choices, usage=usage_of(outputs))
         return JSONResponse(body.model_dump())
 
     async def _stream(self, request_id: str, request: CompletionRequest,
@@ -80,7 +80,8 @@ class OpenAIServingCompletion(OpenAIServing):
                 for delta in tracker.deltas(prompt_index, output, request.logprobs is not None):
                     choice = self._choice(delta.index, output, delta.completion, delta.text,
                                           delta.first_new_token, request)
-                    yield sse(CompletionResponse(id=request_id, model=self.model_name,
+                    yield sse(CompletionResponse(id=request_id,
+                                                 model=self.reply_model(request.model),
                                                  choices=[choice]))
         except (EngineDeadError, EngineStepError) as exc:
             error = stream_error(exc)
@@ -88,8 +89,9 @@ class OpenAIServingCompletion(OpenAIServing):
         else:
             if request.include_usage:
                 usage = usage_of(list(finals.values()))
-                yield sse(CompletionResponse(id=request_id, model=self.model_name, choices=[],
-                                             usage=usage))
+                yield sse(CompletionResponse(id=request_id,
+                                             model=self.reply_model(request.model),
+                                             choices=[], usage=usage))
         yield SSE_DONE
 
     def _choice(self, index: int, output: RequestOutput, completion: CompletionOutput,

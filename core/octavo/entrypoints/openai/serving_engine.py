@@ -27,6 +27,7 @@ from octavo.entrypoints.openai.protocol import (
 )
 from octavo.entrypoints.openai.settings import ServerSettings
 from octavo.entrypoints.openai.stall import check_not_stalled
+from octavo.lora_request import LoRARequest
 from octavo.pooling_params import PoolingParams
 from octavo.sampling_params import SamplingParams, StructuredOutputsParams
 
@@ -47,10 +48,22 @@ class OpenAIServing:
         return self.settings.served_model_name
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        if (model is not None and model != self.model_name
+                and model not in self.engine.served_loras):
             raise OpenAIError(404, f"The model {model!r} does not exist; this server serves "
                                    f"{self.model_name!r}", param="model",
                               code="model_not_found")
+
+    def reply_model(self, model: str | None) -> str:
+        """The ``model`` a reply names: the LoRA adapter's name where the request picked one
+        (as vLLM does), else the served model's (a request's adapter cannot be unloaded
+        while it runs, so every chunk of a stream names the same)."""
+        return model if model is not None and model in self.engine.served_loras else (
+            self.model_name)
+
+    def lora_of(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter a request's ``model`` names (None: the base model)."""
+        return None if model is None else self.engine.served_loras.get(model)
 
     @staticmethod
     def response_id(prefix: str, request: SamplingRequest) -> str:
@@ -120,16 +133,19 @@ class OpenAIServing:
     @overload
     async def start(self, request_id: str, prompts: list[PromptType], params: SamplingParams,
                     priority: int, cache_salt: str | None = None,
+                    lora_request: LoRARequest | None = None,
                     ) -> list[AsyncGenerator[RequestOutput, None]]: ...
 
     @overload
     async def start(self, request_id: str, prompts: list[PromptType], params: PoolingParams,
                     priority: int, cache_salt: str | None = None,
+                    lora_request: LoRARequest | None = None,
                     ) -> list[AsyncGenerator[EmbeddingRequestOutput, None]]: ...
 
     async def start(self, request_id: str, prompts: list[PromptType],
                     params: SamplingParams | PoolingParams, priority: int,
-                    cache_salt: str | None = None) -> list[AsyncGenerator[Any, None]]:
+                    cache_salt: str | None = None, lora_request: LoRARequest | None = None,
+                    ) -> list[AsyncGenerator[Any, None]]:
         """One engine request per prompt, processed one after another (a batch takes one
         processing thread at a time) and sent to the engine through a ``SequenceWindow``;
         a bad prompt fails the whole call (400) and aborts those of the batch already sent,
@@ -138,7 +154,7 @@ class OpenAIServing:
             prompts = [salted(prompt, cache_salt) for prompt in prompts]
         ids = ([request_id] if len(prompts) == 1
                else [f"{request_id}-{index}" for index in range(len(prompts))])
-        prepared = (await self.engine.prepare(prompt, params, engine_id, priority)
+        prepared = (await self.engine.prepare(prompt, params, engine_id, priority, lora_request)
                     for prompt, engine_id in zip(prompts, ids))
         per_prompt = params.n if isinstance(params, SamplingParams) else 1
         window = SequenceWindow(self.engine, self.settings.request_sequence_window, per_prompt)

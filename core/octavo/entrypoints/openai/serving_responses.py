@@ -163,7 +163,8 @@ class OpenAIServingResponses:
                                   total_tokens=prompt + generated)
         tool_choice = request.tool_choice
         return ResponseObject(
-            id=response_id, model=self.chat.model_name, status=status, output=items,
+            id=response_id, model=self.chat.reply_model(request.model), status=status,
+            output=items,
             usage=usage, incomplete_details=incomplete, instructions=request.instructions,
             previous_response_id=request.previous_response_id,
             max_output_tokens=request.max_output_tokens, temperature=request.temperature,
@@ -242,6 +243,7 @@ def chat_request(request: ResponsesRequest,
         raise OpenAIError(400, "input: give at least one item", param="input")
     body: dict[str, Any] = {
         "messages": messages, "max_completion_tokens": request.max_output_tokens,
+        "model": request.model,  # a LoRA adapter's name picks it here too
         "parallel_tool_calls": request.parallel_tool_calls, "user": request.user,
         "priority": request.priority, "cache_salt": request.cache_salt,
         "request_id": request.request_id,

@@ -13,6 +13,9 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_name: str = DEFAULT_MODEL_NAME  # what clients pass as ``model``
+    # (name, folder) of the LoRA adapters served from the start (--lora-modules); a
+    # request's ``model`` picks one by name.
+    lora_modules: tuple[tuple[str, str], ...] = ()
     api_key: str | None = None  # None: no authentication
     # Web-origin safety (see web_safety.py). Host names the server answers for (any port;
     # "*": all); None: the loopback names when bound to a loopback address, else all.

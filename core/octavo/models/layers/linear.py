@@ -56,7 +56,7 @@ class LinearBase(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cpu_gemm is not None:
-            return self.cpu_gemm(x)
+            return self.quant_method.after_gemm(self, x, self.cpu_gemm(x))
         return self.quant_method.apply(self, x, self.bias)
 
 
@@ -203,5 +203,6 @@ class RowParallelLinear(LinearBase):
             return super().forward(x)
         # The platform's GEMM adds the bias, which must come once, after the reduction.
         gemm = self.cpu_gemm if self.bias is None else None
-        output = all_reduce(gemm(x) if gemm is not None else self.quant_method.apply(self, x))
+        output = all_reduce(self.quant_method.after_gemm(self, x, gemm(x)) if gemm is not None
+                            else self.quant_method.apply(self, x))
         return output if self.bias is None else output + self.bias

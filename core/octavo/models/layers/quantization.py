@@ -14,7 +14,8 @@ builder opens around construction (:func:`quantization_scope`), so model classes
 extra argument. Configs are registered by name (:func:`register_quantization_config`, in
 ``octavo.plugin_api`` for plugins: AWQ, GPTQ, fp8, ...). A platform asks a method whether
 it keeps a plain dense weight (:attr:`QuantizeMethodBase.dense`) before giving the layer a
-faster dense GEMM; it never reads a method's own state.
+faster dense GEMM, and hands that GEMM's product to the method's ``after_gemm`` (a wrapper
+such as LoRA's adds its delta there); it never reads a method's own state.
 """
 
 from __future__ import annotations
@@ -68,6 +69,20 @@ class LinearMethodBase(QuantizeMethodBase):
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
+
+    def after_gemm(self, layer: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The layer's output from ``y = x W^T (+ b)``, whichever GEMM computed it (this
+        method's ``apply`` or a platform's own, ``LinearBase.cpu_gemm``): ``y`` itself here;
+        a wrapper adds to it (a LoRA adapter's delta), so a platform's faster GEMM for the
+        dense base weight keeps serving the wrapped layer."""
+        del layer, x
+        return y
+
+    def adds_after_gemm(self) -> bool:
+        """Whether :meth:`after_gemm` changes ``y`` in the current step. A platform path
+        that computes the layer inside a fused call, never calling ``after_gemm`` (the
+        CPU's fused decode stack), may take the layer only while this is False."""
+        return False
 
 
 class EmbeddingMethodBase(QuantizeMethodBase):

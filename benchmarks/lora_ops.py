@@ -1,0 +1,94 @@
+"""The CPU LoRA shrink/expand (``octavo.lora.ops``: tokens grouped by adapter, one matmul per
+adapter present) against a per-adapter loop (each slot multiplies every token, its rows
+kept by a mask), on SmolLM2-135M's projection shapes: the time of one layer's delta for a
+decode step of ``--tokens`` tokens spread round-robin over ``--adapters`` rank-``--rank``
+adapters (median of ``--repeats`` calls after warm-up).
+
+    python benchmarks/lora_ops.py --threads 2 --tokens 1,16,64,256 --adapters 8 --rank 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from octavo.lora.ops import lora_expand, lora_shrink
+
+# SmolLM2-135M: (input, [output slices]) of the projections LoRA wraps.
+SHAPES = {"qkv": (576, [576, 192, 192]), "o": (576, [576]), "gate_up": (576, [1536, 1536]),
+          "down": (1536, [576])}
+
+
+def per_adapter_loop(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, y: torch.Tensor,
+                     token_lora: torch.Tensor, offset: int, size: int) -> None:
+    """The naive delta: every slot over every token, masked to its own tokens."""
+    target = y.narrow(1, offset, size)
+    for slot in range(a.shape[0]):
+        mask = (token_lora == slot).unsqueeze(1).to(y.dtype)
+        target += mask * ((x.float() @ a[slot].float().t()) @ b[slot].float().t()).to(y.dtype)
+
+
+def grouped(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, y: torch.Tensor,
+            token_lora: torch.Tensor, offset: int, size: int) -> None:
+    buf = torch.empty(x.shape[0], a.shape[1])
+    lora_shrink(x, a, token_lora, buf, 1.0)
+    lora_expand(y, buf, b, token_lora, offset, size)
+
+
+def layer_delta(kernel: Callable[..., None], x: torch.Tensor, y: torch.Tensor,
+                token_lora: torch.Tensor,
+                slices: list[tuple[torch.Tensor, torch.Tensor, int]]) -> None:
+    """One layer's delta, slice by slice, with ``kernel``."""
+    offset = 0
+    for a, b, size in slices:
+        kernel(x, a, b, y, token_lora, offset, size)
+        offset += size
+
+
+def median_seconds(call: Callable[[], None], repeats: int) -> float:
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tokens", default="1,16,64,256")
+    parser.add_argument("--adapters", type=int, default=8)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    generator = torch.Generator().manual_seed(0)
+    print(f"{'layer':>8} {'tokens':>6} {'grouped us':>11} {'loop us':>9} {'speed-up':>8}")
+    for name, (inp, sizes) in SHAPES.items():
+        for tokens in (int(t) for t in args.tokens.split(",")):
+            x = torch.randn(tokens, inp, generator=generator).to(dtype)
+            y = torch.zeros(tokens, sum(sizes), dtype=dtype)
+            token_lora = (torch.arange(tokens) % args.adapters).to(torch.int32)
+            slices = [(torch.randn(args.adapters, args.rank, inp, generator=generator).to(dtype),
+                       torch.randn(args.adapters, size, args.rank,
+                                   generator=generator).to(dtype), size) for size in sizes]
+
+            case = (x, y, token_lora, slices)
+            ours = median_seconds(partial(layer_delta, grouped, *case), args.repeats)
+            loop = median_seconds(partial(layer_delta, per_adapter_loop, *case), args.repeats)
+            print(f"{name:>8} {tokens:>6} {ours * 1e6:>11.1f} {loop * 1e6:>9.1f} "
+                  f"{loop / ours:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
