@@ -31,7 +31,10 @@ fi
 #   12 GB, tests/spec_decode near 14 GB) are in this lane, one after the other; a main-lane
 #   folder peaks under 2.5 GB. The lanes are balanced to end at about the same time: the
 #   kernel folders cuda, neuron, rocm and structured moved back beside when tests/e2e grew
-#   (at cabaa5d the main lane ran 31.6 min of pytest, the lane beside 24).
+#   (at cabaa5d the main lane ran 31.6 min of pytest, the lane beside 24), and tests/bench
+#   (no wall-clock bounds; its `alone` tests still run first, by themselves) when
+#   tests/parallel grew by the expert-parallel, LoRA, micro-batch and quantized TP tests
+#   (at 7085973: main lane 26.6 min, beside 22.9, before those ~6 min of new tests).
 # OpenMP's threads sleep when they wait instead of spinning (OMP_WAIT_POLICY=PASSIVE): with
 # two lanes on two cores, a spinning thread takes the core another process needs (the first
 # two-lane run spent 3,290 s of CPU where one lane had spent 2,545).
@@ -39,7 +42,7 @@ fi
 # with nothing beside them. Tests marked `timed` (a wall-clock bound) in the lane beside
 # run in the main lane, at its end.
 # A new folder runs in the main lane until it is named below.
-BESIDE=" tests/core tests/spec_decode tests/tpu tests/triton tests/cuda tests/neuron tests/rocm tests/structured "
+BESIDE=" tests/core tests/spec_decode tests/tpu tests/triton tests/cuda tests/neuron tests/rocm tests/structured tests/bench "
 export OMP_WAIT_POLICY=PASSIVE
 logs=$(mktemp -d)
 fail() { echo "$1" >> "$logs/failed"; }

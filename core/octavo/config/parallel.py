@@ -33,7 +33,7 @@ class ParallelConfig:
     enable_pipeline_micro_batching: bool = field(default=False, metadata={
         "help": "With pipeline stages (mp executor), keep one step in flight per stage, "
                 "so that every stage computes at once (vLLM always does). Off by default "
-                "for now: see docs/parallel.md, \"Micro-batches\"."})
+                "until measured: see docs/parallel.md, \"Micro-batches\"."})
     data_parallel_size: int = field(default=1, metadata={
         "help": "Engines behind one server, each with its own workers (replicas); requests "
                 "go to the least loaded.", "alias": "-dp"})
