@@ -9,6 +9,7 @@ One server per configuration, reused by its checks, in order:
   completes, with one rank's tokens;
 - last, SIGKILL of one worker of engine 1 while 32 streams run: every stream ends within
   5 s of the kill, and the server reports the engines dead (``/health`` not ok).
+Then a tiny Qwen2-MoE, whose shared expert runs beside the dispatched ones, at ``-dp 2``.
 """
 
 from __future__ import annotations
@@ -167,3 +168,34 @@ def test_sigkill_of_one_worker_ends_every_stream(server: Server,
     assert status != 200, f"the surviving engine still serves without its experts: {body}"
     log = Path(server.log_path).read_text(errors="replace")
     assert "died" in log and "expert group is broken" in log
+
+
+def test_qwen2_moe_with_a_shared_expert_equals_one_rank(tmp_path: Path) -> None:
+    """A tiny random Qwen2-MoE (8 routed experts, top-2, a gated shared expert beside them
+    that every rank runs on its own tokens; dense and sparse layers mixed) at
+    ``-dp 2 --enable-expert-parallel``: 32 concurrent greedy requests give one rank's
+    tokens, and both engines served some."""
+    from transformers import Qwen2MoeConfig
+
+    from ..core.arch_parity import COMMON, save_hf_model
+
+    seed = draw_seed()
+    config = Qwen2MoeConfig(**{**COMMON, "num_hidden_layers": 4}, num_experts=8,
+                            num_experts_per_tok=2, moe_intermediate_size=32,
+                            shared_expert_intermediate_size=48, decoder_sparse_step=2,
+                            mlp_only_layers=[], norm_topk_prob=False,
+                            max_position_embeddings=1024)
+    save_hf_model(config, tmp_path / "model", seed)
+    model = str(tmp_path / "model")
+    prompts = random_prompts(np.random.default_rng(seed), 32)
+    with one_thread():
+        reference = run(model, prompts, MAX_TOKENS).tokens
+    args = ["--model", model, "--dtype", "float32", "--max-model-len", "512",
+            "--kv-cache-memory", str(KV_BYTES), "--seed", "0", "--enable-expert-parallel",
+            *CONFIGS["dp2"]]
+    with Server(args, tmp_path / "server.log") as server:
+        tokens = greedy_tokens(server, prompts)
+        served = requests_per_engine(server)
+    differing = [i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b]
+    assert not differing, f"seed={seed}: prompts {differing} differ from one rank's tokens"
+    assert sorted(served) == ["0", "1"] and all(served.values()), served

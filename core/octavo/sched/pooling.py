@@ -24,6 +24,7 @@ class PoolingScheduler(Scheduler):
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            model_runner_output: ModelRunnerOutput) -> list[EngineCoreOutput]:
         """Finish every request whose prompt this step completed, with its pooled vector."""
+        self._release(scheduler_output)
         pooled = dict(zip(model_runner_output.req_ids, model_runner_output.pooler_output))
         outputs: list[EngineCoreOutput] = []
         for request_id in scheduler_output.num_scheduled_tokens:

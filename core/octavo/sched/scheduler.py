@@ -164,14 +164,15 @@ class Scheduler(SchedulerInterface):
         if self.kv_transfer is not None:
             self.kv_transfer.attach_metadata(output)
         self.finished_req_ids = set()
-        self.in_flight.update(step.num_scheduled_tokens)
+        if self.steps_in_flight > 1:  # one step at a time: none is in flight when scheduling
+            self.in_flight.update(step.num_scheduled_tokens)
         return output
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         """Append the sampled tokens, finish the requests that stop, report to the front end."""
-        self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
+        self._release(scheduler_output)
         if model_runner_output.kv_connector_output is not None and self.kv_transfer is not None:
             for loaded in self.kv_transfer.update(model_runner_output.kv_connector_output):
                 bisect.insort(self.waiting, loaded, key=self.policy.sort_key)
@@ -231,7 +232,12 @@ class Scheduler(SchedulerInterface):
 
     def forget_steps(self, scheduler_outputs: list[SchedulerOutput]) -> None:
         for scheduler_output in scheduler_outputs:
-            self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
+            self._release(scheduler_output)
+
+    def _release(self, scheduler_output: SchedulerOutput) -> None:
+        """A step's output came (or never will): its requests may be scheduled again. Every
+        ``update_from_output`` (a subclass's too) calls this first."""
+        self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
 
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
         """End requests from outside (abort, or a stop string the front end found). Unknown
