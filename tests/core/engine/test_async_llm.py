@@ -98,6 +98,17 @@ def test_streamed_text_grows_and_never_shows_the_stop_string(harness: Harness) -
     assert not any(stop in t for t in texts), (texts, stop, seed)
 
 
+async def idle_stats(harness: Harness) -> SchedulerStats | None:
+    """The core's newest state once it reports no running request (it reports once it is
+    idle again), or the newest after 4 s."""
+    for _ in range(200):
+        await asyncio.sleep(0.02)
+        stats = harness.stats.latest
+        if stats is not None and stats.num_running_reqs == 0:
+            break
+    return harness.stats.latest
+
+
 def test_closing_or_aborting_a_stream_frees_its_blocks(harness: Harness) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
 
@@ -113,12 +124,7 @@ def test_closing_or_aborting_a_stream_frees_its_blocks(harness: Harness) -> None
         await stream.aclose()
         harness.engine.abort("aborted")
         assert not any(o.finished for o in await aborted)  # its consumer ends: no hang
-        for _ in range(200):  # the core reports its state once it is idle again
-            await asyncio.sleep(0.02)
-            stats = harness.stats.latest
-            if stats is not None and stats.num_running_reqs == 0:
-                break
-        return harness.stats.latest
+        return await idle_stats(harness)
 
     stats = harness.run(read_two_then_leave())
     assert stats is not None and stats.num_running_reqs == 0 and stats.kv_cache_usage == 0.0
@@ -293,12 +299,7 @@ def test_a_window_stream_closed_unread_aborts_its_prompt(harness: Harness) -> No
         for stream in streams:
             await stream.aclose()
         assert engine.num_unfinished_requests == 0
-        for _ in range(200):
-            await asyncio.sleep(0.02)
-            stats = harness.stats.latest
-            if stats is not None and stats.num_running_reqs == 0:
-                break
-        return harness.stats.latest
+        return await idle_stats(harness)
 
     stats = harness.run(send_then_leave())
     assert stats is not None and stats.num_running_reqs == 0 and stats.kv_cache_usage == 0.0
