@@ -9,7 +9,8 @@ One server per configuration, reused by its checks, in order:
   completes, with one rank's tokens;
 - last, SIGKILL of one worker of engine 1 while 32 streams run: every stream ends within
   5 s of the kill, and the server reports the engines dead (``/health`` not ok).
-Then a tiny Qwen2-MoE, whose shared expert runs beside the dispatched ones, at ``-dp 2``.
+Then a tiny Qwen2-MoE, whose shared expert runs beside the dispatched ones, at ``-dp 2``
+and ``-dp 2 -tp 2``.
 """
 
 from __future__ import annotations
@@ -170,11 +171,12 @@ def test_sigkill_of_one_worker_ends_every_stream(server: Server,
     assert "died" in log and "expert group is broken" in log
 
 
-def test_qwen2_moe_with_a_shared_expert_equals_one_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", list(CONFIGS))
+def test_qwen2_moe_with_a_shared_expert_equals_one_rank(parallel: str, tmp_path: Path) -> None:
     """A tiny random Qwen2-MoE (8 routed experts, top-2, a gated shared expert beside them
     that every rank runs on its own tokens; dense and sparse layers mixed) at
-    ``-dp 2 --enable-expert-parallel``: 32 concurrent greedy requests give one rank's
-    tokens, and both engines served some."""
+    ``-dp 2 --enable-expert-parallel`` (and ``-tp 2``): 32 concurrent greedy requests give
+    one rank's tokens, and both engines served some."""
     from transformers import Qwen2MoeConfig
 
     from ..core.arch_parity import COMMON, save_hf_model
@@ -192,7 +194,7 @@ def test_qwen2_moe_with_a_shared_expert_equals_one_rank(tmp_path: Path) -> None:
         reference = run(model, prompts, MAX_TOKENS).tokens
     args = ["--model", model, "--dtype", "float32", "--max-model-len", "512",
             "--kv-cache-memory", str(KV_BYTES), "--seed", "0", "--enable-expert-parallel",
-            *CONFIGS["dp2"]]
+            *CONFIGS[parallel]]
     with Server(args, tmp_path / "server.log") as server:
         tokens = greedy_tokens(server, prompts)
         served = requests_per_engine(server)

@@ -14,6 +14,10 @@ The groups here sit beside it, built directly on a store (``ProcessGroupGloo`` /
 Both rendezvous on one ``TCPStore``, served by engine 0's core process on
 ``data_parallel_address:data_parallel_master_port`` (bound to that address only), each
 under its own key prefix.
+
+A failed collective of the expert group (a worker of another engine is gone, so gloo's
+connections to it closed) raises ``ExpertGroupBroken``, which ends the worker that sees it
+(``octavo.executor.ranks.run_call``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,16 @@ import torch
 import torch.distributed as dist
 
 from octavo.distributed.rendezvous import rendezvous_store
+
+
+class ExpertGroupBroken(RuntimeError):
+    """A collective of the expert group failed: the group cannot be used again.
+
+    Fatal to the worker, not one step's error: with tensor parallelism, this worker's
+    peers in its own engine may already wait in the step's next all-reduce for it (the
+    all-to-all returns on each rank as soon as its own rows arrived), and would wait there
+    for the all-reduce's timeout. The worker's exit makes its executor stop the engine's
+    other workers at once (as with any worker that dies)."""
 
 
 class Collectives(Protocol):
@@ -83,8 +97,8 @@ class ExpertGroup:
     def exchange_counts(self, send_counts: torch.Tensor) -> torch.Tensor:
         """``send_counts [size]`` (rows for each rank) -> the rows each rank will send here."""
         received = torch.empty_like(send_counts)
-        self.group.alltoall_base(received, send_counts, [1] * self.size,
-                                 [1] * self.size).wait()
+        self._wait(self.group.alltoall_base(received, send_counts, [1] * self.size,
+                                            [1] * self.size))
         return received
 
     def all_to_all(self, tensor: torch.Tensor, send_counts: list[int],
@@ -93,7 +107,15 @@ class ExpertGroup:
         rank sent here, in rank order (variable counts, both sides known beforehand)."""
         tensor = tensor.contiguous()
         received = tensor.new_empty((sum(recv_counts), *tensor.shape[1:]))
-        self.group.alltoall_base(received, tensor, recv_counts, send_counts).wait()
+        self._wait(self.group.alltoall_base(received, tensor, recv_counts, send_counts))
         row_bytes = tensor[:1].numel() * tensor.element_size() if len(tensor) else 0
         self.bytes_sent += (sum(send_counts) - send_counts[self.rank]) * row_bytes
         return received
+
+    def _wait(self, work: dist.Work) -> None:
+        try:
+            work.wait()
+        except RuntimeError as exc:  # gloo's and NCCL's errors (DistBackendError included)
+            raise ExpertGroupBroken(
+                f"expert-group rank {self.rank} of {self.size}: the expert group is broken "
+                f"(a worker of another engine died?): {exc}") from exc

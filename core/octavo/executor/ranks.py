@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from octavo.config import EngineConfig
-from octavo.distributed.engine_group import join_expert_group
+from octavo.distributed.engine_group import ExpertGroupBroken, join_expert_group
 from octavo.distributed.state import (
     RankInfo,
     get_parallel_state,
@@ -128,7 +128,8 @@ def start_rank(config: EngineConfig, rank: int, platform_name: str, init_method:
 def run_call(worker: WorkerInterface, info: RankInfo, kind: CallKind,
              payload: Any) -> WorkerReply:
     """Run one call on the worker and make its answer: the step's output (an empty one on
-    every rank but the output rank), the RPC's result, or the text of the error it raised."""
+    every rank but the output rank), the RPC's result, or the text of the error it raised.
+    A broken expert group is not answered: it propagates and ends the worker."""
     try:
         if kind is CallKind.EXECUTE:
             output = worker.execute_model(payload)
@@ -136,6 +137,8 @@ def run_call(worker: WorkerInterface, info: RankInfo, kind: CallKind,
                                ModelRunnerOutput(req_ids=[], sampled_token_ids=[]))
         assert isinstance(payload, RpcCall)
         return WorkerReply(result=getattr(worker, payload.method)(*payload.args))
+    except ExpertGroupBroken:
+        raise
     except Exception as exc:
         logger.exception("worker rank %d: %s failed", info.rank, kind.name)
         return WorkerReply(error=f"rank {info.rank}: {type(exc).__name__}: {exc}\n"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import ray
 
 from octavo.config import EngineConfig
+from octavo.distributed.engine_group import ExpertGroupBroken
 from octavo.distributed.state import RankInfo
 from octavo.executor.messages import CallCodec, ReplyCodec
 from octavo.executor.ranks import run_call, start_rank
@@ -83,7 +84,11 @@ class RayWorker:
         """One encoded call (a step or an RPC) -> its encoded ``WorkerReply``."""
         assert self._worker is not None, "a call before the worker started"
         kind, payload = self._calls.decode(message)
-        return self._replies.encode(run_call(self._worker, self._info, kind, payload))
+        try:
+            return self._replies.encode(run_call(self._worker, self._info, kind, payload))
+        except ExpertGroupBroken:  # as a worker process does: the actor ends, and with it
+            logger.critical("worker rank %d failed:\n%s", self.rank, traceback.format_exc())
+            os._exit(1)  # the engine (its sentinel fails)
 
     @ray.method(concurrency_group="monitor")
     def wait_forever(self) -> None:

@@ -2,16 +2,25 @@
 experts, top-2, 2 per rank): each rank's tokens (5, none, 9: uneven counts and an idle
 engine) through ``FusedMoE`` with the expert group equal one rank holding every expert
 (fp32, within rounding of the different summation order), a dummy pass after it keeps the
-group in step, and ``ExpertGroup.bytes_sent`` is exactly the rows each rank sent others."""
+group in step, and ``ExpertGroup.bytes_sent`` is exactly the rows each rank sent others.
+Then the last rank exits: the others' next collective raises ``ExpertGroupBroken`` (gloo's
+connection to it closed, not its timeout), which ends a worker rather than one step."""
 
 from __future__ import annotations
 
+import os
+import time
 import traceback
 
 import torch
 import torch.multiprocessing as mp
 
-from octavo.distributed.engine_group import ExpertGroup, engine_store, new_group
+from octavo.distributed.engine_group import (
+    ExpertGroup,
+    ExpertGroupBroken,
+    engine_store,
+    new_group,
+)
 from octavo.distributed.state import ParallelState, parallel_state
 from octavo.models.layers.moe import FusedMoE, select_experts
 from octavo.net import free_port
@@ -69,6 +78,17 @@ def check_rank(rank: int, port: int, results) -> None:  # type: ignore[no-untype
     sent = group.bytes_sent
     layer.run_dummy()  # every rank together, no tokens
     results.put((rank, gap, sent, expected_bytes(rank), group.bytes_sent - sent))
+    if rank == RANKS - 1:
+        results.close()
+        results.join_thread()  # its result sent first
+        os._exit(0)  # then gone without a word, as a killed worker
+    start = time.monotonic()
+    try:
+        group.exchange_counts(torch.zeros(RANKS, dtype=torch.int64))
+        broken = "no error"
+    except ExpertGroupBroken as exc:
+        broken = f"ExpertGroupBroken: {exc}"
+    results.put((rank, broken, time.monotonic() - start))
 
 
 def test_dispatch_and_combine_equal_one_rank_and_count_bytes() -> None:
@@ -80,11 +100,16 @@ def test_dispatch_and_combine_equal_one_rank_and_count_bytes() -> None:
     for proc in procs:
         proc.start()
     found = sorted(results.get(timeout=120) for _ in procs)
+    after_exit = sorted(results.get(timeout=120) for _ in procs[:-1])
     for proc in procs:
         proc.join(30)
     print(f"\n(rank, max |gap|, bytes sent, expected, dummy pass bytes): {found}")
+    print(f"after rank {RANKS - 1} exited (rank, error, seconds): {after_exit}")
     assert [rank for rank, *_ in found] == list(range(RANKS))
     for _rank, gap, sent, expected, dummy in found:
         assert not isinstance(gap, str), gap
         assert gap < 1e-5
         assert sent == expected and dummy == 0
+    for _rank, broken, _seconds in after_exit:
+        assert broken.startswith("ExpertGroupBroken") and "the expert group is broken" in broken
+        assert "Timed out" not in broken, "found by gloo's timeout, not the closed connection"
