@@ -34,7 +34,9 @@ fi
 #   (at cabaa5d the main lane ran 31.6 min of pytest, the lane beside 24), and tests/bench
 #   (no wall-clock bounds; its `alone` tests still run first, by themselves) when
 #   tests/parallel grew by the expert-parallel, LoRA, micro-batch and quantized TP tests
-#   (at 7085973: main lane 26.6 min, beside 22.9, before those ~6 min of new tests).
+#   (at 7085973: main lane 26.6 min, beside 22.9, before those ~6 min of new tests); and
+#   back to the main lane when the lane beside became the longer (at 72afdc1: main 21.9 min,
+#   beside 26.5 plus mypy, tests/bench 4.7 of it).
 # OpenMP's threads sleep when they wait instead of spinning (OMP_WAIT_POLICY=PASSIVE): with
 # two lanes on two cores, a spinning thread takes the core another process needs (the first
 # two-lane run spent 3,290 s of CPU where one lane had spent 2,545).
@@ -42,7 +44,7 @@ fi
 # with nothing beside them. Tests marked `timed` (a wall-clock bound) in the lane beside
 # run in the main lane, at its end.
 # A new folder runs in the main lane until it is named below.
-BESIDE=" tests/core tests/spec_decode tests/tpu tests/triton tests/cuda tests/neuron tests/rocm tests/structured tests/bench "
+BESIDE=" tests/core tests/spec_decode tests/tpu tests/triton tests/cuda tests/neuron tests/rocm tests/structured "
 export OMP_WAIT_POLICY=PASSIVE
 logs=$(mktemp -d)
 fail() { echo "$1" >> "$logs/failed"; }
