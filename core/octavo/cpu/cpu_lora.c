@@ -21,7 +21,7 @@
 
 #define SHRINK_ROWS 4
 #define SHRINK_RANKS 4
-#define EXPAND_TOKENS 64
+#define EXPAND_TOKENS 256
 #define EXPAND_ROWS 4
 #define EXPAND_COLS 64
 
@@ -91,13 +91,67 @@ static void dot_block(float sums[SHRINK_ROWS][SHRINK_RANKS], const float *xf, in
 #endif
 }
 
+/* out[t][r0 + i] = scale * sums[j][i] for the run's n tokens t and the ranks below rank. */
+static void store_sums(float *out, int64_t out_stride, const int *tokens, int64_t n,
+                       int64_t r0, int64_t rank, float scale,
+                       float sums[SHRINK_ROWS][SHRINK_RANKS]) {
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t i = 0; i < SHRINK_RANKS && r0 + i < rank; i++)
+            out[tokens[j] * out_stride + r0 + i] = scale * sums[j][i];
+}
+
+#ifdef __AVX512BF16__
+/* dot_block for bf16 x rows and bf16 A on AVX512-BF16: vdpbf16ps sums the products of 32
+ * values a load in pairs into fp32 lanes (products exact, sums fp32), with nothing widened
+ * first. */
+static void dot_block_bf16(float sums[SHRINK_ROWS][SHRINK_RANKS],
+                           const bf16 *const x[SHRINK_ROWS], int64_t in,
+                           const bf16 *const w[SHRINK_RANKS]) {
+    __m512 acc[SHRINK_ROWS][SHRINK_RANKS];
+    for (int j = 0; j < SHRINK_ROWS; j++)
+        for (int i = 0; i < SHRINK_RANKS; i++)
+            acc[j][i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < in; k += 32) {
+        __mmask32 m = in - k >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << (in - k)) - 1);
+        __m512bh wv[SHRINK_RANKS];
+        for (int i = 0; i < SHRINK_RANKS; i++)
+            wv[i] = (__m512bh)_mm512_maskz_loadu_epi16(m, w[i] + k);
+        for (int j = 0; j < SHRINK_ROWS; j++) {
+            __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(m, x[j] + k);
+            for (int i = 0; i < SHRINK_RANKS; i++)
+                acc[j][i] = _mm512_dpbf16_ps(acc[j][i], xv, wv[i]);
+        }
+    }
+    for (int j = 0; j < SHRINK_ROWS; j++)
+        for (int i = 0; i < SHRINK_RANKS; i++)
+            sums[j][i] = _mm512_reduce_add_ps(acc[j][i]);
+}
+#endif
+
 /* One run of shrink: the run's x rows widened to fp32 into xf (SHRINK_ROWS rows; a short
  * run repeats its first row, whose sums are dropped), then A's rows SHRINK_RANKS at a time
- * (the last block repeats the last row where rank is not a multiple). */
+ * (the last block repeats the last row where rank is not a multiple); bf16 with
+ * AVX512-BF16 reads the x rows as they are instead. */
 static void shrink_run(float *out, int64_t out_stride, const void *x, int64_t x_stride,
                        const char *a, int dtype, const int *tokens, int64_t n, int64_t rank,
                        int64_t in, float scale, float *xf) {
     size_t elem = dtype == OCTAVO_LORA_BF16 ? sizeof(bf16) : sizeof(float);
+#ifdef __AVX512BF16__
+    if (dtype == OCTAVO_LORA_BF16) {
+        const bf16 *rows[SHRINK_ROWS];
+        for (int64_t j = 0; j < SHRINK_ROWS; j++)
+            rows[j] = (const bf16 *)x + tokens[j < n ? j : 0] * x_stride;
+        for (int64_t r0 = 0; r0 < rank; r0 += SHRINK_RANKS) {
+            const bf16 *w[SHRINK_RANKS];
+            for (int i = 0; i < SHRINK_RANKS; i++)
+                w[i] = (const bf16 *)a + (r0 + i < rank ? r0 + i : rank - 1) * in;
+            float sums[SHRINK_ROWS][SHRINK_RANKS];
+            dot_block_bf16(sums, rows, in, w);
+            store_sums(out, out_stride, tokens, n, r0, rank, scale, sums);
+        }
+        return;
+    }
+#endif
     for (int64_t j = 0; j < SHRINK_ROWS; j++) {
         int64_t t = tokens[j < n ? j : 0];
         if (dtype == OCTAVO_LORA_BF16) {
@@ -116,9 +170,7 @@ static void shrink_run(float *out, int64_t out_stride, const void *x, int64_t x_
         }
         float sums[SHRINK_ROWS][SHRINK_RANKS];
         dot_block(sums, xf, in, w, dtype);
-        for (int64_t j = 0; j < n; j++)
-            for (int64_t i = 0; i < SHRINK_RANKS && r0 + i < rank; i++)
-                out[tokens[j] * out_stride + r0 + i] = scale * sums[j][i];
+        store_sums(out, out_stride, tokens, n, r0, rank, scale, sums);
     }
 }
 

@@ -1,6 +1,7 @@
 """The CPU's C LoRA kernels (octavo.cpu.lora) against a dense float64 reference, as this CPU
-builds them (AVX-512 here) and as an AVX2 CPU does (the portable loops): fresh random
-inputs, ragged token -> slot maps with tokens of no adapter, odd shapes, bf16 and fp32.
+builds them (AVX-512 and AVX512-BF16 here), as an AVX-512 CPU without AVX512-BF16 does and
+as an AVX2 CPU does (the portable loops): fresh random inputs, ragged token -> slot maps
+with tokens of no adapter, odd shapes, bf16 and fp32.
 
 The bound: each output is an fp32 sum of n products of exact inputs (bf16 values are exact
 in fp32), so it carries at most gamma_n * sum|terms| of rounding error (Higham, Accuracy and
@@ -11,16 +12,18 @@ a dropped or doubled rank or column moves an output by whole terms, far above th
 
 from __future__ import annotations
 
+import ctypes
 import platform
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
-from octavo.cpu import kernels, lora
-from octavo.cpu.platform import CpuPlatform
+from octavo.cpu import kernel_build, kernels, lora
+from octavo.cpu.platform import CpuPlatform, cpu_flags
 from octavo.lora.ops import group_tokens
 from octavo.testing.seeds import draw_seed
-from tests.core.cpu.avx2_build import avx2_library
 
 pytestmark = pytest.mark.skipif(not lora.available(),
                                 reason="the CPU kernels' library is not built here")
@@ -36,7 +39,7 @@ CASES = [
     ([0] * 5 + [-1] * 3 + [2] * 11 + [0] + [-1] + [2] * 16, 4, 16, 50, 70),
     ([1], 2, 8, 576, 576),
     ([-1, -1, 3, -1, -1], 4, 13, 33, 17),
-    ([1] * 150 + [0] * 7 + [1] * 100, 2, 16, 64, 130),
+    ([1] * 150 + [0] * 7 + [1] * 160, 2, 16, 64, 130),
     ([-1, -1, -1], 2, 16, 40, 24),
 ]
 
@@ -45,14 +48,53 @@ def gamma(n: int) -> float:
     return n * U / (1 - n * U)
 
 
-@pytest.fixture(params=["native", "x86-64-v3"])
-def build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param != "native":
+def lora_library(folder: Path, march: list[str]) -> ctypes.CDLL:
+    """cpu_lora.c alone, built as kernel_build builds the library but for ``march`` (seconds
+    less than the whole library), its two entry points bound to the header's signatures."""
+    compiler = kernel_build.compiler()
+    assert compiler is not None
+    flags = [flag for flag in kernel_build.FLAGS if flag != "-march=native"] + march
+    obj, lib = folder / "cpu_lora.o", folder / "cpu_lora.so"
+    for command in ([compiler, *flags, "-c", str(kernel_build.HERE / "cpu_lora.c"), "-o",
+                     str(obj)],
+                    [compiler, *kernel_build.LINK_FLAGS, str(obj), "-o", str(lib),
+                     *kernel_build.LIBS]):
+        subprocess.run(command, check=True, capture_output=True)
+    library = ctypes.CDLL(str(lib))
+    for name in ("octavo_lora_shrink", "octavo_lora_expand"):
+        signature = kernels.HEADER.functions[name]
+        getattr(library, name).argtypes = signature.argtypes
+        getattr(library, name).restype = signature.restype
+    return library
+
+
+# The library as this CPU builds it (AVX-512 with AVX512-BF16 here), and the LoRA kernels as
+# an AVX-512 CPU without AVX512-BF16 and an AVX2 CPU (the plain loops) build them.
+BUILDS = {"native": None, "no-avx512bf16": ["-march=native", "-mno-avx512bf16"],
+          "x86-64-v3": ["-march=x86-64-v3"]}
+
+
+@pytest.fixture(scope="module")
+def built() -> dict[str, ctypes.CDLL]:
+    """The builds of BUILDS made so far in this module (each made once)."""
+    return {}
+
+
+@pytest.fixture(params=list(BUILDS))
+def build(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+          tmp_path_factory: pytest.TempPathFactory, built: dict[str, ctypes.CDLL]) -> str:
+    name = str(request.param)
+    march = BUILDS[name]
+    if march is not None:
         if platform.machine() != "x86_64":
-            pytest.skip("builds for an x86-64 level")
-        portable = avx2_library()
-        monkeypatch.setattr(kernels, "library", lambda: portable)
-    return str(request.param)
+            pytest.skip("builds for x86-64 CPUs")
+        if name == "no-avx512bf16" and "avx512_bf16" not in cpu_flags():
+            pytest.skip("the CPU has no AVX512-BF16 to leave out")
+        if name not in built:
+            built[name] = lora_library(tmp_path_factory.mktemp(name), march)
+        library = built[name]
+        monkeypatch.setattr(kernels, "library", lambda: library)
+    return name
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
