@@ -208,7 +208,7 @@ int octavo_lora_shrink(float *out, int64_t out_stride, const void *x, int64_t x_
 }
 
 /* bt[r][c] = b[c][r] in fp32 for the block's cols (<= EXPAND_COLS) rows of b (rank values
- * each), zero past them: the columns expand_row multiplies. */
+ * each), zero past them: the columns expand_rows multiplies. */
 static void transpose_block(float *bt, const void *b, int dtype, int64_t cols, int64_t rank) {
     memset(bt, 0, (size_t)(rank * EXPAND_COLS) * sizeof(float));
     for (int64_t c = 0; c < cols; c++) {
