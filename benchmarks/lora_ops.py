@@ -1,8 +1,10 @@
-"""The CPU LoRA shrink/expand (``octavo.lora.ops``: tokens grouped by adapter, one matmul per
-adapter present) against a per-adapter loop (each slot multiplies every token, its rows
-kept by a mask), on SmolLM2-135M's projection shapes: the time of one layer's delta for a
-decode step of ``--tokens`` tokens spread round-robin over ``--adapters`` rank-``--rank``
-adapters (median of ``--repeats`` calls after warm-up).
+"""The CPU LoRA shrink/expand: the C kernels (``octavo.cpu.lora``, what the CPU platform
+runs), the portable ones (``octavo.lora.ops``: tokens grouped by adapter, one matmul per
+adapter present) and a per-adapter loop (each slot multiplies every token, its rows kept by
+a mask), on SmolLM2-135M's projection shapes: the time of one layer's delta for a step of
+``--tokens`` tokens spread round-robin over ``--adapters`` rank-``--rank`` adapters (median
+of ``--repeats`` calls after warm-up; the tokens grouped by slot once, as the model runner
+does once per step). The last line sums the 30 layers of a step.
 
     python benchmarks/lora_ops.py --threads 2 --tokens 1,16,64,256 --adapters 8 --rank 16
 """
@@ -17,7 +19,11 @@ from functools import partial
 
 import torch
 
-from octavo.lora.ops import lora_expand, lora_shrink
+from octavo.cpu import lora as cpu_lora
+from octavo.lora import ops
+from octavo.lora.ops import Expand, Shrink, TokenGroups, group_tokens
+
+LAYERS = 30  # SmolLM2-135M's
 
 # SmolLM2-135M: (input, [output slices]) of the projections LoRA wraps.
 SHAPES = {"qkv": (576, [576, 192, 192]), "o": (576, [576]), "gate_up": (576, [1536, 1536]),
@@ -33,11 +39,12 @@ def per_adapter_loop(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, y: torch
         target += mask * ((x.float() @ a[slot].float().t()) @ b[slot].float().t()).to(y.dtype)
 
 
-def grouped(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, y: torch.Tensor,
-            token_lora: torch.Tensor, offset: int, size: int) -> None:
+def grouped(shrink: Shrink, expand: Expand, groups: TokenGroups, x: torch.Tensor,
+            a: torch.Tensor, b: torch.Tensor, y: torch.Tensor, token_lora: torch.Tensor,
+            offset: int, size: int) -> None:
     buf = torch.empty(x.shape[0], a.shape[1])
-    lora_shrink(x, a, token_lora, buf, 1.0)
-    lora_expand(y, buf, b, token_lora, offset, size)
+    shrink(x, a, token_lora, buf, 1.0, groups)
+    expand(y, buf, b, token_lora, offset, size, groups)
 
 
 def layer_delta(kernel: Callable[..., None], x: torch.Tensor, y: torch.Tensor,
@@ -73,9 +80,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     generator = torch.Generator().manual_seed(0)
-    print(f"{'layer':>8} {'tokens':>6} {'grouped us':>11} {'loop us':>9} {'speed-up':>8}")
+    assert cpu_lora.available(), "the CPU kernels' library is not built here"
+    print(f"{'layer':>8} {'tokens':>6} {'C us':>9} {'torch us':>9} {'loop us':>9} "
+          f"{'C vs torch':>10}")
+    token_counts = [int(t) for t in args.tokens.split(",")]
+    step = dict.fromkeys(token_counts, 0.0)
     for name, (inp, sizes) in SHAPES.items():
-        for tokens in (int(t) for t in args.tokens.split(",")):
+        for tokens in token_counts:
             x = torch.randn(tokens, inp, generator=generator).to(dtype)
             y = torch.zeros(tokens, sum(sizes), dtype=dtype)
             token_lora = (torch.arange(tokens) % args.adapters).to(torch.int32)
@@ -84,10 +95,17 @@ def main() -> None:
                                    generator=generator).to(dtype), size) for size in sizes]
 
             case = (x, y, token_lora, slices)
-            ours = median_seconds(partial(layer_delta, grouped, *case), args.repeats)
+            groups = group_tokens(token_lora, args.adapters)
+            c_kernels = partial(grouped, cpu_lora.lora_shrink, cpu_lora.lora_expand, groups)
+            torch_kernels = partial(grouped, ops.lora_shrink, ops.lora_expand, groups)
+            ours = median_seconds(partial(layer_delta, c_kernels, *case), args.repeats)
+            portable = median_seconds(partial(layer_delta, torch_kernels, *case), args.repeats)
             loop = median_seconds(partial(layer_delta, per_adapter_loop, *case), args.repeats)
-            print(f"{name:>8} {tokens:>6} {ours * 1e6:>11.1f} {loop * 1e6:>9.1f} "
-                  f"{loop / ours:>7.2f}x")
+            step[tokens] += LAYERS * ours
+            print(f"{name:>8} {tokens:>6} {ours * 1e6:>9.1f} {portable * 1e6:>9.1f} "
+                  f"{loop * 1e6:>9.1f} {portable / ours:>9.2f}x")
+    for tokens, seconds in step.items():
+        print(f"C kernels, {LAYERS} layers of {tokens} tokens (one step): {seconds * 1e3:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -164,4 +164,24 @@ int octavo_quant_q8_available(int ggml_type);
 int octavo_quant_matmul_q8(float *y, const float *x, int64_t m, const void *blocks,
                            int ggml_type, int64_t out, int64_t in);
 
+/* Multi-LoRA's shrink and expand (cpu_lora.c) over a step's tokens grouped by adapter slot:
+ * slot s's tokens are sorted_tokens[starts[s] .. starts[s] + counts[s]), for num_slots
+ * slots. x, a, b and y hold bf16 (dtype OCTAVO_LORA_BF16) or fp32 (OCTAVO_LORA_FP32).
+ * Shrink: out[t][r] = scale * sum_k a[s][r][k] x[t][k] into fp32 rows out_stride apart
+ * (rows 0..tokens of tokens in no slot set to 0); a's rows are in values long, its slots
+ * a_slot_stride elements apart. Expand: y[t][c] += sum_r b[s][c][r] buf[t][r] for c < size,
+ * rounded once to y's dtype; b's rows are rank values long, its slots b_slot_stride
+ * elements apart. */
+#define OCTAVO_LORA_BF16 0
+#define OCTAVO_LORA_FP32 1
+int octavo_lora_shrink(float *out, int64_t out_stride, const void *x, int64_t x_stride,
+                       const void *a, int64_t a_slot_stride, int dtype,
+                       const int *sorted_tokens, const int *starts, const int *counts,
+                       int64_t num_slots, int64_t tokens, int64_t rank, int64_t in,
+                       float scale);
+int octavo_lora_expand(void *y, int64_t y_stride, const float *buf, int64_t buf_stride,
+                       const void *b, int64_t b_slot_stride, int dtype,
+                       const int *sorted_tokens, const int *starts, const int *counts,
+                       int64_t num_slots, int64_t rank, int64_t size);
+
 #endif

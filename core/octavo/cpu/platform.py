@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from octavo.config.cache import KV_CACHE_DTYPES
@@ -86,6 +87,13 @@ class CpuPlatform(Platform):
 
         return ShmCommunicator(group, rank_in_group, dist.get_world_size(group),
                                fallback=fallback)
+
+    @classmethod
+    def lora_kernels(cls) -> tuple[Callable[..., None], Callable[..., None]] | None:
+        """The C shrink/expand (``octavo.cpu.lora``) where the kernels' library is built."""
+        from octavo.cpu import lora
+
+        return (lora.lora_shrink, lora.lora_expand) if lora.available() else None
 
     @classmethod
     def prepare_model(cls, model: nn.Module, dtype: torch.dtype) -> int:

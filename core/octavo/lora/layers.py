@@ -27,7 +27,14 @@ import torch
 from torch import nn
 
 from octavo.lora.adapter import LoRAAdapter, LoRAError
-from octavo.lora.ops import Expand, Shrink, lora_expand, lora_shrink
+from octavo.lora.ops import (
+    Expand,
+    Shrink,
+    TokenGroups,
+    group_tokens,
+    lora_expand,
+    lora_shrink,
+)
 from octavo.models.layers.linear import (
     LinearBase,
     MergedColumnParallelLinear,
@@ -39,12 +46,21 @@ from octavo.models.layers.weights import copy_shard
 
 @dataclass
 class LoRABatch:
-    """The step's token -> slot map (int32 ``[T]``, -1: no adapter), shared by every
-    wrapped layer; None when no token of the step has an adapter."""
+    """The step's token -> slot map (int32 ``[T]``, -1: no adapter) and its tokens grouped
+    by slot (:meth:`set_map`), shared by every wrapped layer of the ``num_slots`` slots;
+    both None when no token of the step has an adapter."""
 
-    token_lora: torch.Tensor | None = None
+    num_slots: int
     shrink: Shrink = lora_shrink
     expand: Expand = lora_expand
+    token_lora: torch.Tensor | None = None
+    groups: TokenGroups | None = None
+
+    def set_map(self, token_lora: torch.Tensor | None) -> None:
+        """The step's map (None: no adapter in the step), grouped here once for every
+        layer's kernels."""
+        self.token_lora = token_lora
+        self.groups = None if token_lora is None else group_tokens(token_lora, self.num_slots)
 
 
 @dataclass
@@ -98,10 +114,11 @@ class LoRALinearMethod(LinearMethodBase):
     def add_delta(self, x: torch.Tensor, y: torch.Tensor, token_lora: torch.Tensor) -> None:
         """``y += (x A_s^T) B_s^T`` per token's slot ``s``, slice by slice."""
         buf = torch.empty(x.shape[0], self.max_rank, dtype=torch.float32, device=x.device)
+        groups = self.batch.groups
         for index, piece in enumerate(self.slices):
-            self.batch.shrink(x, self.a[index], token_lora, buf, 1.0)
+            self.batch.shrink(x, self.a[index], token_lora, buf, 1.0, groups)
             self.batch.expand(y, buf, self.b[:, piece.offset:piece.offset + piece.size],
-                              token_lora, piece.offset, piece.size)
+                              token_lora, piece.offset, piece.size, groups)
 
     def set_slot(self, slot: int, adapter: LoRAAdapter | None) -> None:
         """Place ``adapter``'s weights for this layer in ``slot`` (zeros where it has none),

@@ -4,7 +4,8 @@ each step's token -> slot map.
 ``install_lora`` wraps the method of every attention and MLP projection of the model
 (``LoRALinearMethod``); ``WorkerLoRAManager.prepare_step`` then, once per step, puts the
 step's adapters in slots (``--max-loras`` of them: the scheduler never schedules more
-distinct adapters in one step) and builds the map. Adapters are read from disk once and
+distinct adapters in one step) and builds the map and its tokens grouped by slot, which
+every wrapped layer's kernels of the step read. Adapters are read from disk once and
 kept in a least-recently-used cache of ``--max-cpu-loras`` entries, keyed by their content
 digest: an adapter re-loaded with new weights is a new entry, never the old weights.
 """
@@ -49,7 +50,7 @@ class WorkerLoRAManager:
         tokens runs without an adapter)."""
         wanted = {ref.digest: ref for ref in adapters if ref is not None}
         if not wanted:
-            self.batch.token_lora = None
+            self.batch.set_map(None)
             return
         if len(wanted) > len(self.slots):
             raise RuntimeError(f"{len(wanted)} adapters in one step, {len(self.slots)} slots "
@@ -59,7 +60,7 @@ class WorkerLoRAManager:
         token_lora = np.full(total, -1, dtype=np.int32)
         mapped = np.repeat(np.asarray(per_request, dtype=np.int32), num_tokens)
         token_lora[:len(mapped)] = mapped
-        self.batch.token_lora = torch.from_numpy(token_lora)
+        self.batch.set_map(torch.from_numpy(token_lora))
 
     def _place(self, wanted: dict[str, LoRAAdapterRef]) -> dict[str, int]:
         """Each wanted digest's slot, loading the ones not in a slot into slots that hold
@@ -94,7 +95,8 @@ def install_lora(model: CausalLM, config: LoRAConfig, dtype: torch.dtype,
     """Wrap ``model``'s attention and MLP projections in ``LoRALinearMethod`` (call it
     after loading, before the platform prepares the model); ``kernels``: the platform's
     shrink/expand (None: the portable ones of ``octavo.lora.ops``)."""
-    batch = LoRABatch() if kernels is None else LoRABatch(None, *kernels)
+    batch = (LoRABatch(config.max_loras) if kernels is None
+             else LoRABatch(config.max_loras, *kernels))
     layers = []
     for name, module in model.named_modules():
         if isinstance(module, LinearBase) and name.rsplit(".", 1)[-1] in _WRAPPED:

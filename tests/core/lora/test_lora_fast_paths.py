@@ -41,11 +41,11 @@ def check_delta_after_gemm(layer: LinearBase, seed: int) -> None:
     assert isinstance(method, LoRALinearMethod) and isinstance(layer.cpu_gemm, CpuGemm)
     x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(seed))
     x = x.to(torch.bfloat16)
-    method.batch.token_lora = torch.tensor([0, -1, 0], dtype=torch.int32)
+    method.batch.set_map(torch.tensor([0, -1, 0], dtype=torch.int32))
     try:
         got = layer(x).float()
     finally:
-        method.batch.token_lora = None
+        method.batch.set_map(None)
     base = layer(x).float()  # no adapter in the step: the GEMM alone
     delta = torch.cat([x.float() @ method.a[i, 0].float().T @ method.b[0, s.offset:s.offset
                                                                          + s.size].float().T
