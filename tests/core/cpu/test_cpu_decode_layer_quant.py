@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType as GgmlType
 
 from octavo import LLM, SamplingParams
 from octavo.cpu import decode_layer, kernels
-from octavo.cpu.quant_gemm import quant_matmul
+from octavo.cpu.quant_gemm import quant_matmul, quant_q8_available
 from octavo.models.loader.dequant import dequantize_blocks
 from octavo.testing.gguf_blocks import random_blocks
 from octavo.testing.seeds import draw_seed
@@ -34,7 +34,9 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 96, 3, 1, 32, 224
 # Per layer, the types of qkv, o, gate/up, down (PAIRS: dense packed bf16; gate/up stays
 # quantized, as the dense fused gate/up takes whole pairs of 16-column panels).
 MIXES = {"q4_1": (GgmlType.Q4_1,) * 4,
-         "mixed": (GgmlType.Q8_0, GgmlType.Q4_0, GgmlType.Q4_1, PAIRS)}
+         "mixed": (GgmlType.Q8_0, GgmlType.Q4_0, GgmlType.Q4_1, PAIRS),
+         # types without a VNNI kernel: the fp32 decode kernel
+         "fp32-kernel": (GgmlType.Q5_0, GgmlType.Q5_1, GgmlType.Q5_1, GgmlType.Q5_0)}
 
 
 @dataclass
@@ -57,11 +59,12 @@ class Projection:
 
     def check_dense(self, x: torch.Tensor, y: torch.Tensor, where: str) -> None:
         """``y`` (this quantized projection's bf16 result on ``x``) is the dense product of
-        the dequantized weight within the Q8 kernels' bound (``matmul_bound``), plus the
-        bf16 rounding of the result and, with a bias, of the sum."""
+        the dequantized weight within its kernel's bound (``matmul_bound``: Q8 activations
+        or fp32), plus the bf16 rounding of the result and, with a bias, of the sum."""
         exact = x.double() @ self.dense.double().T
-        bound = matmul_bound(x.float(), self.dense, q8_terms(self.stored.numpy(), self.dense,
-                                                             GgmlType(self.type)))
+        q8 = (q8_terms(self.stored.numpy(), self.dense, GgmlType(self.type))
+              if quant_q8_available(self.type) else None)
+        bound = matmul_bound(x.float(), self.dense, q8)
         bound = bound + BF16_U * (exact.abs() + bound)
         if self.bias is not None:
             exact = exact + self.bias.double()
