@@ -38,8 +38,9 @@ def layer_weights(keep: list[torch.Tensor]) -> kernels.LayerWeights:
     return kernels.LayerWeights(
         input_norm=norm.data_ptr(), post_norm=norm.data_ptr(), qkv=qkv, o=o, gate_up=gate_up,
         down=down, qkv_bias=None, o_bias=None, gate_up_bias=None, down_bias=None,
-        hidden=HIDDEN, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
-        intermediate=INTER, eps=1e-5, scale=HEAD_DIM**-0.5)
+        qkv_type=0, o_type=0, gate_up_type=0, down_type=0, hidden=HIDDEN, num_heads=HEADS,
+        num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, intermediate=INTER, eps=1e-5,
+        scale=HEAD_DIM**-0.5)
 
 
 def calls(layers: int, keep: list[torch.Tensor]) -> dict[str, Callable[[], object]]:

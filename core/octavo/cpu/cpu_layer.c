@@ -3,19 +3,88 @@
  * in the Python between kernels as in a quarter of its arithmetic: ten calls a layer, each
  * with its module call, views and output allocations. Here the same kernels run in the same
  * order, on the same rounding, straight one after the other. The structs are octavo_cpu.h's.
+ *
+ * A projection's weight is either the pair GEMM's packed bf16 copy or GGUF blocks
+ * (octavo_layer's *_type): a GGUF model kept in its blocks runs the same fused layer, each
+ * quantized projection the decode kernel octavo.cpu.quant_gemm would call for the layer
+ * (Q8 activations with VNNI where the type has it), rounded to bf16 as it rounds. q, k and
+ * v are one weight (qkv), as gate and up are, so each input row is quantized once for them.
  */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "cpu_kernels.h"
 
+/* fp32 scratch of a layer's quantized projections (none where every weight is dense): an
+ * input [T][widest input] and an output [T][widest output] in fp32, and for a quantized
+ * gate/up its bf16 product [T][2 * intermediate] before SiLU. */
+static int64_t quant_scratch_floats(const octavo_layer *layer, int64_t t) {
+    if (layer->qkv_type == OCTAVO_WEIGHT_PAIRS && layer->o_type == OCTAVO_WEIGHT_PAIRS
+        && layer->gate_up_type == OCTAVO_WEIGHT_PAIRS && layer->down_type == OCTAVO_WEIGHT_PAIRS)
+        return 0;
+    int64_t h = layer->hidden, q_size = layer->num_heads * layer->head_dim;
+    int64_t qkv_size = q_size + 2 * layer->num_kv_heads * layer->head_dim;
+    int64_t inter = layer->intermediate;
+    int64_t widest_in = h > q_size ? h : q_size, widest_out = qkv_size > h ? qkv_size : h;
+    widest_in = widest_in > inter ? widest_in : inter;
+    widest_out = widest_out > 2 * inter ? widest_out : 2 * inter;
+    return t * (widest_in + widest_out + inter); /* inter floats hold 2 * inter bf16 */
+}
+
+/* y [T][out] = x [T][in] (rows x_stride apart) times GGUF blocks of ggml type `type`, plus
+ * bias: as octavo.cpu.quant.QuantGemm computes it layer by layer (x widened to fp32, the
+ * kernel its decode_kernel picks, the fp32 product rounded to bf16, then the bias added and
+ * rounded again, as bf16 tensors add). scratch: [T][in] + [T][out] floats. */
+static int quant_project(bf16 *y, const bf16 *x, int64_t x_stride, const void *blocks,
+                         int64_t type, const float *bias, int64_t t, int64_t out, int64_t in,
+                         float *scratch) {
+    float *x32 = scratch, *y32 = scratch + t * in;
+    for (int64_t r = 0; r < t; r++)
+        for (int64_t i = 0; i < in; i++) x32[r * in + i] = bf2f(x[r * x_stride + i]);
+    int status = octavo_quant_q8_available((int)type)
+                     ? octavo_quant_matmul_q8(y32, x32, t, blocks, (int)type, out, in)
+                     : octavo_quant_matmul(y32, x32, t, blocks, (int)type, out, in);
+    if (status != OCTAVO_OK) return status;
+    for (int64_t r = 0; r < t; r++)
+        for (int64_t j = 0; j < out; j++) {
+            bf16 v = f2bf(y32[r * out + j]);
+            y[r * out + j] = bias ? f2bf(bf2f(v) + bias[j]) : v;
+        }
+    return OCTAVO_OK;
+}
+
+/* A projection of the layer, its weight of either kind (octavo_layer's *_type). */
+static int project(bf16 *y, const bf16 *x, int64_t x_stride, const void *w, int64_t type,
+                   const float *bias, int64_t t, int64_t out, int64_t in, float *scratch) {
+    if (type == OCTAVO_WEIGHT_PAIRS) return octavo_pair_gemm(y, x, x_stride, w, bias, t, out, in);
+    return quant_project(y, x, x_stride, w, type, bias, t, out, in, scratch);
+}
+
+/* The gate/up projection and SiLU: silu(gate) * up [T][intermediate], as octavo_pair_gemm_silu
+ * computes it for packed pairs, or as the layer by layer path does for blocks (the [T][2 *
+ * intermediate] product rounded, then octavo_silu_and_mul). */
+static int project_silu(bf16 *act, const bf16 *normed, const octavo_layer *layer, int64_t t,
+                        float *scratch) {
+    int64_t h = layer->hidden, inter = layer->intermediate;
+    if (layer->gate_up_type == OCTAVO_WEIGHT_PAIRS)
+        return octavo_pair_gemm_silu(act, normed, h, layer->gate_up, layer->gate_up_bias, t,
+                                     inter, h);
+    /* the product in the scratch's last T * intermediate floats */
+    bf16 *gate_up = (bf16 *)(scratch + quant_scratch_floats(layer, t) - t * inter);
+    int status = quant_project(gate_up, normed, h, layer->gate_up, layer->gate_up_type,
+                               layer->gate_up_bias, t, 2 * inter, h, scratch);
+    if (status == OCTAVO_OK) octavo_silu_and_mul(act, gate_up, t, inter, 2 * inter);
+    return status;
+}
+
 /* The layer's kernels in turn, on scratch the caller gives: normed [T][hidden], qkv
- * [T][qkv_size], attn [T][q_size], act [T][intermediate], and with a shared prefix, state
- * [T][heads][2 + head_dim] fp32. The first kernel that fails ends the layer, its status
+ * [T][qkv_size], attn [T][q_size], act [T][intermediate], with a shared prefix state
+ * [T][heads][2 + head_dim] fp32, and with quantized projections quant
+ * (quant_scratch_floats). The first kernel that fails ends the layer, its status
  * returned. */
 static int run_layer(const octavo_layer *layer, const octavo_decode_step *step, bf16 *hidden,
                      const bf16 *residual, bf16 *out, bf16 *residual_out, bf16 *cache,
-                     int64_t num_slots, bf16 *normed, float *state) {
+                     int64_t num_slots, bf16 *normed, float *state, float *quant) {
     int64_t t = step->tokens, h = layer->hidden, d = layer->head_dim;
     int64_t q_size = layer->num_heads * d, kv_size = layer->num_kv_heads * d;
     int64_t qkv_size = q_size + 2 * kv_size, inter = layer->intermediate;
@@ -24,7 +93,8 @@ static int run_layer(const octavo_layer *layer, const octavo_decode_step *step, 
     int status;
     /* hidden becomes the residual stream (hidden + residual), normed its norm. */
     octavo_rms_norm(normed, hidden, residual, layer->input_norm, t, h, h, h, layer->eps);
-    status = octavo_pair_gemm(qkv, normed, h, layer->qkv, layer->qkv_bias, t, qkv_size, h);
+    status = project(qkv, normed, h, layer->qkv, layer->qkv_type, layer->qkv_bias, t,
+                     qkv_size, h, quant);
     if (status != OCTAVO_OK) return status;
     octavo_rope(qkv, qkv + q_size, step->cos, step->sin, t, layer->num_heads,
                 layer->num_kv_heads, d, qkv_size, qkv_size);
@@ -43,14 +113,15 @@ static int run_layer(const octavo_layer *layer, const octavo_decode_step *step, 
                                      state ? state + stats : NULL,
                                      state ? state + 2 * stats : NULL);
     if (status != OCTAVO_OK) return status;
-    status = octavo_pair_gemm(residual_out, attn, q_size, layer->o, layer->o_bias, t, h, q_size);
+    status = project(residual_out, attn, q_size, layer->o, layer->o_type, layer->o_bias, t, h,
+                     q_size, quant);
     if (status != OCTAVO_OK) return status;
     /* residual_out += the stream (the next residual stream), normed its norm. */
     octavo_rms_norm(normed, residual_out, hidden, layer->post_norm, t, h, h, h, layer->eps);
-    status = octavo_pair_gemm_silu(act, normed, h, layer->gate_up, layer->gate_up_bias, t,
-                                   inter, h);
+    status = project_silu(act, normed, layer, t, quant);
     if (status != OCTAVO_OK) return status;
-    return octavo_pair_gemm(out, act, inter, layer->down, layer->down_bias, t, h, inter);
+    return project(out, act, inter, layer->down, layer->down_type, layer->down_bias, t, h,
+                   inter, quant);
 }
 
 /* hidden [T][hidden] (this layer's input, overwritten with the residual stream when there is
@@ -66,10 +137,13 @@ int octavo_decode_layer(const octavo_layer *layer, const octavo_decode_step *ste
     bf16 *normed = octavo_alloc(sizeof(bf16) * t
                                 * (layer->hidden + qkv_size + q_size + layer->intermediate));
     float *state = prefix ? octavo_alloc(sizeof(float) * t * layer->num_heads * (2 + d)) : NULL;
-    int status = !normed || (prefix && !state)
+    int64_t quant_floats = quant_scratch_floats(layer, t);
+    float *quant = quant_floats ? octavo_alloc(sizeof(float) * quant_floats) : NULL;
+    int status = !normed || (prefix && !state) || (quant_floats && !quant)
                      ? OCTAVO_ERR_NO_MEMORY
                      : run_layer(layer, step, hidden, residual, out, residual_out, cache,
-                                 num_slots, normed, state);
+                                 num_slots, normed, state, quant);
+    free(quant);
     free(state);
     free(normed);
     return status;

@@ -11,8 +11,9 @@ Where every layer of the model takes it, ``CpuLlamaModel`` runs the whole stack 
 (``octavo_decode_layers``), which saves the Python and ctypes around each layer's call too.
 
 It applies where every part is the fused kernels' and nothing else happens in between: a
-bf16 layer whose four projections the pair GEMM serves alone (AVX512-BF16, one tensor-
-parallel rank), plain RMSNorms, the CPU's rotary embedding, no per-head q/k norm, no
+bf16 layer whose four projections the pair GEMM (AVX512-BF16) or the quantized decode
+kernels (GGUF blocks kept by ``--quantization gguf``, ``octavo.cpu.quant``) serve alone, on
+one tensor-parallel rank, plain RMSNorms, the CPU's rotary embedding, no per-head q/k norm, no
 sliding window, a SiLU MLP. Any other layer or step (prefill chunks, speculative
 verification, Qwen3's q/k norms, Gemma) takes the portable layer's path, as does a step in
 which a projection's method adds to its GEMM's product (``adds_after_gemm``: a LoRA adapter
@@ -21,6 +22,7 @@ in the step; the fused calls compute the base products alone).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -31,6 +33,8 @@ from octavo.cpu import kernels
 from octavo.cpu.attention import CpuAttentionImpl, decode_rows
 from octavo.cpu.gemm import CpuGemm
 from octavo.cpu.layers import CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
+from octavo.cpu.quant import QuantGemm
+from octavo.cpu.quant_gemm import DECODE_ROWS
 from octavo.models.layers.linear import LinearBase
 from octavo.models.layers.quantization import LinearMethodBase
 from octavo.models.layers.rotary import RotaryEmbedding
@@ -39,15 +43,35 @@ from octavo.models.layers.switch import switch_layers
 from octavo.models.llama import LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 
-def _pair_gemm(linear: LinearBase) -> CpuGemm | None:
-    """``linear``'s GEMM where the pair GEMM serves it (one tensor-parallel rank, the layer
-    reading no weight itself, its method keeping a dense weight: a quantized layer takes the
-    portable layer's path), else None. With AMX it serves only steps of fewer than
-    ``pair_rows`` rows (oneDNN takes the others): :func:`fused_rows`."""
+@dataclass(frozen=True)
+class _Projection:
+    """A projection as the fused call takes it (``octavo_layer``'s weight, its type and the
+    fp32 bias), and the steps it serves there: those of fewer than ``rows`` rows."""
+
+    weight: int
+    type: int  # OCTAVO_WEIGHT_PAIRS: packed bf16 pairs; else the blocks' ggml type
+    bias: int | None
+    rows: int
+    fuses_silu: bool  # as a gate/up projection, its product goes through SiLU in the call
+
+
+WEIGHT_PAIRS = kernels.HEADER.constants["OCTAVO_WEIGHT_PAIRS"]
+
+
+def _projection(linear: LinearBase) -> _Projection | None:
+    """``linear`` as the fused call takes it, else None. Its GEMM must be the pair GEMM on
+    a dense weight (with AMX only for steps of fewer than ``pair_rows`` rows: oneDNN takes
+    the others) or a :class:`QuantGemm` whose kernel the call runs too (steps of up to
+    ``DECODE_ROWS`` rows), on one tensor-parallel rank, the layer reading no weight itself."""
     gemm = linear.cpu_gemm
-    if (linear.quant_method.dense and isinstance(gemm, CpuGemm) and gemm.pairs is not None
-            and not linear.reads_weight_with_cpu_gemm() and linear.tp_size == 1):
-        return gemm
+    if linear.reads_weight_with_cpu_gemm() or linear.tp_size != 1:
+        return None
+    if linear.quant_method.dense and isinstance(gemm, CpuGemm) and gemm.pairs is not None:
+        return _Projection(gemm.pairs.data_ptr(), WEIGHT_PAIRS, _address(gemm.pair_bias),
+                           gemm.pair_rows, gemm.fuses_silu)
+    if isinstance(gemm, QuantGemm) and gemm.runs_in_fused_layers:
+        return _Projection(gemm.weight.blocks.data_ptr(), gemm.weight.ggml_type,
+                           _address(gemm.bias32), DECODE_ROWS + 1, True)
     return None
 
 
@@ -58,9 +82,9 @@ def _projections(layer: LlamaDecoderLayer, mlp: LlamaMLP) -> tuple[LinearBase, .
     return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
 
 
-def _pair_gemms(layer: LlamaDecoderLayer, mlp: LlamaMLP) -> list[CpuGemm | None]:
-    """The pair GEMMs of ``layer``'s projections (:func:`_pair_gemm` of each)."""
-    return [_pair_gemm(linear) for linear in _projections(layer, mlp)]
+def _fused_projections(layer: LlamaDecoderLayer, mlp: LlamaMLP) -> list[_Projection | None]:
+    """``layer``'s projections as the fused call takes them (:func:`_projection` of each)."""
+    return [_projection(linear) for linear in _projections(layer, mlp)]
 
 
 def _methods(layers: list[LlamaDecoderLayer]) -> list[LinearMethodBase]:
@@ -77,12 +101,10 @@ def _adds_after_gemm(methods: list[LinearMethodBase]) -> bool:
 
 
 def fused_rows(layer: LlamaDecoderLayer) -> int:
-    """Steps of fewer rows than this run in the fused call: every GEMM of ``layer`` (one
-    :func:`layer_weights` accepts) takes them on the pair GEMM, whose packed weights the
-    fused call reads."""
+    """Steps of fewer rows than this run in the fused call: every projection of ``layer``
+    (one :func:`layer_weights` accepts) serves them with the weights the call reads."""
     assert isinstance(layer.mlp, LlamaMLP)
-    return min(gemm.pair_rows if gemm is not None else 0
-               for gemm in _pair_gemms(layer, layer.mlp))
+    return min(p.rows if p is not None else 0 for p in _fused_projections(layer, layer.mlp))
 
 
 def _address(tensor: torch.Tensor | None) -> int | None:
@@ -98,18 +120,18 @@ def layer_weights(layer: LlamaDecoderLayer) -> kernels.LayerWeights | None:
             and type(attn.rotary_emb) is CpuRotaryEmbedding and attn.q_norm is None
             and isinstance(attn.attn, CpuAttentionImpl) and attn.attn.sliding_window is None):
         return None
-    qkv, o, gate_up, down = _pair_gemms(layer, mlp)
+    qkv, o, gate_up, down = _fused_projections(layer, mlp)
     if qkv is None or o is None or gate_up is None or down is None or not gate_up.fuses_silu:
         return None
     return kernels.LayerWeights(
         input_norm=layer.input_layernorm.weight.data_ptr(),
         post_norm=layer.post_attention_layernorm.weight.data_ptr(),
-        qkv=_address(qkv.pairs), o=_address(o.pairs), gate_up=_address(gate_up.pairs),
-        down=_address(down.pairs), qkv_bias=_address(qkv.pair_bias),
-        o_bias=_address(o.pair_bias), gate_up_bias=_address(gate_up.pair_bias),
-        down_bias=_address(down.pair_bias), hidden=layer.input_layernorm.weight.numel(),
+        qkv=qkv.weight, o=o.weight, gate_up=gate_up.weight, down=down.weight,
+        qkv_bias=qkv.bias, o_bias=o.bias, gate_up_bias=gate_up.bias, down_bias=down.bias,
+        qkv_type=qkv.type, o_type=o.type, gate_up_type=gate_up.type, down_type=down.type,
+        hidden=layer.input_layernorm.weight.numel(),
         num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
-        intermediate=mlp.down_proj.weight.shape[1], eps=layer.input_layernorm.eps,
+        intermediate=mlp.down_proj.in_features, eps=layer.input_layernorm.eps,
         scale=attn.attn.scale)
 
 

@@ -32,14 +32,21 @@ typedef uint16_t bf16;
 
 #define OCTAVO_FIELD(type, name) type name;
 
-/* What stays fixed for a layer: its weights (the pair GEMM's packed copies, fp32 biases or
- * NULL, the norms' bf16 weights) and sizes. */
+/* A projection's weight in octavo_layer: with type OCTAVO_WEIGHT_PAIRS, the pair GEMM's
+ * packed bf16 copy; else ggml's type number of the GGUF blocks it points to (the file's
+ * rows, as octavo_quant_matmul takes them), multiplied by that type's decode kernel. */
+#define OCTAVO_WEIGHT_PAIRS 0
+
+/* What stays fixed for a layer: its weights (each projection's, typed as above; fp32 biases
+ * or NULL; the norms' bf16 weights) and sizes. */
 #define OCTAVO_LAYER_FIELDS(FIELD)                                                           \
     FIELD(const bf16 *, input_norm) FIELD(const bf16 *, post_norm)                           \
-    FIELD(const bf16 *, qkv) FIELD(const bf16 *, o) FIELD(const bf16 *, gate_up)             \
-    FIELD(const bf16 *, down)                                                                \
+    FIELD(const void *, qkv) FIELD(const void *, o) FIELD(const void *, gate_up)             \
+    FIELD(const void *, down)                                                                \
     FIELD(const float *, qkv_bias) FIELD(const float *, o_bias)                              \
     FIELD(const float *, gate_up_bias) FIELD(const float *, down_bias)                       \
+    FIELD(int64_t, qkv_type) FIELD(int64_t, o_type) FIELD(int64_t, gate_up_type)             \
+    FIELD(int64_t, down_type)                                                                \
     FIELD(int64_t, hidden) FIELD(int64_t, num_heads) FIELD(int64_t, num_kv_heads)            \
     FIELD(int64_t, head_dim) FIELD(int64_t, intermediate)                                    \
     FIELD(float, eps) FIELD(float, scale)

@@ -21,6 +21,7 @@ from octavo.cpu.quant_gemm import (
     checked_matmul,
     decode_kernel,
     quant_kernels_available,
+    quant_q8_available,
     quant_types,
 )
 from octavo.models.layers.gguf import GgufMethod, QuantizedWeight
@@ -37,6 +38,17 @@ class QuantGemm:
         self.bias = bias
         self.perm = perm  # the blocks' order of the input features (None: as given)
         self.kernel = decode_kernel(weight.ggml_type)
+        # The fused decode stack's copy of the bias (cpu_layer.c adds fp32 biases).
+        self.bias32 = None if bias is None else bias.float()
+
+    @property
+    def runs_in_fused_layers(self) -> bool:
+        """Whether the fused decode stack (``octavo.cpu.decode_layer``) can multiply these
+        blocks as this layer does: the input as given (no ``perm``), and the kernel it picks
+        for the type (Q8 activations wherever the type has a VNNI kernel) the layer's own."""
+        fused_kernel = ("octavo_quant_matmul_q8" if quant_q8_available(self.weight.ggml_type)
+                        else "octavo_quant_matmul")
+        return self.perm is None and self.kernel == fused_kernel
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight

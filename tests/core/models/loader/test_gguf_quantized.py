@@ -13,6 +13,7 @@ import torch
 
 from octavo import LLM, SamplingParams, paths
 from octavo.attention.torch_backend import TorchAttentionBackend
+from octavo.cpu import kernels
 from octavo.cpu.quant import attach_quant_gemms
 from octavo.cpu.quant_gemm import quant_kernels_available
 from octavo.models.build import build_model
@@ -23,6 +24,7 @@ from octavo.models.loader import gguf_cache, load_model_files
 from octavo.models.loader.dequant import GgmlType
 from octavo.models.loader.quantized import GgufTensor
 from octavo.testing.seeds import draw_seed
+from tests.core.cpu.test_cpu_decode_layer_quant import fused_and_layer_by_layer
 from tests.core.loader_helpers import TinyGguf, random_raw
 from tests.core.models.loader.test_loader_gguf import ALL_TYPES
 from tests.core.models.test_models_parity import PagedDriver
@@ -173,11 +175,15 @@ def test_default_model_teacher_forced_greedy_agrees_with_dense(default_models) -
     assert agree >= 0.95 * total, f"seed={seed}: {agree}/{total}"
 
 
-def test_the_engine_generates_on_the_default_gguf_kept_in_blocks(default_models) -> None:
+def test_the_engine_generates_on_the_default_gguf_kept_in_blocks(
+        default_models, monkeypatch: pytest.MonkeyPatch) -> None:
     """End to end (the engine on the CPU platform, its quantized kernels): greedy tokens as
-    the dense model's, from the weights kept in their blocks (``--quantization gguf``)."""
+    the dense model's, from the weights kept in their blocks (``--quantization gguf``); and
+    where the fused decode stack runs them, its tokens and logprobs are those of the layers
+    one by one (the same kernels)."""
     _, dense, prompts = default_models
-    llm = LLM(max_model_len=256, kv_cache_memory=32 * 2**20, quantization="gguf")
+    llm = LLM(max_model_len=256, kv_cache_memory=32 * 2**20, quantization="gguf",
+              enable_prefix_caching=False)  # fused_and_layer_by_layer's prefills alike
     model = llm.llm_engine.core.executor.worker.runner.model
     assert model.model.layers[0].mlp.down_proj.weight.dtype == torch.uint8
     out = llm.generate([{"prompt_token_ids": prompts[0]}],
@@ -188,3 +194,9 @@ def test_the_engine_generates_on_the_default_gguf_kept_in_blocks(default_models)
         expected.append(int(driver.step({0: tokens})[0][-1].argmax()))
         tokens = expected[-1:]
     assert generated == expected
+    if not kernels.pair_gemm_available():
+        return  # no fused stack on this CPU
+    for i, (fused, one_by_one, fused_lp, one_by_one_lp) in enumerate(
+            fused_and_layer_by_layer(llm, prompts, monkeypatch, max_tokens=6)):
+        assert fused == one_by_one, f"prompt {i}"
+        assert fused_lp == one_by_one_lp, f"prompt {i}: same kernels, same bits"
