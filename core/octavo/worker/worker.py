@@ -54,7 +54,10 @@ class Worker(WorkerInterface):
                             quantization=config.model.quantization)
         lora = (install_lora(model, config.lora, dtype, platform.lora_kernels())
                 if config.lora.enable_lora else None)
-        platform.prepare_model(model, dtype)
+        if config.compilation.level > 0 and not config.device.enforce_eager:
+            platform.compile_model(model, config.compilation)  # -O
+        else:
+            platform.prepare_model(model, dtype)
         pooling = ({"pooling_type": config.pooler.pooling_type}
                    if config.model.runner == "pooling" else {})
         runner_class = PoolingModelRunner if pooling else self.runner_class
