@@ -65,13 +65,13 @@ def compile_forward(model: nn.Module, compilation: CompilationConfig) -> None:
     compiled = torch.compile(model.forward, backend="inductor",
                              options=compilation.inductor_compile_config or None)
     model.forward = _compiled_step(model, compiled)  # type: ignore[method-assign]
-    logger.info("-O%d: the model's forward runs through torch.compile (Inductor, cache %s); "
-                "its first step compiles it", compilation.level, cache_dir)
+    logger.info("-O%d: the model's forward runs through torch.compile (Inductor, cache %s), "
+                "compiled at its first call", compilation.level, cache_dir)
 
 
 def check_inductor_options(options: dict[str, Any]) -> None:
     """Refuse, at model load, an ``inductor_compile_config`` key Inductor does not have
-    (torch.compile would raise only at the first step's compile)."""
+    (torch.compile would raise only when it first compiles)."""
     from torch._inductor import config as inductor_config
 
     unknown = sorted(set(options) - set(inductor_config.get_config_copy()))
