@@ -30,8 +30,9 @@ from torch import nn
 
 from octavo.attention.base import AttentionImpl, AttentionMetadata
 
-# The real impls, indexed by the ``layer`` argument of the op; the metadata of the step
-# being run. Module state as vLLM's forward context is: the op has no other way in.
+# The real impls, indexed by the ``layer`` argument of the op (every compiled model's, for
+# the life of the process: a few small objects each); the metadata of the step being run.
+# Module state as vLLM's forward context is: the op has no other way in.
 _impls: list[AttentionImpl] = []
 _step: list[AttentionMetadata] = []
 

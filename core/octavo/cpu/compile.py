@@ -6,10 +6,12 @@ generated C++ loops. Three choices keep it to one graph, compiled once:
 
 - attention is one opaque op (``octavo.attention.opaque``), so Dynamo traces the whole
   forward - every layer - as one graph, whatever the step's plan;
-- the token dimension of the inputs is marked dynamic on every call: the graph is compiled
-  for a symbolic number of tokens, and ``backed_size_oblivious`` keeps 1 from being
-  special, so a prefill of any length and a decode of any batch - one token included -
-  share it (vLLM marks the batch dimension dynamic once and compiles one graph too);
+- the token dimension of the inputs is marked dynamic on every call, so the graph is
+  compiled for a symbolic number of tokens (vLLM marks the batch dimension dynamic and
+  compiles one graph too). Dynamo specialises the sizes 0 and 1, so a one-token step is
+  padded to two (``_padded``): a prefill of any length and a decode of any batch share
+  the graph. Marking the dimension unbacked instead fails on ``roll`` (RoPE), and a
+  ``backed_size_oblivious`` shape environment still guarded ``2 <= tokens`` (torch 2.13);
 - Inductor keeps what it compiled on disk (``CompilationConfig.cache_dir``, default
   ``inductor`` under Octavo's cache root): another run of the same model and torch reuses
   it and compiles in a fraction of the time.
