@@ -120,9 +120,9 @@ class CpuPlatform(Platform):
         *instead of* the fused bf16 kernels and prepacked GEMMs: Dynamo cannot see into
         those (they run a whole decoder layer in C), so compiling around them would compile
         almost nothing; with ``-O`` the model runs as a new architecture without fused
-        kernels would, which is what ``-O`` is for and what it is measured against. GGUF
-        layers still multiply with the quantized kernels (they hold no plain weights), each
-        a graph break; ``--quantization none`` gives dense layers instead."""
+        kernels would, which is what ``-O`` is for and what it is measured against. Layers
+        kept in GGUF blocks (``--quantization gguf``) still multiply with the quantized
+        kernels (they hold no plain weights), each a graph break."""
         from octavo.cpu.allocator import keep_freed_memory
         from octavo.cpu.compile import compile_forward
         from octavo.cpu.quant import attach_quant_gemms
