@@ -12,6 +12,7 @@ from dataclasses import Field, dataclass, field, fields, replace
 from typing import Any
 
 from octavo.config.cache import CacheConfig
+from octavo.config.compilation import CompilationConfig, check_compilation_combinations
 from octavo.config.device import DeviceConfig
 from octavo.config.errors import ConfigError
 from octavo.config.kv_transfer import KVTransferConfig
@@ -32,7 +33,8 @@ PARTS: dict[str, type] = {"model": ModelConfig, "cache": CacheConfig,
                           "lora": LoRAConfig}
 # Parts given as one JSON object each, by their keyword (vLLM's names).
 JSON_PARTS = {"speculative_config": "speculative", "kv_transfer_config": "kv_transfer",
-              "structured_outputs_config": "structured_outputs", "pooler_config": "pooler"}
+              "structured_outputs_config": "structured_outputs", "pooler_config": "pooler",
+              "compilation_config": "compilation"}
 
 
 @dataclass
@@ -49,6 +51,7 @@ class EngineConfig:
     kv_transfer: KVTransferConfig | None = None  # None: no KV connector
     # The pooling runner's settings; what a key leaves out is the model's (see PoolerConfig).
     pooler: PoolerConfig = field(default_factory=PoolerConfig)
+    compilation: CompilationConfig = field(default_factory=CompilationConfig)  # -O
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
@@ -69,10 +72,14 @@ class EngineConfig:
                    speculative=SpeculativeConfig.parse(json_parts.get("speculative")),
                    kv_transfer=KVTransferConfig.parse(json_parts.get("kv_transfer")),
                    structured_outputs=_structured(json_parts.get("structured_outputs")),
-                   pooler=PoolerConfig.parse(json_parts.get("pooler")))
+                   pooler=PoolerConfig.parse(json_parts.get("pooler")),
+                   compilation=CompilationConfig.parse(json_parts.get("compilation")))
 
     def __post_init__(self) -> None:
         check_parallel_combinations(self)
+        check_compilation_combinations(self.compilation, enforce_eager=self.device.enforce_eager,
+                                       world_size=self.parallel.world_size,
+                                       enable_lora=self.lora.enable_lora)
         if self.model.runner == "pooling":
             check_pooling_combinations(self)
         if self.lora.enable_lora:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from torch import nn
     from torch.distributed import ProcessGroup
 
+    from octavo.config.compilation import CompilationConfig
     from octavo.distributed.state import TensorCommunicator
 
 
@@ -120,3 +121,20 @@ class CpuPlatform(Platform):
                    + use_cpu_layers(model) + use_fused_decode_layers(model))
         return_freed_memory()  # the plain weights the packed copies replaced
         return changed
+
+    @classmethod
+    def compile_model(cls, model: nn.Module, compilation: CompilationConfig) -> None:
+        """``-O``: the plain PyTorch model through ``torch.compile`` (``octavo.cpu.compile``)
+        *instead of* the fused bf16 kernels and prepacked GEMMs: Dynamo cannot see into
+        those (they run a whole decoder layer in C), so compiling around them would compile
+        almost nothing; with ``-O`` the model runs as a new architecture without fused
+        kernels would, which is what ``-O`` is for and what it is measured against. Layers
+        kept in GGUF blocks (``--quantization gguf``) still multiply with the quantized
+        kernels (they hold no plain weights), each a graph break."""
+        from octavo.cpu.allocator import keep_freed_memory
+        from octavo.cpu.compile import compile_forward
+        from octavo.cpu.quant import attach_quant_gemms
+
+        keep_freed_memory()
+        attach_quant_gemms(model)
+        compile_forward(model, compilation)

@@ -29,9 +29,13 @@ JSON_OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--pooler-config", default=None,
                  help='Pooling (--runner pooling) as JSON, e.g. \'{"pooling_type": "MEAN", '
                       '"use_activation": true, "dimensions": 256}\'; default: the model\'s.'),
+    click.option("-O", "--compilation-config", "compilation_config", default=None,
+                 help='torch.compile the model\'s forward: a level (-O3; -O0, the default, '
+                      'runs eager) or JSON, e.g. \'{"level": 3, "cache_dir": "/tmp/ind"}\'. '
+                      'CPU backend only; --enforce-eager overrides it.'),
 ]
 JSON_KEYS = ("kv_transfer_config", "speculative_config", "structured_outputs_config",
-             "pooler_config")
+             "pooler_config", "compilation_config")
 
 
 def _click_type(field: dataclasses.Field[Any]) -> Any:

@@ -228,7 +228,8 @@ class LlamaModel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """This stage's layers in turn: the last one's output and residual stream."""
         local_layers = self.layers[self.layer_range.start : self.layer_range.stop]
-        keep, kept = self.aux_hidden_state_layers, list[torch.Tensor]()
+        keep = self.aux_hidden_state_layers
+        kept: list[torch.Tensor] = []
         for index, layer, kv_cache in zip(self.layer_range, local_layers, kv_caches,
                                           strict=True):
             if index in keep:

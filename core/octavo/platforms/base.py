@@ -14,11 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from octavo.config.errors import ConfigError
+
 if TYPE_CHECKING:  # torch only for annotations: listing platforms must not import it
     import torch
     from torch import nn
     from torch.distributed import ProcessGroup
 
+    from octavo.config.compilation import CompilationConfig
     from octavo.distributed.state import TensorCommunicator
     from octavo.request import Request
 
@@ -111,6 +114,16 @@ class Platform(ABC):
         """This platform's ``(lora_shrink, lora_expand)``, with the signatures of
         ``octavo.lora.ops`` (vLLM V1's split of a LoRA delta); None: those portable ones."""
         return None
+
+    @classmethod
+    def compile_model(cls, model: nn.Module, compilation: CompilationConfig) -> None:
+        """``-O``: prepare a loaded ``model`` to run through ``torch.compile`` instead of
+        ``prepare_model``'s specialisation. The portable default refuses: a platform says
+        how it compiles (the CPU's: ``octavo.cpu.compile``)."""
+        del model
+        raise ConfigError(f"compilation_config level {compilation.level} (-O, torch.compile) "
+                          f"is not supported on the {cls.name} backend; use -O0 (the "
+                          f"default) or --enforce-eager")
 
     @classmethod
     def validate_request(cls, request: Request) -> None:

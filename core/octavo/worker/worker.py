@@ -19,6 +19,7 @@ from octavo.models.config import model_eos_token_ids
 from octavo.models.loader import ModelFiles
 from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
+from octavo.worker.compile_warmup import warm_up_compiled
 from octavo.worker.interface import WorkerClasses, WorkerInterface
 from octavo.worker.kv_budget import (
     bookkeeping_blocks,
@@ -54,7 +55,11 @@ class Worker(WorkerInterface):
                             quantization=config.model.quantization)
         lora = (install_lora(model, config.lora, dtype, platform.lora_kernels())
                 if config.lora.enable_lora else None)
-        platform.prepare_model(model, dtype)
+        self.compiles = config.compilation.level > 0 and not config.device.enforce_eager
+        if self.compiles:
+            platform.compile_model(model, config.compilation)  # -O
+        else:
+            platform.prepare_model(model, dtype)
         pooling = ({"pooling_type": config.pooler.pooling_type}
                    if config.model.runner == "pooling" else {})
         runner_class = PoolingModelRunner if pooling else self.runner_class
@@ -95,6 +100,8 @@ class Worker(WorkerInterface):
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.runner.initialize_kv_cache(num_blocks)
+        if self.compiles:
+            warm_up_compiled(self.runner)
         transfer, connector_cls = self.config.kv_transfer, self.classes.kv_connector
         if transfer is not None:
             assert connector_cls is not None, "a KV transfer config without its connector"

@@ -156,18 +156,26 @@ class RotaryEmbedding(nn.Module):
                 lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos`` and the signed ``sin`` (``-sin`` on the first half) ``[T, 1, rotated
         dims]`` in ``dtype``: ``x * cos + roll(x, dims / 2) * sin`` is HF's rotate-half
-        formula. ``lengths``: see ``forward``."""
+        formula. ``lengths``: see ``forward``. Traced by ``torch.compile`` (``-O``), the
+        whole forward is one graph, whose compiler computes them once itself: no cache,
+        which would be state the graph had to guard on."""
+        if torch.compiler.is_compiling():
+            return self._cos_sin(positions, dtype, lengths)
         cached = self._cached
         if cached is not None and cached[0] is positions and cached[1] == dtype:
             return cached[2], cached[3]
+        cos, sin = self._cos_sin(positions, dtype, lengths)
+        self._cached = (positions, dtype, cos, sin)
+        return cos, sin
+
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype,
+                 lengths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = self.angles(positions, lengths)
         angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, rotated dims]
         cos, sin = self.scale_cos_sin(angles.cos(), angles.sin())
         half = sin.shape[-1] // 2
         sin[..., :half].neg_()
-        cos, sin = cos.to(dtype), sin.to(dtype)
-        self._cached = (positions, dtype, cos, sin)
-        return cos, sin
+        return cos.to(dtype), sin.to(dtype)
 
     def scale_cos_sin(self, cos: torch.Tensor, sin: torch.Tensor,
                       ) -> tuple[torch.Tensor, torch.Tensor]:
