@@ -24,9 +24,10 @@ def is_fp8(dtype: torch.dtype) -> bool:
 def quantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     """``x / scale`` in fp8 ``dtype``, saturated at its largest finite value."""
     limit = torch.finfo(dtype).max
-    # Times the reciprocal, not divided: the C kernel computes the same fp32 product.
+    # Times the reciprocal, not divided: the C kernel computes the same fp32 product. Not
+    # clamped in place: x.float() of an fp32 x is x itself, the caller's keys.
     scaled = x.float() if scale == 1.0 else x.float() * (1.0 / scale)
-    return scaled.clamp_(-limit, limit).to(dtype)
+    return scaled.clamp(-limit, limit).to(dtype)
 
 
 def dequantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:

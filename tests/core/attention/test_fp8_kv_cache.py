@@ -80,6 +80,10 @@ def test_quantize_saturates_instead_of_overflowing(kv_dtype: str) -> None:
     stored = quantize(x, 1.0, dtype).float()
     assert stored.tolist() == [limit, -limit, limit, 0.5, -2.0]
     assert torch.equal(quantize(x, 0.25, dtype).float()[3:], torch.tensor([2.0, -8.0]))
+    # An fp32 model's keys are left as they were (x.float() is x itself: once clamped in place).
+    keys = x.float()
+    assert quantize(keys, 1.0, dtype).float().tolist() == stored.tolist()
+    assert keys.tolist() == x.float().tolist()
 
 
 @pytest.mark.parametrize("kv_dtype", list(FP8))
