@@ -8,6 +8,7 @@ logits within ``TIE_GAP`` at the diverging step), as vLLM's logprob-closeness ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -209,18 +210,67 @@ class ForcingSampler(torch.nn.Module):
         return out
 
 
+class LogprobRecorder(ForcingSampler):
+    """A forcing sampler that also keeps each step's log-probabilities (fp32), per request."""
+
+    def __init__(self, runner: object, references: dict[str, list[int]]) -> None:
+        super().__init__(runner, references)
+        self.logprobs: dict[str, list[torch.Tensor]] = {req_id: [] for req_id in references}
+
+    def forward(self, logits: torch.Tensor, metadata: object) -> object:
+        logprobs = logits.float().log_softmax(-1)
+        batch = self.runner.batch  # type: ignore[attr-defined]
+        for i, row in enumerate(self.rows):
+            self.logprobs[batch.req_ids[row]].append(logprobs[i])
+        return super().forward(logits, metadata)
+
+
+@dataclass
+class ForcedRun:
+    """An engine's greedy picks along reference texts and its log-probabilities there
+    (``[steps, vocab]`` per prompt)."""
+
+    picks: list[list[int]]
+    logprobs: list[torch.Tensor]
+
+
+def engine_forced_logprobs(llm: LLM, prompts: list[list[int]], references: list[list[int]],
+                           ) -> ForcedRun:
+    """``engine_forced_picks`` with each step's log-probabilities kept."""
+    recorders: list[LogprobRecorder] = []
+
+    def recorder(runner: object, refs: dict[str, list[int]]) -> LogprobRecorder:
+        recorders.append(LogprobRecorder(runner, refs))
+        return recorders[-1]
+
+    picks = engine_forced_picks(llm, prompts, references, sampler_factory=recorder)
+    return ForcedRun(picks, [torch.stack(steps) for steps in recorders[0].logprobs.values()])
+
+
+def mean_kl(run: ForcedRun, reference: ForcedRun) -> float:
+    """The mean over steps of KL(reference || run): how far ``run``'s next-token
+    distributions are from the reference's along the same text (continuous, where the
+    agreement of picks counts only flips)."""
+    kl = [(ref.exp() * (ref - mine)).sum(-1)
+          for mine, ref in zip(run.logprobs, reference.logprobs, strict=True)]
+    return float(torch.cat(kl).mean())
+
+
 def engine_forced_picks(llm: LLM, prompts: list[list[int]], references: list[list[int]],
+                        sampler_factory: Callable[[object, dict[str, list[int]]], ForcingSampler]
+                        = ForcingSampler,
                         ) -> list[list[int]]:
     """The engine's greedy pick at each step of the reference's own continuation (teacher
     forcing): what it would say next given the same text, with no earlier divergence
-    carried along."""
+    carried along. ``sampler_factory`` makes the forcing sampler (a subclass may record
+    more of each step)."""
     runner = llm.llm_engine.core.executor.worker.runner
     engine = llm.llm_engine
     ids = [engine.add_request({"prompt_token_ids": p},
                               SamplingParams(temperature=0.0, max_tokens=len(ref),
                                              ignore_eos=True))
            for p, ref in zip(prompts, references, strict=True)]
-    forcing = ForcingSampler(runner, dict(zip(ids, references)))
+    forcing = sampler_factory(runner, dict(zip(ids, references)))
     original_metadata = runner.sampling_metadata
 
     def recording_metadata(rows):  # type: ignore[no-untyped-def]

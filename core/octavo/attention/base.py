@@ -25,6 +25,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from octavo.attention.kv_quant import calculated_scales
+
 
 @dataclass
 class AttentionMetadata:
@@ -91,6 +93,9 @@ class AttentionImpl(ABC):
     # vLLM's names): the checkpoint's per-layer scales, set once the weights are loaded.
     k_scale: float = 1.0
     v_scale: float = 1.0
+    # --calculate-kv-scales: the first keys and values the layer writes set k_scale/v_scale
+    # instead (``maybe_calc_kv_scales``), once.
+    calculate_kv_scales: bool = False
 
     def __init__(
         self,
@@ -108,6 +113,17 @@ class AttentionImpl(ABC):
         self.scale = scale
         self.num_kv_heads = num_kv_heads
         self.sliding_window = sliding_window
+
+    def maybe_calc_kv_scales(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        """vLLM's ``maybe_calc_kv_scales``: a backend calls it with the step's keys and
+        values before writing them; the first that are not all zeros set the layer's
+        scales (``kv_quant.calculated_scales``), which then stay."""
+        if not self.calculate_kv_scales:
+            return
+        scales = calculated_scales(key, value)
+        if scales is not None:
+            self.k_scale, self.v_scale = scales
+            self.calculate_kv_scales = False
 
     @abstractmethod
     def forward(

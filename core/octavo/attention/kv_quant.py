@@ -7,7 +7,11 @@ for e5m2) - an overflow becomes the largest value, never NaN or inf. Reading mul
 by the scale. The scales are per layer (``AttentionImpl.k_scale`` / ``v_scale``): the
 checkpoint's where it has them (``octavo.models.kv_scales``), else 1.0, vLLM's default -
 SmolLM2's keys and values lie well inside e4m3's range, whose relative rounding error is at
-most 2**-4 (e5m2: 2**-3).
+most 2**-4 (e5m2: 2**-3). With ``--calculate-kv-scales`` each layer measures its own from
+the first keys and values it writes (:func:`calculated_scales`, vLLM's ``calc_kv_scales``).
+A scale moves only which values fall below the format's smallest normal (2**-6 for e4m3),
+where the relative error grows; above it the rounding error is relative and the same at any
+scale.
 """
 
 from __future__ import annotations
@@ -15,6 +19,10 @@ from __future__ import annotations
 import torch
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# vLLM's K_SCALE_CONSTANT and V_SCALE_CONSTANT: a calculated scale maps the first batch's
+# largest |key| to 200 and |value| to 100, leaving e4m3 (448) room for larger later ones.
+K_SCALE_CONSTANT = 200.0
+V_SCALE_CONSTANT = 100.0
 
 
 def is_fp8(dtype: torch.dtype) -> bool:
@@ -24,9 +32,10 @@ def is_fp8(dtype: torch.dtype) -> bool:
 def quantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
     """``x / scale`` in fp8 ``dtype``, saturated at its largest finite value."""
     limit = torch.finfo(dtype).max
-    # Times the reciprocal, not divided: the C kernel computes the same fp32 product.
+    # Times the reciprocal, not divided: the C kernel computes the same fp32 product. Not
+    # clamped in place: x.float() of an fp32 x is x itself, the caller's keys.
     scaled = x.float() if scale == 1.0 else x.float() * (1.0 / scale)
-    return scaled.clamp_(-limit, limit).to(dtype)
+    return scaled.clamp(-limit, limit).to(dtype)
 
 
 def dequantize(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
@@ -58,3 +67,12 @@ def round_trip(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tenso
     """``x`` as the cache of fp8 ``dtype`` gives it back: what a fresh prompt attends, so it
     sees the same keys as a later chunk reading them from the cache."""
     return dequantize(quantize(x, scale, dtype), scale, x.dtype)
+
+
+def calculated_scales(key: torch.Tensor, value: torch.Tensor) -> tuple[float, float] | None:
+    """vLLM's ``calc_kv_scales``: ``max|key| / 200`` and ``max|value| / 100``; None while
+    either is all zeros (no scale to take from it)."""
+    k_max, v_max = (float(x.abs().max()) if x.numel() else 0.0 for x in (key, value))
+    if not (k_max > 0.0 and v_max > 0.0):
+        return None
+    return k_max / K_SCALE_CONSTANT, v_max / V_SCALE_CONSTANT

@@ -54,6 +54,7 @@ class TorchAttentionImpl(AttentionImpl):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = metadata.num_actual_tokens
+        self.maybe_calc_kv_scales(key[:num_tokens], value[:num_tokens])
         # [2, slots, kv_heads * head_dim]: a context read is one row gather for K and V.
         cache_rows = kv_cache.view(2, -1, self.num_kv_heads * self.head_dim)
         native = self._native(query, kv_cache)

@@ -34,6 +34,10 @@ class CacheConfig:
                 "byte per element (twice the blocks of bf16), scaled by the checkpoint's "
                 "k_scale/v_scale where it has them, else 1.0.",
         "choices": tuple(KV_CACHE_DTYPES)})
+    calculate_kv_scales: bool = field(default=False, metadata={
+        "help": "fp8 KV cache: each layer's k_scale/v_scale from the first keys and values it "
+                "stores (max |key| / 200, max |value| / 100, as vLLM) instead of the "
+                "checkpoint's or 1.0."})
     # Set by the engine once the worker has sized the KV cache (vLLM's num_gpu_blocks).
     num_gpu_blocks: int | None = field(default=None, init=False)
 
@@ -48,6 +52,10 @@ class CacheConfig:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ConfigError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; "
                               f"got {self.kv_cache_dtype!r}")
+        if self.calculate_kv_scales and KV_CACHE_DTYPES[self.kv_cache_dtype] is None:
+            raise ConfigError("calculate_kv_scales scales an fp8 KV cache: it needs "
+                              "kv_cache_dtype fp8, fp8_e4m3 or fp8_e5m2, not "
+                              f"{self.kv_cache_dtype!r}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ConfigError("gpu_memory_utilization must be in (0, 1], got "
                               f"{self.gpu_memory_utilization}")

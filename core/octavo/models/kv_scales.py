@@ -5,7 +5,8 @@
 
 They are not parameters: each one-element tensor becomes its layer's
 ``AttentionImpl.k_scale`` / ``v_scale`` (``octavo.attention.kv_quant``), used only by an fp8
-KV cache. A layer without them keeps 1.0, vLLM's default.
+KV cache. A layer without them keeps 1.0, vLLM's default. ``--calculate-kv-scales`` has
+every layer measure its own instead (:func:`calculate_kv_scales`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,16 @@ def apply_kv_scales(model: nn.Module, scales: dict[str, tuple[str, float]]) -> N
             impl.k_scale = value
         if which in ("v", "kv"):
             impl.v_scale = value
+
+
+def calculate_kv_scales(model: nn.Module) -> None:
+    """vLLM's ``--calculate-kv-scales``: every attention layer of ``model`` takes its scales
+    from the first keys and values it stores (``AttentionImpl.maybe_calc_kv_scales``),
+    over the checkpoint's."""
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, AttentionImpl):
+                value.calculate_kv_scales = True
 
 
 def _layer_impl(model: nn.Module, layer: str, name: str) -> AttentionImpl | None:

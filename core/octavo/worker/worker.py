@@ -16,6 +16,7 @@ from octavo.kv_transfer.base import KVConnectorRole
 from octavo.lora.manager import install_lora
 from octavo.models.build import build_model
 from octavo.models.config import model_eos_token_ids
+from octavo.models.kv_scales import calculate_kv_scales
 from octavo.models.loader import ModelFiles
 from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
@@ -53,6 +54,8 @@ class Worker(WorkerInterface):
         model = build_model(files, dtype, classes.attn_backend, device=self.device,
                             architectures=classes.architectures,
                             quantization=config.model.quantization)
+        if config.cache.calculate_kv_scales:
+            calculate_kv_scales(model)
         lora = (install_lora(model, config.lora, dtype, platform.lora_kernels())
                 if config.lora.enable_lora else None)
         self.compiles = config.compilation.level > 0 and not config.device.enforce_eager

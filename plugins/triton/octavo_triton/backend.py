@@ -64,6 +64,7 @@ class TritonAttentionImpl(AttentionImpl):
         from octavo_triton.kernels.kv_cache import reshape_and_cache
 
         num_tokens = metadata.num_actual_tokens
+        self.maybe_calc_kv_scales(key[:num_tokens], value[:num_tokens])
         key_cache, value_cache = kv_cache[0], kv_cache[1]
         reshape_and_cache(key[:num_tokens], value[:num_tokens], key_cache, value_cache,
                           metadata.slot_mapping[:num_tokens], self.k_scale, self.v_scale)

@@ -15,7 +15,12 @@ import dataclasses
 import pytest
 import torch
 
-from octavo.attention.kv_quant import dequantize, quantize
+from octavo.attention.kv_quant import (
+    K_SCALE_CONSTANT,
+    V_SCALE_CONSTANT,
+    dequantize,
+    quantize,
+)
 from octavo.attention.torch_backend import TorchAttentionBackend
 from octavo.cpu import kv_fp8
 from octavo.cpu.attention import CpuAttentionBackend
@@ -80,6 +85,24 @@ def test_quantize_saturates_instead_of_overflowing(kv_dtype: str) -> None:
     stored = quantize(x, 1.0, dtype).float()
     assert stored.tolist() == [limit, -limit, limit, 0.5, -2.0]
     assert torch.equal(quantize(x, 0.25, dtype).float()[3:], torch.tensor([2.0, -8.0]))
+    # An fp32 model's keys are left as they were (x.float() is x itself: once clamped in place).
+    keys = x.float()
+    assert quantize(keys, 1.0, dtype).float().tolist() == stored.tolist()
+    assert keys.tolist() == x.float().tolist()
+
+
+def test_calculated_scales_are_taken_once_from_the_first_keys_and_values() -> None:
+    """vLLM's calc_kv_scales: max |key| / 200 and max |value| / 100 of the first step that has
+    any (an all-zero one leaves the layer waiting), kept for every later step."""
+    impl = TorchAttentionBackend.make_impl(2, 4, 0.5, 1)
+    impl.calculate_kv_scales = True
+    impl.maybe_calc_kv_scales(torch.zeros(3, 1, 4), torch.ones(3, 1, 4))
+    assert (impl.k_scale, impl.v_scale, impl.calculate_kv_scales) == (1.0, 1.0, True)
+    key = torch.tensor([[[1.0, -50.0, 2.0, 0.0]]])
+    impl.maybe_calc_kv_scales(key, -3 * key)
+    assert (impl.k_scale, impl.v_scale) == (50.0 / K_SCALE_CONSTANT, 150.0 / V_SCALE_CONSTANT)
+    impl.maybe_calc_kv_scales(10 * key, 10 * key)
+    assert (impl.k_scale, impl.v_scale) == (50.0 / K_SCALE_CONSTANT, 150.0 / V_SCALE_CONSTANT)
 
 
 @pytest.mark.parametrize("kv_dtype", list(FP8))
