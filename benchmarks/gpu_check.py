@@ -271,6 +271,13 @@ def table(out_dir: Path) -> None:
         rows.append(["W2_latency", "TP=1: mp executor | in-process worker",
                      f"{workers['avg_latency']:.4g} s", f"{in_process['avg_latency']:.4g} s",
                      f"{in_process['avg_latency'] / workers['avg_latency']:.2f}x"])
+    overlapped, graphs = (_load(out_dir / f"W2_latency_{m}.json") for m in ("async", "graphs"))
+    if overlapped is None or graphs is None:
+        rows.append(["W2_latency", "--async-scheduling", "missing (see its log)", "", ""])
+    else:
+        rows.append(["W2_latency", "graphs: --async-scheduling | one step at a time",
+                     f"{overlapped['avg_latency']:.4g} s", f"{graphs['avg_latency']:.4g} s",
+                     f"{graphs['avg_latency'] / overlapped['avg_latency']:.2f}x"])
     staged, serial = (_load(out_dir / f"W1_throughput_{m}.json") for m in ("pp2", "pp2-serial"))
     if staged is not None and serial is not None:  # two GPUs only
         key = "output_tokens_per_second"
