@@ -119,6 +119,9 @@ class EngineCore:
         self.num_blocks = num_blocks
         # Every unfinished request: what a step whose plan failed half-made may have touched.
         self._request_ids: set[str] = set()
+        # Steps whose output was applied: with steps in flight a ``step()`` call may only
+        # send one, which says nothing of whether steps succeed (``EngineCoreProc``).
+        self.steps_applied = 0
         freeze_startup_heap()
 
     def add_request(self, request: Request) -> None:
@@ -162,6 +165,7 @@ class EngineCore:
             raise self._abort_step(list(scheduler_output.num_scheduled_tokens), exc,
                                    [scheduler_output]) from exc
         self._request_ids.difference_update(out.request_id for out in outputs if out.finished)
+        self.steps_applied += 1
         return outputs
 
     def step_with_batch_queue(self, queue: BatchQueue) -> list[EngineCoreOutput]:
@@ -187,6 +191,7 @@ class EngineCore:
             failed = list(step.scheduler_output.num_scheduled_tokens)
             raise self._fail_in_flight(queue, failed, exc, [step.scheduler_output]) from exc
         self._request_ids.difference_update(out.request_id for out in outputs if out.finished)
+        self.steps_applied += 1
         return outputs
 
     def _submit(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
