@@ -16,11 +16,13 @@ else
     SWEEP=(--max-batch-size 8 --context-len 256 --steps 32 --num-iters 5)
     W2=()
 fi
-for mode in no-async-scheduling async-scheduling; do
-    echo "=== bench sweep bf16, --$mode (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
-    "$OCTAVO" bench sweep --dtype bfloat16 "${SWEEP[@]}" "--$mode" --label "$mode" \
-        --output-json "$OUT/sweep-$mode.json"
-    echo "=== bench latency W2_latency, --$mode (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
-    "$OCTAVO" bench latency --workload W2_latency "${W2[@]}" "--$mode" \
+for mode in off on; do
+    flags=()
+    [ "$mode" = on ] && flags=(--async-scheduling)
+    echo "=== bench sweep bf16, async scheduling $mode (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
+    "$OCTAVO" bench sweep --dtype bfloat16 "${SWEEP[@]}" "${flags[@]}" \
+        --label "async scheduling $mode" --output-json "$OUT/sweep-$mode.json"
+    echo "=== bench latency W2_latency, async scheduling $mode (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
+    "$OCTAVO" bench latency --workload W2_latency "${W2[@]}" "${flags[@]}" \
         --output-json "$OUT/w2-$mode.json"
 done
