@@ -245,6 +245,15 @@ def _memory_line(log: Path) -> str:
     return match[1].strip() if match else "not logged (see the W1 log)"
 
 
+def _w2_against_graphs(out_dir: Path, label: str, configuration: str) -> list[object]:
+    """The W2_latency row of run ``label`` beside the in-process run with CUDA graphs."""
+    run, graphs = (_load(out_dir / f"W2_latency_{m}.json") for m in (label, "graphs"))
+    if run is None or graphs is None:
+        return ["W2_latency", configuration, "missing (see its log)", "", ""]
+    return ["W2_latency", configuration, f"{run['avg_latency']:.4g} s",
+            f"{graphs['avg_latency']:.4g} s", f"{graphs['avg_latency'] / run['avg_latency']:.2f}x"]
+
+
 def table(out_dir: Path) -> None:
     from octavo.entrypoints.table import format_table
 
@@ -264,13 +273,9 @@ def table(out_dir: Path) -> None:
         ratio = graphs[key] / eager[key] if higher_is_better else eager[key] / graphs[key]
         rows.append([name, "--backend cuda: graphs | --enforce-eager",
                      f"{graphs[key]:.4g} {unit}", f"{eager[key]:.4g} {unit}", f"{ratio:.2f}x"])
-    workers, in_process = (_load(out_dir / f"W2_latency_{m}.json") for m in ("mp", "graphs"))
-    if workers is None or in_process is None:
-        rows.append(["W2_latency", "TP=1, mp executor", "missing (see its log)", "", ""])
-    else:
-        rows.append(["W2_latency", "TP=1: mp executor | in-process worker",
-                     f"{workers['avg_latency']:.4g} s", f"{in_process['avg_latency']:.4g} s",
-                     f"{in_process['avg_latency'] / workers['avg_latency']:.2f}x"])
+    rows.append(_w2_against_graphs(out_dir, "mp", "TP=1: mp executor | in-process worker"))
+    rows.append(_w2_against_graphs(out_dir, "async",
+                                   "graphs: --async-scheduling | one step at a time"))
     staged, serial = (_load(out_dir / f"W1_throughput_{m}.json") for m in ("pp2", "pp2-serial"))
     if staged is not None and serial is not None:  # two GPUs only
         key = "output_tokens_per_second"

@@ -47,6 +47,9 @@ class Request:
     cache_salt: str | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    # Tokens that steps in flight will sample and the scheduler does not know yet (async
+    # scheduling): their positions are scheduled, the worker fills in their ids.
+    num_output_placeholders: int = 0
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first schedule
     num_preemptions: int = 0
     # Prompt positions whose logprobs the front end has (a recompute after preemption

@@ -49,16 +49,20 @@ def test_llama_tensor_parallel_matches_one_rank(llama_8q_4kv: str, tp: int) -> N
     assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE
 
 
-def test_llama_tp2_with_requests_arriving_mid_decode(llama_8q_4kv: str) -> None:
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_llama_tp2_with_requests_arriving_mid_decode(llama_8q_4kv: str,
+                                                     async_scheduling: bool) -> None:
     """Three new requests a step while the others decode, as a server sees them: steps mix
     prompts with decodes, and requests finish three at a time. The workers' batch rows
     once came apart there (each process removed a step's finished requests in its own set
     order), so the ranks summed partial results of different requests: 6-9 of 32 prompts
-    parted from one rank, by 0.1-0.4 in logprob."""
+    parted from one rank, by 0.1-0.4 in logprob. With async scheduling each worker process
+    fills in the tokens it sampled itself (``octavo.sched.in_flight``)."""
     prompts = random_prompts(np.random.default_rng(draw_seed()), 15)
     with one_thread():
         reference, _ = run_staggered(llama_8q_4kv, prompts, 6)
-    parallel, most_finished = run_staggered(llama_8q_4kv, prompts, 6, tensor_parallel_size=2)
+    parallel, most_finished = run_staggered(llama_8q_4kv, prompts, 6, tensor_parallel_size=2,
+                                            async_scheduling=async_scheduling)
     assert most_finished >= 2, "no step finished several requests: rows never moved"
     assert parallel.tokens == reference.tokens
     assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE

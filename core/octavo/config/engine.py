@@ -84,6 +84,8 @@ class EngineConfig:
             check_pooling_combinations(self)
         if self.lora.enable_lora:
             check_lora_combinations(self)
+        if self.scheduler.async_scheduling:
+            check_async_scheduling_combinations(self)
         if self.model.enable_prompt_embeds and self.speculative is not None:
             # vLLM refuses it too: drafts are proposed from token ids a prompt of
             # embeddings does not have.
@@ -162,6 +164,29 @@ def check_lora_combinations(config: EngineConfig) -> None:
     for what, used in unsupported:
         if used:
             raise ConfigError(f"LoRA (enable_lora) does not run with {what} yet")
+
+
+def check_async_scheduling_combinations(config: EngineConfig) -> None:
+    """Refuse, at start, what async scheduling does not run with (yet), naming it: pipeline
+    stages keep their own steps in flight (micro-batches); a KV connector plans its loads
+    and saves step by step; a pooling request samples nothing to overlap; the other
+    layouts are untested with it."""
+    parallel = config.parallel
+    unsupported = [
+        (f"pipeline_parallel_size={parallel.pipeline_parallel_size} (its steps in flight "
+         "are micro-batches: enable_pipeline_micro_batching)",
+         parallel.pipeline_parallel_size > 1),
+        (f"sequence_parallel_size={parallel.sequence_parallel_size}",
+         parallel.sequence_parallel_size > 1),
+        (f"data_parallel_size={parallel.data_parallel_size}", parallel.data_parallel_size > 1),
+        ("distributed_executor_backend='ray'", parallel.distributed_executor_backend == "ray"),
+        ("a KV connector (kv_transfer_config)", config.kv_transfer is not None),
+        ("the pooling runner (runner=pooling)", config.model.runner == "pooling"),
+    ]
+    for what, used in unsupported:
+        if used:
+            raise ConfigError(f"async scheduling (async_scheduling) does not run with {what} "
+                              "yet")
 
 
 def flat_fields() -> list[tuple[str, Field[Any]]]:

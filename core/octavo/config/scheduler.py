@@ -27,6 +27,11 @@ class SchedulerConfig:
     kv_manager: str = field(default="default", metadata={
         "help": "KV-cache manager, by its name in the kv_managers registry "
                 "(a plugin's, or default)."})
+    async_scheduling: bool = field(default=False, metadata={
+        "help": "Schedule step N+1 while step N runs (vLLM's flag): the worker fills in "
+                "the tokens step N samples, so scheduling and output processing overlap "
+                "the forward pass. One rank or tensor parallelism (uni, mp executors). "
+                "See docs/architecture.md, \"Steps in flight\"."})
     # Set by the engine (vLLM's name, not a flag here): False for a pooling model whose
     # prompt must be computed whole in one step (an encoder; CLS or MEAN pooling), which
     # then needs max_num_batched_tokens >= max_model_len.

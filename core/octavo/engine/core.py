@@ -15,6 +15,11 @@ to that many steps in flight (``octavo.engine.batch_queue``): it sends a new ste
 there is room and applies the oldest step's output otherwise, so a call may return no
 outputs while the pipeline fills. A step that fails (or a schedule that fails) aborts the
 requests of every step in flight, whose futures are all waited for first.
+
+Async scheduling (``--async-scheduling``) runs through the same queue with two steps in
+flight: the executor runs step N (on a thread, or in the worker processes) while this
+schedules step N+1 - its requests' tokens from step N are placeholders the worker fills
+in (``octavo.sched.in_flight``) - and the caller processes step N-1's outputs.
 """
 
 from __future__ import annotations
@@ -87,18 +92,22 @@ class EngineCore:
             config.structured_outputs)
         self.scheduler = build_scheduler(config, registries, self.structured_output,
                                          kv_groups, ssm_state)
-        # Steps in flight (pipeline micro-batches); None: one step at a time.
+        # Steps in flight (pipeline micro-batches, async scheduling); None: one at a time.
         self.batch_queue: BatchQueue | None = None
         if self.executor.max_concurrent_batches > 1:
             if not self.scheduler.supports_steps_in_flight:
                 self.executor.shutdown()
                 raise ConfigError(f"--scheduler-cls {config.scheduler.scheduler_cls} does "
-                                  "not support steps in flight (pipeline micro-batches): "
-                                  "leave --enable-pipeline-micro-batching off")
+                                  "not support steps in flight (pipeline micro-batches, "
+                                  "async scheduling): leave --enable-pipeline-micro-batching "
+                                  "and --async-scheduling off")
             self.batch_queue = BatchQueue(self.executor.max_concurrent_batches)
-            self.scheduler.steps_in_flight = self.batch_queue.size
-            logger.info("pipeline micro-batches: up to %d steps in flight",
-                        self.batch_queue.size)
+            if config.scheduler.async_scheduling:
+                logger.info("async scheduling: the next step is planned while one runs")
+            else:  # micro-batches share the running requests out
+                self.scheduler.steps_in_flight = self.batch_queue.size
+                logger.info("pipeline micro-batches: up to %d steps in flight",
+                            self.batch_queue.size)
         if encoder:
             logger.info("no KV cache (an encoder); the scheduler counts a step's tokens in %d "
                         "blocks of %d", num_blocks, config.cache.block_size)
@@ -110,6 +119,9 @@ class EngineCore:
         self.num_blocks = num_blocks
         # Every unfinished request: what a step whose plan failed half-made may have touched.
         self._request_ids: set[str] = set()
+        # Steps whose output was applied: with steps in flight a ``step()`` call may only
+        # send one, which says nothing of whether steps succeed (``EngineCoreProc``).
+        self.steps_applied = 0
         freeze_startup_heap()
 
     def add_request(self, request: Request) -> None:
@@ -153,6 +165,7 @@ class EngineCore:
             raise self._abort_step(list(scheduler_output.num_scheduled_tokens), exc,
                                    [scheduler_output]) from exc
         self._request_ids.difference_update(out.request_id for out in outputs if out.finished)
+        self.steps_applied += 1
         return outputs
 
     def step_with_batch_queue(self, queue: BatchQueue) -> list[EngineCoreOutput]:
@@ -178,6 +191,7 @@ class EngineCore:
             failed = list(step.scheduler_output.num_scheduled_tokens)
             raise self._fail_in_flight(queue, failed, exc, [step.scheduler_output]) from exc
         self._request_ids.difference_update(out.request_id for out in outputs if out.finished)
+        self.steps_applied += 1
         return outputs
 
     def _submit(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
@@ -219,8 +233,10 @@ class EngineCore:
 def check_steps_in_flight_supported(config: EngineConfig, max_concurrent_batches: int) -> None:
     """Refuse, at start, what cannot run with several steps in flight rather than run it
     one step at a time unasked: drafts (speculative decoding) are proposed from the
-    previous step's output, and a KV connector's loads and saves are planned step by step."""
-    if max_concurrent_batches == 1:
+    previous step's output, and a KV connector's loads and saves are planned step by step.
+    (Async scheduling is checked with the config: its drafting requests wait for their
+    step, ``octavo.sched.in_flight``.)"""
+    if max_concurrent_batches == 1 or config.scheduler.async_scheduling:
         return
     used = [what for what in features_in_use(config) if "--kv-manager" not in what]
     if used:

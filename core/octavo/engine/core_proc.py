@@ -184,6 +184,7 @@ class EngineCoreProc:
     def _step(self) -> list[EngineCoreOutput]:
         """One step. A failed one costs only its requests, each answered with an error;
         ``MAX_CONSECUTIVE_FAILED_STEPS`` in a row end the process (the error propagates)."""
+        applied = self.core.steps_applied
         try:
             outputs = self.core.step()
         except StepError as exc:
@@ -198,7 +199,8 @@ class EngineCoreProc:
                      f"({type(exc.cause).__name__}); see the server log")
             return [EngineCoreOutput(request_id, [], finish_reason=STEP_FAILED, error=error)
                     for request_id in exc.request_ids]
-        self._failed_steps = 0
+        if self.core.steps_applied > applied:  # not a call that only sent a step
+            self._failed_steps = 0
         return outputs
 
     def shutdown(self) -> None:

@@ -13,7 +13,8 @@ when it reads end-of-file, i.e. when the engine process is gone, however it died
 
 With pipeline stages, steps are pipelined (``submit_step``): the step is written into the
 broadcast queue at once and a collector thread reads the replies, step after step, into
-each step's future, so stage 0 computes step N+1 while stage 1 computes step N (each rank
+each step's future, so stage 0 computes step N+1 while stage 1 computes step N (with async
+scheduling, the workers compute step N while the engine core plans step N+1; each rank
 still runs its steps in order, so one step's KV writes come before the next's). A blocking
 call (``collective_rpc``, ``execute_model``) first waits for the steps in flight: replies
 are read in the order the calls were written.
@@ -63,9 +64,11 @@ class MultiprocExecutor(RankedExecutor):
         self.procs: list[subprocess.Popen[bytes]] = []
         self.pipes: list[multiprocessing.connection.Connection] = []
         self.replies: list[MessageQueue] = []
-        # Micro-batches: one step per pipeline stage in flight, unless turned off.
+        # Micro-batches: one step per pipeline stage in flight, unless turned off; async
+        # scheduling: the step running and the one planned beside it.
         self._max_in_flight = (config.parallel.pipeline_parallel_size
-                               if config.parallel.enable_pipeline_micro_batching else 1)
+                               if config.parallel.enable_pipeline_micro_batching
+                               else 2 if config.scheduler.async_scheduling else 1)
         self._collector = ThreadPoolExecutor(1, thread_name_prefix="executor-collect")
         self._in_flight: deque[Future[ModelRunnerOutput]] = deque()
         try:

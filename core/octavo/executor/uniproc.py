@@ -1,7 +1,15 @@
-"""``UniProcExecutor`` (``uni``): the one worker in the engine core's own process."""
+"""``UniProcExecutor`` (``uni``): the one worker in the engine core's own process.
+
+With async scheduling the worker runs on a thread of its own (``worker-step``), one call
+after another in the order they were made: the engine core plans step N+1 and applies
+step N-1's output while step N's forward pass runs there (torch releases the GIL in its
+kernels). Every call, ``collective_rpc`` too, goes through that thread, so none overtakes
+a step in flight.
+"""
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from octavo.config import EngineConfig
@@ -20,15 +28,35 @@ class UniProcExecutor(Executor):
         if count > 1:  # data-parallel engines on this node: each keeps to its own cores
             platform.init_worker_process(index, count)
         self.worker = make_worker(config, platform, files)
+        self._thread = (ThreadPoolExecutor(1, thread_name_prefix="worker-step")
+                        if config.scheduler.async_scheduling else None)
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Async scheduling: the step running and the one planned beside it."""
+        return 1 if self._thread is None else 2
 
     def collective_rpc(self, method: str, args: tuple[Any, ...] = ()) -> list[Any]:
-        return [getattr(self.worker, method)(*args)]
+        call = getattr(self.worker, method)
+        if self._thread is None:
+            return [call(*args)]
+        return [self._thread.submit(call, *args).result()]
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.worker.execute_model(scheduler_output)
+        if self._thread is None:
+            return self.worker.execute_model(scheduler_output)
+        return self._thread.submit(self.worker.execute_model, scheduler_output).result()
+
+    def submit_step(self, scheduler_output: SchedulerOutput) -> Future[ModelRunnerOutput]:
+        if self._thread is None:
+            return super().submit_step(scheduler_output)
+        return self._thread.submit(self.worker.execute_model, scheduler_output)
 
     def check_health(self) -> None:
         """The worker lives and dies with this process."""
 
     def shutdown(self) -> None:
-        """Nothing runs beside this process."""
+        """Nothing runs beside this process but the step thread, which finishes its
+        step."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True, cancel_futures=True)

@@ -28,6 +28,13 @@ that way is written by the step in flight before any later step reuses it, and t
 request's tokens from that step are dropped when it returns. With ``steps_in_flight`` = k
 a step schedules at most 1/k of the running requests (the first in policy order that are
 not in flight), so that the steps in flight share them instead of one holding them all.
+
+Async scheduling (``async_scheduling``) is the other way to keep steps in flight: the next
+step is planned while the last one runs, and a request may be in both, its unknown
+sampled token a placeholder (``octavo.sched.in_flight``). There every running request is
+in every step, so a request in flight may be preempted: like an abort, its blocks are
+written by its step in flight before any later step reuses them, and that step's token is
+dropped when it returns.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ from octavo.outputs import (
     SchedulerStats,
 )
 from octavo.request import Request, RequestStatus
+from octavo.sched.in_flight import InFlightRequests, add_placeholders, may_overlap, step_start
 from octavo.sched.interface import SchedulerInterface
 from octavo.sched.kv_transfer import KVTransferScheduling
 from octavo.sched.lora import admissible, requests_per_adapter
@@ -123,7 +131,9 @@ class Scheduler(SchedulerInterface):
         # Pipeline stages before the last do not sample: they are sent the sampled tokens.
         self.send_new_tokens = config.parallel.pipeline_parallel_size > 1
         # The requests of the steps scheduled whose outputs are not applied yet.
-        self.in_flight: set[str] = set()
+        self.in_flight = InFlightRequests()
+        # Plan a step while the last runs, a request in both (octavo.sched.in_flight).
+        self.async_scheduling = config.scheduler.async_scheduling
 
     def add_request(self, request: Request) -> None:
         request_id = request.request_id
@@ -164,8 +174,10 @@ class Scheduler(SchedulerInterface):
         if self.kv_transfer is not None:
             self.kv_transfer.attach_metadata(output)
         self.finished_req_ids = set()
-        if self.steps_in_flight > 1:  # one step at a time: none is in flight when scheduling
-            self.in_flight.update(step.num_scheduled_tokens)
+        if self.async_scheduling:
+            add_placeholders(self.requests[request_id] for request_id in step.num_scheduled_tokens)
+        if self.steps_in_flight > 1 or self.async_scheduling:  # otherwise none is in flight
+            self.in_flight.add(step.num_scheduled_tokens)
         return output
 
     def update_from_output(
@@ -185,18 +197,25 @@ class Scheduler(SchedulerInterface):
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue  # aborted while the step ran
             # A request mid-prefill has nothing to sample yet; ignore whatever came back.
-            prefill_done = request.num_computed_tokens >= request.num_tokens
+            # (With a placeholder a later step in flight completed the prefill, not
+            # necessarily this one: the worker sampled only where this one did.)
+            prefill_done = (request.num_output_placeholders > 0
+                            or request.num_computed_tokens >= request.num_tokens)
             token_ids = sampled.get(request_id, []) if prefill_done else []
             if self.spec:
                 self.spec.roll_back(request, scheduler_output, token_ids)
             new_token_ids = self._append_tokens(request, token_ids)
+            request.num_output_placeholders = max(
+                request.num_output_placeholders - len(token_ids), 0)
             self._advance_grammar(request, new_token_ids)
             if self.spec and not request.is_finished:
                 self.spec.after_update(request, model_runner_output, index.get(request_id))
             logprobs = model_runner_output.logprobs.get(request_id)
-            prompt_logprobs = self._unsent_prompt_logprobs(
-                request, model_runner_output.prompt_logprobs.get(request_id),
-                request.num_computed_tokens - scheduler_output.num_scheduled_tokens[request_id])
+            step_prompt_logprobs = model_runner_output.prompt_logprobs.get(request_id)
+            prompt_logprobs = (None if step_prompt_logprobs is None else
+                               self._unsent_prompt_logprobs(
+                                   request, step_prompt_logprobs,
+                                   step_start(scheduler_output, request_id)))
             if new_token_ids or request.is_finished or prompt_logprobs is not None:
                 outputs.append(EngineCoreOutput(
                     request_id=request_id,
@@ -237,7 +256,7 @@ class Scheduler(SchedulerInterface):
     def _release(self, scheduler_output: SchedulerOutput) -> None:
         """A step's output came (or never will): its requests may be scheduled again. Every
         ``update_from_output`` (a subclass's too) calls this first."""
-        self.in_flight.difference_update(scheduler_output.num_scheduled_tokens)
+        self.in_flight.release(scheduler_output.num_scheduled_tokens)
 
     def finish_requests(self, request_ids: str | Iterable[str], status: RequestStatus) -> None:
         """End requests from outside (abort, or a stop string the front end found). Unknown
@@ -277,11 +296,10 @@ class Scheduler(SchedulerInterface):
         for request in self.policy.order(self.running):
             if step.token_budget == 0 or len(step.num_scheduled_tokens) >= share:
                 break
-            if (request.status is not RequestStatus.RUNNING
-                    or request.request_id in self.in_flight):
+            if request.status is not RequestStatus.RUNNING or not self._schedulable(request):
                 continue  # preempted earlier in this loop, or its last step is not back
-            num_new_tokens = min(self._capped(request.num_tokens - request.num_computed_tokens),
-                                 step.token_budget)
+            num_new_tokens = min(self._capped(request.num_tokens + request.num_output_placeholders
+                                              - request.num_computed_tokens), step.token_budget)
             drafts = (self.spec.drafts_to_schedule(request, step.token_budget - num_new_tokens)
                       if self.spec else [])
             num_new_tokens += len(drafts)
@@ -302,6 +320,12 @@ class Scheduler(SchedulerInterface):
             cached.new_token_ids.append(self._sampled_tokens_in(request, num_new_tokens)
                                         if self.send_new_tokens else [])
             self._grant(request, num_new_tokens, step)
+
+    def _schedulable(self, request: Request) -> bool:
+        """Not in a step in flight - or, with async scheduling, allowed in the next one."""
+        return (request.request_id not in self.in_flight
+                or (self.async_scheduling
+                    and may_overlap(request, self.max_model_len, drafts=self.spec is not None)))
 
     @staticmethod
     def _sampled_tokens_in(request: Request, num_new_tokens: int) -> list[int]:
@@ -325,7 +349,7 @@ class Scheduler(SchedulerInterface):
                 return new_blocks
             candidates = [r for r in self.running
                           if r.request_id not in step.num_scheduled_tokens
-                          and r.request_id not in self.in_flight]
+                          and (self.async_scheduling or r.request_id not in self.in_flight)]
             victim = self.policy.pick_victim(candidates)
             self._preempt(victim)
             step.preempted = True
@@ -407,6 +431,7 @@ class Scheduler(SchedulerInterface):
         self.running.remove(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.num_output_placeholders = 0  # its steps in flight are dropped
         request.spec_token_ids = []
         request.num_preemptions += 1
         request.events.append(EngineCoreEvent.now(EngineCoreEventType.PREEMPTED))
