@@ -3,10 +3,16 @@ their accuracy against the same model dequantized to fp32, and time W1 / W2 with
 
 The dense weights are the default GGUF's, as HF transformers loads it (what the HF-parity
 tests use); each format is written from its spec by ``octavo.testing.quant_checkpoints``
-(round-to-nearest per group: the file layout of the real tools, not their calibration).
+(round-to-nearest per group: the file layout of the real tools, not their calibration), or
+with ``--tool`` by the real tool (llm-compressor, GPTQModel, AutoAWQ) in its own environment
+(``quant_tools.py``), calibrated on fixed random tokens, with the tool's own dequantized model
+as "<name>-exact".
 
     # 1. the folders (about a minute): dense bf16 and each format, plus "<name>-exact"
     .venv/bin/python benchmarks/quant_formats.py write --out /tmp/qfmt
+    # 1b. or a real tool's checkpoints (scripts/install_quant_tools.sh TOOL first), each
+    #     named TOOL/SCHEME, e.g. --formats llmcompressor/w4a16 for accuracy
+    .venv/bin/python benchmarks/quant_formats.py write --out /tmp/qfmt --tool llmcompressor
     # 2. accuracy: greedy tokens teacher-forced on W1[:6] x 64 against "<name>-exact"
     .venv/bin/python benchmarks/quant_formats.py accuracy --out /tmp/qfmt
     # 3. speed and peak RSS (idle machine): W1 and W2 per format, bf16, two threads
@@ -55,14 +61,35 @@ TOKENS = 64
 PROMPTS = 6
 
 
-def write(out: Path) -> None:
-    """The dense folder (from the default GGUF) and every format's three folders."""
+def write(out: Path, tool: str | None) -> None:
+    """The dense folder (from the default GGUF), then every format's three folders, or
+    with ``tool`` that tool's checkpoints."""
+    out = out.resolve()
+    dense = out / "dense"
+    if not (dense / "model.safetensors").exists():
+        write_dense(dense)
+    if tool is not None:
+        here = Path(__file__).resolve().parent
+        python = here.parent / ".venv-quant" / tool / "bin" / "python"
+        if not python.exists():
+            raise SystemExit(f"{python} is missing: scripts/install_quant_tools.sh {tool}")
+        subprocess.run([str(python), str(here / "quant_tools.py"), tool,
+                        "--dense", str(dense), "--out", str(out / tool)], check=True,
+                       cwd=out)  # GPTQModel writes logs/ where it runs
+        return
+    for name, (quantizer, config) in FORMATS.items():
+        qc.quantize_folder(dense, out / name, out / f"{name}-exact", out / f"{name}-blocks",
+                           quantizer, config)
+        print(f"wrote {out / name}")
+
+
+def write_dense(dense: Path) -> None:
+    """SmolLM2-135M's dense fp32 HF folder, from the default GGUF as transformers loads it."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from octavo.models.loader import default_model_path
 
     path = default_model_path()
-    dense = out / "dense"
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                  dtype=torch.float32)
     dense.mkdir(parents=True, exist_ok=True)
@@ -74,10 +101,6 @@ def write(out: Path) -> None:
     config["architectures"] = config.get("architectures") or ["LlamaForCausalLM"]
     (dense / "config.json").write_text(json.dumps(config, indent=1))
     AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(dense)
-    for name, (quantizer, config) in FORMATS.items():
-        qc.quantize_folder(dense, out / name, out / f"{name}-exact", out / f"{name}-blocks",
-                           quantizer, config)
-        print(f"wrote {out / name}")
 
 
 def accuracy(out: Path, dtype: str, names: list[str]) -> None:
@@ -141,10 +164,13 @@ def main() -> None:
     parser.add_argument("step", choices=("write", "accuracy", "bench"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--dtype", default="float32", help="accuracy's dtype")
-    parser.add_argument("--formats", default=",".join(FORMATS), help="accuracy's formats")
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help="accuracy's formats (a tool's: TOOL/SCHEME)")
+    parser.add_argument("--tool", choices=("llmcompressor", "gptqmodel", "autoawq"),
+                        help="write: that tool's checkpoints instead of the spec writer's")
     args = parser.parse_args()
     if args.step == "write":
-        write(args.out)
+        write(args.out, args.tool)
     elif args.step == "accuracy":
         accuracy(args.out, args.dtype, args.formats.split(","))
     else:

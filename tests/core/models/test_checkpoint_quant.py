@@ -327,3 +327,12 @@ def test_autoawq_dequantizes_the_awq_fixture_as_octavo_does():
     layer = load_layer("awq-g64", [w], "row")[0]
     x = torch.randn(2, IN_FEATURES, generator=gen)
     assert ((layer(x) - x @ theirs.float()).abs() <= block_bound(x, reference)).all()
+
+
+@pytest.mark.parametrize(("actorder", "act_order"), [
+    (None, False), ("weight", False), ("static", False), ("group", True), ("dynamic", True)])
+def test_compressed_tensors_actorder_aliases(actorder, act_order):
+    """compressed-tensors' ActivationOrdering: "static" is an alias of "weight" (calibration
+    order only, no g_idx: llm-compressor 0.14's GPTQ default), "dynamic" of "group"."""
+    config = CompressedTensorsConfig.from_config(_ct({**W4, "actorder": actorder}))
+    assert config.method.act_order is act_order

@@ -167,7 +167,10 @@ def _ct_int(weights: dict[str, Any], inputs: dict[str, Any] | None, fmt: str) ->
     strategy = field(weights, "strategy", ("group", "channel"))
     size = (field(weights, "group_size", (*GROUP_SIZES, 256)) if strategy == "group"
             else -1)
-    act_order = field(weights, "actorder", (None, "group", "weight")) == "group"
+    # compressed-tensors' ActivationOrdering: "static" is an alias of "weight" (calibration
+    # order only, no g_idx: what llm-compressor 0.14's GPTQ writes), "dynamic" of "group"
+    act_order = field(weights, "actorder",
+                      (None, "group", "dynamic", "weight", "static")) in ("group", "dynamic")
     symmetric = field(weights, "symmetric", (True, False), True)
     if inputs is None:
         field({"format": fmt}, "format", ("pack-quantized",))
