@@ -6,7 +6,10 @@ weights of the shape so that they come from past the L2 cache), and, for the qua
 paths, in brackets the GB/s of weight bytes that time streams: a decode step is memory-bound,
 so a kernel that reads 4.5-bit weights at the bf16 path's GB/s runs ~3.5x as fast. Types
 with a VNNI kernel get two columns: ``TYPE q8`` (activations quantized to int8 per 32
-values, ``Q8_ACTIVATIONS``) and ``TYPE`` (the fp32 kernel), to keep the faster per shape.
+values, ``Q8_ACTIVATIONS``: the Q8 decode kernel up to 8 rows, the many-row kernel of
+cpu_quant_gemm.c up to ``GEMM_Q8_ROWS``, bf16 panels above) and ``TYPE`` (the fp32
+decode kernel up to 8 rows, dequantized bf16 panels and torch's matmul above), to keep the
+faster per shape.
 Weights are random blocks with sane scales (``octavo.testing.gguf_blocks``): the time does
 not depend on the values. Shapes whose rows are not whole blocks of a type (576 inputs are
 not whole 256-value k-quant blocks: llama.cpp's quantizer gives those rows Q5_0/Q8_0) leave
@@ -33,7 +36,7 @@ from gguf import GGMLQuantizationType as GgmlType
 from octavo.cpu import quant_gemm
 from octavo.cpu.gemm import CpuGemm
 from octavo.cpu.platform import CpuPlatform, cpu_has_native_bf16
-from octavo.cpu.quant_gemm import quant_matmul, quant_q8_available
+from octavo.cpu.quant_gemm import quant_gemm_q8_available, quant_matmul, quant_q8_available
 from octavo.testing.gguf_blocks import random_blocks
 
 # SmolLM2-135M: (out, in) of its linear layers' weights.
@@ -74,7 +77,8 @@ def main() -> None:
                 continue  # llama.cpp's quantizer gives such rows another type
             copies = [torch.from_numpy(random_blocks(ggml_type, out_f, in_f, gen))
                       for _ in range(COPIES)]
-            kinds = [True, False] if quant_q8_available(int(ggml_type)) else [False]
+            vnni = quant_q8_available(int(ggml_type)) or quant_gemm_q8_available(int(ggml_type))
+            kinds = [True, False] if vnni else [False]
             for q8 in kinds:
                 name = f"{ggml_type.name}{' q8' if q8 else ''}"
                 calls[name] = [functools.partial(run, q8=q8, blocks=b, ggml_type=int(ggml_type),

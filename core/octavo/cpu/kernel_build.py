@@ -36,8 +36,8 @@ HERE = Path(__file__).parent
 # Compiled apart and linked into one library.
 SOURCES = [HERE / name
            for name in ("cpu_ops.c", "cpu_attention.c", "cpu_layer.c", "cpu_ssm.c",
-                        "cpu_quant.c", "cpu_quant_q8.c", "cpu_kv_fp8.c", "cpu_lora.c",
-                        "cpu_interface.c")]
+                        "cpu_quant.c", "cpu_quant_q8.c", "cpu_quant_gemm.c", "cpu_kv_fp8.c",
+                        "cpu_lora.c", "cpu_interface.c")]
 INTERFACE = HERE / "octavo_cpu.h"  # what Python calls (octavo.cpu.kernel_header reads it)
 HEADERS = [INTERFACE, HERE / "cpu_kernels.h"]
 ENABLE_ENV = "OCTAVO_CPU_KERNELS"

@@ -170,6 +170,13 @@ int octavo_quant_dequantize_bf16(bf16 *out, const void *blocks, int64_t n, int g
 int octavo_quant_q8_available(int ggml_type);
 int octavo_quant_matmul_q8(float *y, const float *x, int64_t m, const void *blocks,
                            int ggml_type, int64_t out, int64_t in);
+/* The same product for many rows (cpu_quant_gemm.c: 16 weight rows a panel, each block
+ * gathered once for every row of x), on Q8 activations with AVX512-VNNI, for the types
+ * octavo_quant_gemm_q8_available names (1: Q4_0, Q4_1, Q8_0, Q4_K, Q6_K) and any m >= 1;
+ * OCTAVO_ERR_BAD_QUANT for anything else. */
+int octavo_quant_gemm_q8_available(int ggml_type);
+int octavo_quant_gemm_q8(float *y, const float *x, int64_t m, const void *blocks,
+                         int ggml_type, int64_t out, int64_t in);
 
 /* Multi-LoRA's shrink and expand (cpu_lora.c) over a step's tokens grouped by adapter slot:
  * slot s's tokens are sorted_tokens[starts[s] .. starts[s] + counts[s]), for num_slots

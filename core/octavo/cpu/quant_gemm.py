@@ -12,12 +12,16 @@ quantizes the activations to int8 per 32 values, as llama.cpp does, and takes in
 products of the blocks as they are (``Q8_ACTIVATIONS``; the result then carries the
 activations' rounding, at most max|x| / 254 per value of a block); otherwise it decodes
 each weight block into fp32 registers (AVX-512) or an L1 buffer (portable C) and sums fp32
-products. A prefill (more rows) dequantizes the weight a panel of rows at a time and
-multiplies the panel with torch's matmul in the activations' dtype (bf16 panels on the CPU's
-bf16 units, as a dense bf16 model runs), where the arithmetic, not the weight bytes, is what
-costs. The fp32 kernels accumulate in fp32 on fp32 activations (bf16 ones are widened
-first), so their result is the dense product of the dequantized weight up to fp32
-rounding. The dequantized values equal gguf's and llama.cpp's bit for bit.
+products. More rows (a W1 step of many requests, a prefill), where the arithmetic, not the
+weight bytes, is what costs: up to ``GEMM_Q8_ROWS`` rows of Q4_0, Q4_1, Q8_0, Q4_K and Q6_K
+with AVX512-VNNI (and ``Q8_ACTIVATIONS``), the many-row kernel of cpu_quant_gemm.c
+(activations quantized the same way, each block of 16 weight rows gathered once into
+registers and multiplied with every row by vpdpbusd); otherwise the weight is dequantized
+a panel of rows at a time and the panel multiplied with torch's matmul in the activations'
+dtype (bf16 panels on the CPU's bf16 units, as a dense bf16 model runs). The fp32 kernels
+accumulate in fp32 on fp32 activations (bf16 ones are widened first), so their result is
+the dense product of the dequantized weight up to fp32 rounding. The dequantized values
+equal gguf's and llama.cpp's bit for bit.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ DECODE_ROWS = kernels.HEADER.constants["QUANT_DECODE_ROWS"]
 # activations to int8 per 32 values and take integer dot products, as llama.cpp does, rather
 # than widen the weights to fp32 (benchmarks/quant_gemm.py measures both).
 Q8_ACTIVATIONS = True
+# Activation rows up to which a product of more than DECODE_ROWS rows runs the many-row
+# VNNI kernel (quant_gemm_q8_available types, with Q8_ACTIVATIONS); above, bf16 panels, which
+# benchmarks/quant_gemm.py measured faster at 256 rows (the VNNI kernel faster at 16 and 64).
+GEMM_Q8_ROWS = 64
 PANEL_ELEMS = 1 << 22  # weight values dequantized per panel of a prefill (16 MB fp32, 8 MB bf16)
 
 _TYPES = frozenset(int(t) for t in (
@@ -59,6 +67,13 @@ def quant_q8_available(ggml_type: int) -> bool:
     """Whether decode steps of ``ggml_type`` can run the Q8-activation VNNI kernel here."""
     lib = kernels.library()
     return lib is not None and bool(lib.octavo_quant_q8_available(ggml_type))
+
+
+def quant_gemm_q8_available(ggml_type: int) -> bool:
+    """Whether products of more than ``DECODE_ROWS`` rows of ``ggml_type`` can run the
+    many-row VNNI kernel on Q8 activations here (cpu_quant_gemm.c)."""
+    lib = kernels.library()
+    return lib is not None and bool(lib.octavo_quant_gemm_q8_available(ggml_type))
 
 
 def quant_row_bytes(ggml_type: int, in_features: int) -> int:
@@ -123,16 +138,26 @@ def checked_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int, out_fe
     if rows == 0:
         return x.new_empty((*x.shape[:-1], out_features))
     if rows <= DECODE_ROWS:
-        x32 = x.reshape(-1, in_features).to(torch.float32).contiguous()
-        y = torch.empty((rows, out_features), dtype=torch.float32)
-        status = getattr(_library(), kernel)(
-            y.data_ptr(), x32.data_ptr(), rows, blocks.data_ptr(), ggml_type, out_features,
-            in_features)
-        kernels.check_status(kernel, status)
+        y = _kernel_matmul(kernel, x, blocks, ggml_type, out_features, in_features)
+    elif Q8_ACTIVATIONS and rows <= GEMM_Q8_ROWS and quant_gemm_q8_available(ggml_type):
+        y = _kernel_matmul("octavo_quant_gemm_q8", x, blocks, ggml_type, out_features,
+                           in_features)
     else:
         y = _panel_matmul(x.reshape(-1, in_features), blocks, ggml_type, out_features,
                           in_features)
     return y.to(x.dtype).reshape(*x.shape[:-1], out_features)
+
+
+def _kernel_matmul(kernel: str, x: torch.Tensor, blocks: torch.Tensor, ggml_type: int,
+                   out_features: int, in_features: int) -> torch.Tensor:
+    """The fp32 product [rows, out] of ``x``'s rows (widened to fp32) by C entry ``kernel``."""
+    x32 = x.reshape(-1, in_features).to(torch.float32).contiguous()
+    y = torch.empty((x32.shape[0], out_features), dtype=torch.float32)
+    status = getattr(_library(), kernel)(
+        y.data_ptr(), x32.data_ptr(), x32.shape[0], blocks.data_ptr(), ggml_type, out_features,
+        in_features)
+    kernels.check_status(kernel, status)
+    return y
 
 
 def _panel_matmul(x: torch.Tensor, blocks: torch.Tensor, ggml_type: int,

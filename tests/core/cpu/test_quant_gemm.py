@@ -34,7 +34,9 @@ pytestmark = pytest.mark.skipif(not quant_kernels_available(),
                                 reason="the CPU kernels' library is not built here")
 
 OUT_FEATURES = (37, 301)  # not multiples of 16
-ROWS = (1, 3, 6, 17)  # decode kernel: one group of rows, two groups; prefill panels
+# decode kernel: one group of rows, two groups; prefill panels (fp32 activations) or the
+# many-row VNNI kernel (Q8 ones): two tiles of 8 rows and one of 1
+ROWS = (1, 3, 6, 17)
 U = 2.0 ** -24
 BF16_U = 2.0 ** -8  # bf16's unit roundoff (8 significant bits)
 
@@ -81,10 +83,19 @@ def test_matmul_and_rows_match_gguf(ggml_type, build, monkeypatch):
             for rows in ROWS:
                 monkeypatch.setattr(quant_gemm, "Q8_ACTIVATIONS", False)
                 check_matmul(blocks, weight, ggml_type, rows, gen)
-                if quant_gemm.quant_q8_available(int(ggml_type)) and rows <= 8:
+                if q8_kernel_runs(ggml_type, rows):
                     monkeypatch.setattr(quant_gemm, "Q8_ACTIVATIONS", True)
                     check_matmul(blocks, weight, ggml_type, rows, gen,
                                  q8_terms(raw, weight, ggml_type))
+
+
+def q8_kernel_runs(ggml_type: GgmlType, rows: int) -> bool:
+    """Whether ``rows`` rows of ``ggml_type`` run a Q8-activation kernel here (with
+    ``Q8_ACTIVATIONS``): the decode one, or the many-row one up to ``GEMM_Q8_ROWS``."""
+    if rows <= quant_gemm.DECODE_ROWS:
+        return quant_gemm.quant_q8_available(int(ggml_type))
+    return (rows <= quant_gemm.GEMM_Q8_ROWS
+            and quant_gemm.quant_gemm_q8_available(int(ggml_type)))
 
 
 def check_rows(blocks, weight, ggml_type, gen):
@@ -106,11 +117,17 @@ def check_rows(blocks, weight, ggml_type, gen):
 
 def q8_terms(raw: np.ndarray, weight: torch.Tensor,
              ggml_type: GgmlType) -> tuple[torch.Tensor, torch.Tensor]:
-    """For the Q8-activation bound: |d q| of each weight (|w| for Q4_0 and Q8_0, at most
-    |w| + |min| for Q4_1), [out, in]; and each block's offset magnitude (Q4_0: 8 |d|,
-    Q4_1: |min|, Q8_0: 0), [out, blocks]."""
+    """For the Q8-activation bound: |d q| of each weight (|w| for Q4_0, Q8_0 and Q6_K, at
+    most |w| + |min| for Q4_1 and Q4_K), [out, in]; and each 32-value block's offset
+    magnitude (Q4_0: 8 |d|, Q4_1 and Q4_K: |min|, Q8_0 and Q6_K: 0), [out, blocks]."""
     size = GGML_QUANT_SIZES[ggml_type][1]
     fields = raw.reshape(raw.shape[0], -1, size)
+    if ggml_type == GgmlType.Q4_K:  # the minima: the values of blocks whose qs are all 0
+        no_q = fields.copy()
+        no_q[..., 16:] = 0
+        minimum = torch.from_numpy(gguf_dequantize(no_q.reshape(raw.shape), ggml_type))
+        minimum = minimum.reshape(weight.shape[0], -1, 32)[..., 0].double().abs()
+        return weight.double().abs() + minimum.repeat_interleave(32, dim=1), minimum
 
     def fp16_at(offset: int) -> torch.Tensor:
         return torch.from_numpy(
@@ -122,7 +139,7 @@ def q8_terms(raw: np.ndarray, weight: torch.Tensor,
         return w + minimum.repeat_interleave(32, dim=1), minimum
     if ggml_type == GgmlType.Q4_0:
         return w, 8 * fp16_at(0).abs()
-    return w, torch.zeros(fields.shape[:2], dtype=torch.float64)
+    return w, torch.zeros((raw.shape[0], weight.shape[1] // 32), dtype=torch.float64)
 
 
 def matmul_bound(x: torch.Tensor, weight: torch.Tensor,
@@ -161,7 +178,7 @@ def check_matmul(blocks, weight, ggml_type, rows, gen, q8=None):
     yb = quant_matmul(xb, blocks, int(ggml_type), out_features, in_features)
     exact_b = xb.double() @ weight.double().T
     bound_b = matmul_bound(xb.float(), weight, q8)
-    if rows > quant_gemm.DECODE_ROWS:  # bf16 prefill: each weight rounded to bf16 first
+    if rows > quant_gemm.DECODE_ROWS and q8 is None:  # bf16 panels: weights rounded first
         bound_b = (1 + BF16_U) * bound_b + BF16_U * (xb.double().abs() @ weight.double().abs().T)
     bound_b = bound_b + BF16_U * (exact_b.abs() + bound_b)  # the bf16 result's rounding
     assert yb.dtype == torch.bfloat16
