@@ -41,8 +41,10 @@ DECODE_ROWS = kernels.HEADER.constants["QUANT_DECODE_ROWS"]
 # than widen the weights to fp32 (benchmarks/quant_gemm.py measures both).
 Q8_ACTIVATIONS = True
 # Activation rows up to which a product of more than DECODE_ROWS rows runs the many-row
-# VNNI kernel (quant_gemm_q8_available types, with Q8_ACTIVATIONS); above, bf16 panels, which
-# benchmarks/quant_gemm.py measured faster at 256 rows (the VNNI kernel faster at 16 and 64).
+# VNNI kernel (quant_gemm_q8_available types, with Q8_ACTIVATIONS); above, bf16 panels: as
+# fast at 256 rows here (but 1.4-2x slower at 16 and 64 rows), and a long prefill keeps bf16
+# activations (with the kernel on its 87-row prefill, test_gguf_quantized's teacher-forced
+# agreement with the dense model fell from 87/87 to 82/87 positions).
 GEMM_Q8_ROWS = 64
 PANEL_ELEMS = 1 << 22  # weight values dequantized per panel of a prefill (16 MB fp32, 8 MB bf16)
 
