@@ -17,17 +17,20 @@ CLIs the tests start), so tests never fill the user's cache with their tiny mode
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib.util
 import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from octavo.host_memory import return_freed_memory
 from octavo.testing.seeds import draw_seed
 
 if "OCTAVO_CACHE_DIR" not in os.environ:
@@ -39,6 +42,18 @@ if not torch.cuda.is_available() and importlib.util.find_spec("octavo_triton") i
     from octavo_triton.interpret import patch_interpreter
 
     patch_interpreter()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def module_memory_returned() -> Iterator[None]:
+    """When a test module ends, what it freed goes back to the kernel. The CPU backend tells
+    glibc never to trim its heaps (``octavo.cpu.allocator``: a serving process keeps its
+    high-water mark for the next step), so a pytest process that builds engine after engine
+    would keep every module's high-water mark: one pytest of tests/core grew past 18 GB,
+    and was killed for memory beside the other lane of the CI."""
+    yield
+    gc.collect()
+    return_freed_memory()
 
 
 @pytest.fixture(autouse=True)
