@@ -296,7 +296,7 @@ class Scheduler(SchedulerInterface):
         prefill each step takes 1/k of ``max_num_batched_tokens``, so that the steps in flight
         hold one budget between them: a pipeline that starts empty (a burst of prompts) waits
         in its later stages while the first computes the first step, and with a whole budget
-        of prefill in that step the wait was 1.5-2.3 s of W1's ~20 s at PP=2 (the fill
+        of prefill in that step the wait was 1.2-3.1 s of W1's 17-29 s at PP=2 (the fill
         bubble; docs/parallel.md). Without chunking a prompt must fit one step whole, so the
         budget stays whole."""
         if self.steps_in_flight == 1 or not self.chunked_prefill:
