@@ -27,7 +27,9 @@ frees a request in flight at once; the workers run their steps in order, so a bl
 that way is written by the step in flight before any later step reuses it, and the
 request's tokens from that step are dropped when it returns. With ``steps_in_flight`` = k
 a step schedules at most 1/k of the running requests (the first in policy order that are
-not in flight), so that the steps in flight share them instead of one holding them all.
+not in flight), so that the steps in flight share them instead of one holding them all, and
+(with chunked prefill) at most 1/k of ``max_num_batched_tokens``, so that a pipeline fills
+after a fraction of a step's prefill rather than a whole one.
 
 Async scheduling (``async_scheduling``) is the other way to keep steps in flight: the next
 step is planned while the last one runs, and a request may be in both, its unknown
@@ -155,7 +157,7 @@ class Scheduler(SchedulerInterface):
         bisect.insort(self.waiting, request, key=self.policy.sort_key)
 
     def schedule(self) -> SchedulerOutput:
-        step = _Step(token_budget=self.max_num_batched_tokens)
+        step = _Step(token_budget=self._step_token_budget())
         self._schedule_running(step)
         if not step.preempted:
             self._schedule_waiting(step)
@@ -288,6 +290,18 @@ class Scheduler(SchedulerInterface):
             running_lora_adapters=requests_per_adapter(self.running),
             waiting_lora_adapters=requests_per_adapter(self.waiting),
         )
+
+    def _step_token_budget(self) -> int:
+        """A step's token budget. With micro-batches (``steps_in_flight`` = k) and chunked
+        prefill each step takes 1/k of ``max_num_batched_tokens``, so that the steps in flight
+        hold one budget between them: a pipeline that starts empty (a burst of prompts) waits
+        in its later stages while the first computes the first step, and with a whole budget
+        of prefill in that step the wait was 1.2-3.1 s of W1's 17-29 s at PP=2 (the fill
+        bubble; docs/parallel.md). Without chunking a prompt must fit one step whole, so the
+        budget stays whole."""
+        if self.steps_in_flight == 1 or not self.chunked_prefill:
+            return self.max_num_batched_tokens
+        return max(1, self.max_num_batched_tokens // self.steps_in_flight)
 
     def _schedule_running(self, step: _Step) -> None:
         # With steps in flight each takes its share of the running requests: otherwise one

@@ -79,6 +79,16 @@ def test_a_prompt_longer_than_the_budget_is_chunked() -> None:
     assert [len(out.new_token_ids) for out in result.outputs["long"]] == [1, 1, 1]
 
 
+def test_steps_in_flight_share_the_token_budget() -> None:
+    """With k steps in flight (pipeline micro-batches) a step takes 1/k of the budget, so a
+    burst of prompts fills the pipeline after a fraction of a step; one at a time, all of it."""
+    for steps_in_flight, first_chunk in ((1, 64), (2, 32), (3, 21)):
+        scheduler = _scheduler()
+        scheduler.steps_in_flight = steps_in_flight  # as the engine core sets it
+        scheduler.add_request(make_request("long", list(range(100))))
+        assert scheduler.schedule().num_scheduled_tokens == {"long": first_chunk}
+
+
 def test_samples_returned_for_a_partial_prefill_are_ignored() -> None:
     """A runner that samples every request's last position (a mid-prompt one, for a chunk)
     must not leak those tokens into the output."""
