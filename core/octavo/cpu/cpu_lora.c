@@ -325,3 +325,29 @@ int octavo_lora_expand(void *y, int64_t y_stride, const float *buf, int64_t buf_
     free(runs);
     return failed ? OCTAVO_ERR_NO_MEMORY : OCTAVO_OK;
 }
+
+int octavo_lora_delta(void *y, int64_t y_stride, const void *x, int64_t x_stride,
+                      const void *a, const void *b, int dtype, const int64_t *slices,
+                      int64_t num_slices, const int *sorted_tokens, const int *starts,
+                      const int *counts, int64_t num_slots, int64_t tokens, int64_t rank,
+                      int64_t in, int64_t out_features) {
+    float *buf = octavo_alloc((size_t)(tokens * rank) * sizeof(float));
+    if (buf == NULL)
+        return OCTAVO_ERR_NO_MEMORY;
+    size_t elem = dtype == OCTAVO_LORA_BF16 ? sizeof(bf16) : sizeof(float);
+    int status = OCTAVO_OK;
+    for (int64_t i = 0; i < num_slices && status == OCTAVO_OK; i++) {
+        int64_t offset = slices[2 * i], size = slices[2 * i + 1];
+        status = octavo_lora_shrink(buf, rank, x, x_stride,
+                                    (const char *)a + (size_t)(i * num_slots * rank * in) * elem,
+                                    rank * in, dtype, sorted_tokens, starts, counts, num_slots,
+                                    tokens, rank, in, 1.0f);
+        if (status == OCTAVO_OK)
+            status = octavo_lora_expand((char *)y + (size_t)offset * elem, y_stride, buf, rank,
+                                        (const char *)b + (size_t)(offset * rank) * elem,
+                                        out_features * rank, dtype, sorted_tokens, starts,
+                                        counts, num_slots, rank, size);
+    }
+    free(buf);
+    return status;
+}
