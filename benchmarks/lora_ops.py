@@ -1,10 +1,11 @@
-"""The CPU LoRA shrink/expand: the C kernels (``octavo.cpu.lora``, what the CPU platform
-runs), the portable ones (``octavo.lora.ops``: tokens grouped by adapter, one matmul per
+"""The CPU LoRA shrink/expand: the C kernels (``octavo.cpu.lora``) in one call per layer
+(``bind_delta``, what the CPU platform runs) and as a shrink/expand pair per slice, the
+portable ones (``octavo.lora.ops``: tokens grouped by adapter, one matmul per
 adapter present) and a per-adapter loop (each slot multiplies every token, its rows kept by
 a mask), on SmolLM2-135M's projection shapes: the time of one layer's delta for a step of
 ``--tokens`` tokens spread round-robin over ``--adapters`` rank-``--rank`` adapters (median
 of ``--repeats`` calls after warm-up; the tokens grouped by slot once, as the model runner
-does once per step). The last line sums the 30 layers of a step.
+does once per step). The last lines sum the 30 layers of a step.
 
     python benchmarks/lora_ops.py --threads 2 --tokens 1,16,64,256 --adapters 8 --rank 16
 """
@@ -57,7 +58,18 @@ def layer_delta(kernel: Callable[..., None], x: torch.Tensor, y: torch.Tensor,
         offset += size
 
 
-def median_seconds(call: Callable[[], None], repeats: int) -> float:
+def one_call(x: torch.Tensor, y: torch.Tensor,
+             slices: list[tuple[torch.Tensor, torch.Tensor, int]]) -> Callable[..., object]:
+    """The layer's delta in one C call: its slices stacked as a wrapped layer holds them."""
+    offsets = [sum(size for _, _, size in slices[:i]) for i in range(len(slices))]
+    delta = cpu_lora.bind_delta(torch.stack([a for a, _, _ in slices]),
+                                torch.cat([b for _, b, _ in slices], dim=1),
+                                [(offset, size) for offset, (_, _, size) in zip(offsets, slices)])
+    assert delta is not None
+    return partial(delta, x, y)
+
+
+def median_seconds(call: Callable[[], object], repeats: int) -> float:
     for _ in range(3):
         call()
     times = []
@@ -81,10 +93,11 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     generator = torch.Generator().manual_seed(0)
     assert cpu_lora.available(), "the CPU kernels' library is not built here"
-    print(f"{'layer':>8} {'tokens':>6} {'C us':>9} {'torch us':>9} {'loop us':>9} "
-          f"{'C vs torch':>10}")
+    print(f"{'layer':>8} {'tokens':>6} {'C 1 call':>9} {'C us':>9} {'torch us':>9} "
+          f"{'loop us':>9} {'C vs torch':>10}")
     token_counts = [int(t) for t in args.tokens.split(",")]
     step = dict.fromkeys(token_counts, 0.0)
+    step_one = dict.fromkeys(token_counts, 0.0)
     for name, (inp, sizes) in SHAPES.items():
         for tokens in token_counts:
             x = torch.randn(tokens, inp, generator=generator).to(dtype)
@@ -98,14 +111,19 @@ def main() -> None:
             groups = group_tokens(token_lora, args.adapters)
             c_kernels = partial(grouped, cpu_lora.lora_shrink, cpu_lora.lora_expand, groups)
             torch_kernels = partial(grouped, ops.lora_shrink, ops.lora_expand, groups)
+            one = median_seconds(partial(one_call(x, y, slices), groups), args.repeats)
             ours = median_seconds(partial(layer_delta, c_kernels, *case), args.repeats)
             portable = median_seconds(partial(layer_delta, torch_kernels, *case), args.repeats)
             loop = median_seconds(partial(layer_delta, per_adapter_loop, *case), args.repeats)
             step[tokens] += LAYERS * ours
-            print(f"{name:>8} {tokens:>6} {ours * 1e6:>9.1f} {portable * 1e6:>9.1f} "
+            step_one[tokens] += LAYERS * one
+            print(f"{name:>8} {tokens:>6} {one * 1e6:>9.1f} {ours * 1e6:>9.1f} "
+                  f"{portable * 1e6:>9.1f} "
                   f"{loop * 1e6:>9.1f} {portable / ours:>9.2f}x")
     for tokens, seconds in step.items():
-        print(f"C kernels, {LAYERS} layers of {tokens} tokens (one step): {seconds * 1e3:.2f} ms")
+        print(f"C kernels, {LAYERS} layers of {tokens} tokens (one step): "
+              f"{step_one[tokens] * 1e3:.2f} ms in one call per layer, {seconds * 1e3:.2f} ms "
+              f"as a pair per slice")
 
 
 if __name__ == "__main__":

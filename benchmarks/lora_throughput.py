@@ -62,7 +62,8 @@ def write_adapters(folder: Path, hf_config: dict[str, Any], count: int,
 
 
 class KernelClock:
-    """Wall time spent in the engine's shrink/expand calls (one worker in this process)."""
+    """Wall time spent in the engine's LoRA kernel calls (one worker in this process): each
+    wrapped layer's one-call delta where the platform has one, else its shrink/expand."""
 
     def __init__(self, llm: LLM) -> None:
         self.seconds = 0.0
@@ -70,12 +71,16 @@ class KernelClock:
         assert lora is not None
         lora.batch.shrink = self._timed(lora.batch.shrink)
         lora.batch.expand = self._timed(lora.batch.expand)
+        for layer in lora.layers:
+            if layer.delta is not None:
+                layer.delta = self._timed(layer.delta)
 
-    def _timed(self, kernel: Callable[..., None]) -> Callable[..., None]:
-        def call(*args: Any) -> None:
+    def _timed(self, kernel: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any) -> Any:
             start = time.perf_counter()
-            kernel(*args)
+            result = kernel(*args)
             self.seconds += time.perf_counter() - start
+            return result
         return call
 
 

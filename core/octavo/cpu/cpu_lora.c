@@ -174,6 +174,25 @@ static void shrink_run(float *out, int64_t out_stride, const void *x, int64_t x_
     }
 }
 
+/* The shrink's runs shared among the threads of the enclosing parallel region (all of them
+ * must call it; serial outside one); xf: this thread's SHRINK_ROWS x in floats, NULL when
+ * its allocation failed (it then skips its share). */
+static void shrink_runs(float *out, int64_t out_stride, const void *x, int64_t x_stride,
+                        const void *a, int64_t a_slot_stride, int dtype,
+                        const int *sorted_tokens, const token_run *runs, int64_t num_runs,
+                        int64_t rank, int64_t in, float scale, float *xf) {
+    size_t elem = dtype == OCTAVO_LORA_BF16 ? sizeof(bf16) : sizeof(float);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < num_runs; i++) {
+        if (xf == NULL)
+            continue;
+        token_run run = runs[i];
+        shrink_run(out, out_stride, x, x_stride,
+                   (const char *)a + (size_t)(run.slot * a_slot_stride) * elem, dtype,
+                   sorted_tokens + run.first, run.n, rank, in, scale, xf);
+    }
+}
+
 int octavo_lora_shrink(float *out, int64_t out_stride, const void *x, int64_t x_stride,
                        const void *a, int64_t a_slot_stride, int dtype,
                        const int *sorted_tokens, const int *starts, const int *counts,
@@ -185,22 +204,14 @@ int octavo_lora_shrink(float *out, int64_t out_stride, const void *x, int64_t x_
     token_run *runs = token_runs(starts, counts, num_slots, SHRINK_ROWS, &num_runs);
     if (runs == NULL)
         return OCTAVO_ERR_NO_MEMORY;
-    size_t elem = dtype == OCTAVO_LORA_BF16 ? sizeof(bf16) : sizeof(float);
     int failed = 0;
 #pragma omp parallel if (num_runs * SHRINK_ROWS * rank * in >= PARALLEL_MIN)
     {
         float *xf = octavo_alloc((size_t)(SHRINK_ROWS * in) * sizeof(float));
         if (xf == NULL)
             octavo_fail(&failed);
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < num_runs; i++) {
-            if (xf == NULL)
-                continue;
-            token_run run = runs[i];
-            shrink_run(out, out_stride, x, x_stride,
-                       (const char *)a + (size_t)(run.slot * a_slot_stride) * elem, dtype,
-                       sorted_tokens + run.first, run.n, rank, in, scale, xf);
-        }
+        shrink_runs(out, out_stride, x, x_stride, a, a_slot_stride, dtype, sorted_tokens,
+                    runs, num_runs, rank, in, scale, xf);
         free(xf);
     }
     free(runs);
@@ -276,6 +287,51 @@ static void expand_rows(void *const y[EXPAND_ROWS], int64_t n, int dtype,
 #endif
 }
 
+/* The expand's (run, column block) items shared among the threads of the enclosing
+ * parallel region (all of them must call it; serial outside one); bt: this thread's
+ * rank x EXPAND_COLS floats, NULL when its allocation failed (it then skips its share). */
+static void expand_runs(void *y, int64_t y_stride, const float *buf, int64_t buf_stride,
+                        const void *b, int64_t b_slot_stride, int dtype,
+                        const int *sorted_tokens, const token_run *runs, int64_t num_runs,
+                        int64_t rank, int64_t size, float *bt) {
+    size_t elem = dtype == OCTAVO_LORA_BF16 ? sizeof(bf16) : sizeof(float);
+    int64_t blocks = (size + EXPAND_COLS - 1) / EXPAND_COLS;
+#pragma omp for collapse(2) schedule(static)
+    for (int64_t i = 0; i < num_runs; i++) {
+        for (int64_t block = 0; block < blocks; block++) {
+            if (bt == NULL)
+                continue;
+            token_run run = runs[i];
+            int64_t col = block * EXPAND_COLS;
+            int64_t cols = size - col < EXPAND_COLS ? size - col : EXPAND_COLS;
+            transpose_block(bt,
+                            (const char *)b + (size_t)(run.slot * b_slot_stride
+                                                       + col * rank) * elem,
+                            dtype, cols, rank);
+            for (int64_t j0 = 0; j0 < run.n; j0 += EXPAND_ROWS) {
+                void *rows[EXPAND_ROWS];
+                const float *v[EXPAND_ROWS];
+                for (int64_t j = 0; j < EXPAND_ROWS; j++) {
+                    int64_t t = sorted_tokens[run.first + (j0 + j < run.n ? j0 + j : j0)];
+                    rows[j] = (char *)y + (size_t)(t * y_stride + col) * elem;
+                    v[j] = buf + t * buf_stride;
+                }
+                int64_t left = run.n - j0;
+                expand_rows(rows, left < EXPAND_ROWS ? left : EXPAND_ROWS, dtype, v, bt,
+                            rank, cols);
+            }
+        }
+    }
+}
+
+/* The number of tokens in the runs. */
+static int64_t run_tokens(const token_run *runs, int64_t num_runs) {
+    int64_t tokens = 0;
+    for (int64_t i = 0; i < num_runs; i++)
+        tokens += runs[i].n;
+    return tokens;
+}
+
 int octavo_lora_expand(void *y, int64_t y_stride, const float *buf, int64_t buf_stride,
                        const void *b, int64_t b_slot_stride, int dtype,
                        const int *sorted_tokens, const int *starts, const int *counts,
@@ -284,44 +340,61 @@ int octavo_lora_expand(void *y, int64_t y_stride, const float *buf, int64_t buf_
     token_run *runs = token_runs(starts, counts, num_slots, EXPAND_TOKENS, &num_runs);
     if (runs == NULL)
         return OCTAVO_ERR_NO_MEMORY;
-    size_t elem = dtype == OCTAVO_LORA_BF16 ? sizeof(bf16) : sizeof(float);
-    int64_t blocks = (size + EXPAND_COLS - 1) / EXPAND_COLS, tokens = 0;
-    for (int64_t i = 0; i < num_runs; i++)
-        tokens += runs[i].n;
     int failed = 0;
-#pragma omp parallel if (tokens * rank * size >= PARALLEL_MIN)
+#pragma omp parallel if (run_tokens(runs, num_runs) * rank * size >= PARALLEL_MIN)
     {
         float *bt = octavo_alloc((size_t)(rank * EXPAND_COLS) * sizeof(float));
         if (bt == NULL)
             octavo_fail(&failed);
-#pragma omp for collapse(2) schedule(static)
-        for (int64_t i = 0; i < num_runs; i++) {
-            for (int64_t block = 0; block < blocks; block++) {
-                if (bt == NULL)
-                    continue;
-                token_run run = runs[i];
-                int64_t col = block * EXPAND_COLS;
-                int64_t cols = size - col < EXPAND_COLS ? size - col : EXPAND_COLS;
-                transpose_block(bt,
-                                (const char *)b + (size_t)(run.slot * b_slot_stride
-                                                           + col * rank) * elem,
-                                dtype, cols, rank);
-                for (int64_t j0 = 0; j0 < run.n; j0 += EXPAND_ROWS) {
-                    void *rows[EXPAND_ROWS];
-                    const float *v[EXPAND_ROWS];
-                    for (int64_t j = 0; j < EXPAND_ROWS; j++) {
-                        int64_t t = sorted_tokens[run.first + (j0 + j < run.n ? j0 + j : j0)];
-                        rows[j] = (char *)y + (size_t)(t * y_stride + col) * elem;
-                        v[j] = buf + t * buf_stride;
-                    }
-                    int64_t left = run.n - j0;
-                    expand_rows(rows, left < EXPAND_ROWS ? left : EXPAND_ROWS, dtype, v, bt,
-                                rank, cols);
-                }
-            }
-        }
+        expand_runs(y, y_stride, buf, buf_stride, b, b_slot_stride, dtype, sorted_tokens, runs,
+                    num_runs, rank, size, bt);
         free(bt);
     }
     free(runs);
+    return failed ? OCTAVO_ERR_NO_MEMORY : OCTAVO_OK;
+}
+
+/* One parallel region for the whole layer (slice by slice, shrink then expand, the
+ * work-sharing loops' barriers between them) rather than two per slice: starting the
+ * threads is what a small step's call costs most, not its arithmetic. buf needs no zeroing:
+ * expand reads only the rows of tokens in a slot, all of which shrink writes. */
+int octavo_lora_delta(void *y, int64_t y_stride, const void *x, int64_t x_stride,
+                      const void *a, const void *b, int dtype, const int64_t *slices,
+                      int64_t num_slices, const int *sorted_tokens, const int *starts,
+                      const int *counts, int64_t num_slots, int64_t tokens, int64_t rank,
+                      int64_t in, int64_t out_features) {
+    int64_t num_shrink = 0, num_expand = 0;
+    token_run *shrink = token_runs(starts, counts, num_slots, SHRINK_ROWS, &num_shrink);
+    token_run *expand = token_runs(starts, counts, num_slots, EXPAND_TOKENS, &num_expand);
+    float *buf = octavo_alloc((size_t)(tokens * rank) * sizeof(float));
+    size_t elem = dtype == OCTAVO_LORA_BF16 ? sizeof(bf16) : sizeof(float);
+    int ready = shrink != NULL && expand != NULL && buf != NULL, failed = !ready;
+    int64_t work = run_tokens(expand, num_expand) * rank * (num_slices * in + out_features);
+#pragma omp parallel if (ready && work >= PARALLEL_MIN)
+    {
+        float *xf = ready ? octavo_alloc((size_t)(SHRINK_ROWS * in) * sizeof(float)) : NULL;
+        float *bt = ready ? octavo_alloc((size_t)(rank * EXPAND_COLS) * sizeof(float)) : NULL;
+        if (xf == NULL || bt == NULL) {
+            octavo_fail(&failed);
+            free(xf);
+            free(bt);
+            xf = bt = NULL;
+        }
+        for (int64_t i = 0; i < num_slices; i++) {
+            int64_t offset = slices[2 * i], size = slices[2 * i + 1];
+            shrink_runs(buf, rank, x, x_stride,
+                        (const char *)a + (size_t)(i * num_slots * rank * in) * elem,
+                        rank * in, dtype, sorted_tokens, shrink, num_shrink, rank, in, 1.0f,
+                        xf);
+            expand_runs((char *)y + (size_t)offset * elem, y_stride, buf, rank,
+                        (const char *)b + (size_t)(offset * rank) * elem, out_features * rank,
+                        dtype, sorted_tokens, expand, num_expand, rank, size, bt);
+        }
+        free(xf);
+        free(bt);
+    }
+    free(shrink);
+    free(expand);
+    free(buf);
     return failed ? OCTAVO_ERR_NO_MEMORY : OCTAVO_OK;
 }

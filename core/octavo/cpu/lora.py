@@ -14,6 +14,9 @@ compute the same thing.
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Sequence
+
 import torch
 
 from octavo.cpu import kernels
@@ -73,3 +76,46 @@ def lora_expand(y: torch.Tensor, buf: torch.Tensor, lora_b: torch.Tensor,
         groups.sorted_tokens.data_ptr(), groups.starts.data_ptr(), groups.counts.data_ptr(),
         lora_b.shape[0], lora_b.shape[2], size)
     kernels.check_status("octavo_lora_expand", status)
+
+
+class LayerDelta:
+    """``octavo.lora.ops.LayerDelta`` in one C call (``octavo_lora_delta``): the arguments
+    that do not change between steps (the stacks' addresses, shapes, the slices' columns)
+    are made here once, when the layer is wrapped, not in every call."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor,
+                 slices: Sequence[tuple[int, int]]) -> None:
+        lib = kernels.library()
+        assert lib is not None
+        self.function = lib.octavo_lora_delta
+        self.stacks = (a, b)  # kept alive: the C call reads them by address
+        self.dtype = a.dtype
+        self.code = _DTYPES[a.dtype]
+        self.a, self.b = a.data_ptr(), b.data_ptr()
+        self.slices = (ctypes.c_int64 * (2 * len(slices)))(*(v for s in slices for v in s))
+        self.num_slices = len(slices)
+        _, self.num_slots, self.rank, self.in_features = a.shape
+        self.out_features = b.shape[1]
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, groups: TokenGroups) -> bool:
+        dtype = self.dtype
+        if (x.dtype is not dtype or y.dtype is not dtype or not x.is_cpu or not y.is_cpu
+                or x.stride(-1) != 1 or y.stride(-1) != 1):
+            return False
+        status = self.function(
+            y.data_ptr(), y.stride(0), x.data_ptr(), x.stride(0), self.a, self.b, self.code,
+            self.slices, self.num_slices, groups.sorted_tokens.data_ptr(),
+            groups.starts.data_ptr(), groups.counts.data_ptr(), self.num_slots, x.shape[0],
+            self.rank, self.in_features, self.out_features)
+        kernels.check_status("octavo_lora_delta", status)
+        return True
+
+
+def bind_delta(a: torch.Tensor, b: torch.Tensor,
+               slices: Sequence[tuple[int, int]]) -> LayerDelta | None:
+    """``octavo.lora.ops.BindDelta``: a :class:`LayerDelta` for contiguous bf16 or fp32
+    stacks on the CPU, None for others (they take the shrink/expand pair per slice)."""
+    if (a.dtype not in _DTYPES or b.dtype is not a.dtype or not a.is_cpu or not b.is_cpu
+            or not a.is_contiguous() or not b.is_contiguous()):
+        return None
+    return LayerDelta(a, b, slices)

@@ -197,5 +197,16 @@ int octavo_lora_expand(void *y, int64_t y_stride, const float *buf, int64_t buf_
                        const void *b, int64_t b_slot_stride, int dtype,
                        const int *sorted_tokens, const int *starts, const int *counts,
                        int64_t num_slots, int64_t rank, int64_t size);
+/* A wrapped layer's whole delta in one call: for each of its num_slices slices i (offset,
+ * size pairs in slices: the slice's columns of y and rows of b), shrink x through
+ * a[i] (a: [num_slices][num_slots][rank][in] contiguous, scale 1) into an fp32 buffer of
+ * tokens x rank made here, then expand it into y's columns offset .. offset + size through
+ * b's rows there (b: [num_slots][out_features][rank] contiguous): the same sums as
+ * octavo_lora_shrink and octavo_lora_expand called slice by slice. */
+int octavo_lora_delta(void *y, int64_t y_stride, const void *x, int64_t x_stride,
+                      const void *a, const void *b, int dtype, const int64_t *slices,
+                      int64_t num_slices, const int *sorted_tokens, const int *starts,
+                      const int *counts, int64_t num_slots, int64_t tokens, int64_t rank,
+                      int64_t in, int64_t out_features);
 
 #endif

@@ -28,7 +28,9 @@ from torch import nn
 
 from octavo.lora.adapter import LoRAAdapter, LoRAError
 from octavo.lora.ops import (
+    BindDelta,
     Expand,
+    LayerDelta,
     Shrink,
     TokenGroups,
     group_tokens,
@@ -53,6 +55,7 @@ class LoRABatch:
     num_slots: int
     shrink: Shrink = lora_shrink
     expand: Expand = lora_expand
+    bind: BindDelta | None = None
     token_lora: torch.Tensor | None = None
     groups: TokenGroups | None = None
 
@@ -86,6 +89,10 @@ class LoRALinearMethod(LinearMethodBase):
         self.max_rank = max_rank
         self.a = torch.zeros(len(slices), max_loras, max_rank, layer.in_features, dtype=dtype)
         self.b = torch.zeros(max_loras, layer.out_features, max_rank, dtype=dtype)
+        # The platform's one-call delta over these stacks (None: shrink/expand per slice).
+        self.delta: LayerDelta | None = (
+            None if batch.bind is None
+            else batch.bind(self.a, self.b, [(piece.offset, piece.size) for piece in slices]))
 
     @property
     def dense(self) -> bool:
@@ -112,9 +119,12 @@ class LoRALinearMethod(LinearMethodBase):
         return self.batch.token_lora is not None or self.base.adds_after_gemm()
 
     def add_delta(self, x: torch.Tensor, y: torch.Tensor, token_lora: torch.Tensor) -> None:
-        """``y += (x A_s^T) B_s^T`` per token's slot ``s``, slice by slice."""
-        buf = torch.empty(x.shape[0], self.max_rank, dtype=torch.float32, device=x.device)
+        """``y += (x A_s^T) B_s^T`` per token's slot ``s``: in one call of the platform's
+        delta where it takes ``x`` and ``y``, else slice by slice."""
         groups = self.batch.groups
+        if self.delta is not None and groups is not None and self.delta(x, y, groups):
+            return
+        buf = torch.empty(x.shape[0], self.max_rank, dtype=torch.float32, device=x.device)
         for index, piece in enumerate(self.slices):
             self.batch.shrink(x, self.a[index], token_lora, buf, 1.0, groups)
             self.batch.expand(y, buf, self.b[:, piece.offset:piece.offset + piece.size],

@@ -21,7 +21,7 @@ import torch
 from octavo.config.lora import LoRAConfig
 from octavo.lora.adapter import SUPPORTED_MODULES, LoRAAdapter, load_adapter
 from octavo.lora.layers import LoRABatch, LoRALinearMethod, layer_slices
-from octavo.lora.ops import Expand, Shrink
+from octavo.lora.ops import BindDelta, Expand, Shrink
 from octavo.lora_request import LoRAAdapterRef
 from octavo.models.base import CausalLM
 from octavo.models.layers.linear import LinearBase
@@ -91,12 +91,14 @@ class WorkerLoRAManager:
 
 
 def install_lora(model: CausalLM, config: LoRAConfig, dtype: torch.dtype,
-                 kernels: tuple[Shrink, Expand] | None = None) -> WorkerLoRAManager:
+                 kernels: tuple[Shrink, Expand] | None = None,
+                 bind: BindDelta | None = None) -> WorkerLoRAManager:
     """Wrap ``model``'s attention and MLP projections in ``LoRALinearMethod`` (call it
     after loading, before the platform prepares the model); ``kernels``: the platform's
-    shrink/expand (None: the portable ones of ``octavo.lora.ops``)."""
-    batch = (LoRABatch(config.max_loras) if kernels is None
-             else LoRABatch(config.max_loras, *kernels))
+    shrink/expand (None: the portable ones of ``octavo.lora.ops``); ``bind``: its one-call
+    layer delta (None: shrink/expand slice by slice)."""
+    batch = (LoRABatch(config.max_loras, bind=bind) if kernels is None
+             else LoRABatch(config.max_loras, *kernels, bind=bind))
     layers = []
     for name, module in model.named_modules():
         if isinstance(module, LinearBase) and name.rsplit(".", 1)[-1] in _WRAPPED:

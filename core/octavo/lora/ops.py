@@ -18,6 +18,7 @@ costs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,6 +64,24 @@ class Expand(Protocol):
     def __call__(self, y: torch.Tensor, buf: torch.Tensor, lora_b: torch.Tensor,
                  token_lora: torch.Tensor, offset: int, size: int,
                  groups: TokenGroups | None = None) -> None:
+        ...
+
+
+class LayerDelta(Protocol):
+    """A wrapped layer's whole delta, ``y += (x A_s^T) B_s^T`` over all its slices, in one
+    call; False where it cannot take ``x`` or ``y`` (the caller then runs shrink/expand)."""
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, groups: TokenGroups) -> bool:
+        ...
+
+
+class BindDelta(Protocol):
+    """A platform's :class:`LayerDelta` for a layer's stacks ``a [slices, L, R, in]`` and
+    ``b [L, out, R]`` and its slices' ``(offset, size)`` columns, made once when the layer is
+    wrapped (the stacks are filled in place afterwards); None where it cannot take them."""
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor,
+                 slices: Sequence[tuple[int, int]]) -> LayerDelta | None:
         ...
 
 

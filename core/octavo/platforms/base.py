@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from octavo.config.errors import ConfigError
 
@@ -113,6 +113,12 @@ class Platform(ABC):
     def lora_kernels(cls) -> tuple[Callable[..., None], Callable[..., None]] | None:
         """This platform's ``(lora_shrink, lora_expand)``, with the signatures of
         ``octavo.lora.ops`` (vLLM V1's split of a LoRA delta); None: those portable ones."""
+        return None
+
+    @classmethod
+    def lora_delta(cls) -> Callable[..., Any] | None:
+        """This platform's ``octavo.lora.ops.BindDelta``: a wrapped layer's whole delta in
+        one call instead of a shrink/expand pair per slice; None: the pair per slice."""
         return None
 
     @classmethod

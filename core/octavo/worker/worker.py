@@ -56,7 +56,8 @@ class Worker(WorkerInterface):
                             quantization=config.model.quantization)
         if config.cache.calculate_kv_scales:
             calculate_kv_scales(model)
-        lora = (install_lora(model, config.lora, dtype, platform.lora_kernels())
+        lora = (install_lora(model, config.lora, dtype, platform.lora_kernels(),
+                             platform.lora_delta())
                 if config.lora.enable_lora else None)
         self.compiles = config.compilation.level > 0 and not config.device.enforce_eager
         if self.compiles:

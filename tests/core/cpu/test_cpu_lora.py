@@ -148,3 +148,34 @@ def test_grouping_and_the_platform_hand_over() -> None:
     assert [(slot, rows.tolist()) for slot, rows in groups.slots()] == [(0, [2, 5, 6]),
                                                                         (2, [0, 3])]
     assert CpuPlatform.lora_kernels() == (lora.lora_shrink, lora.lora_expand)
+    assert CpuPlatform.lora_delta() is lora.bind_delta
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_layer_delta_is_the_slice_by_slice_pair(dtype: torch.dtype) -> None:
+    """One ``octavo_lora_delta`` call over a packed layer's three slices (a qkv_proj's, GQA
+    sizes) gives y bit for bit as the shrink/expand pair called slice by slice: it runs the
+    same kernels; stacks or activations it cannot take are left to that pair."""
+    seed = draw_seed()
+    gen = torch.Generator().manual_seed(seed)
+    slots_of, num_slots, rank, inp = CASES[0][:4]
+    token_lora = torch.tensor(slots_of, dtype=torch.int32)
+    groups = group_tokens(token_lora, num_slots)
+    slices = [(0, 48), (48, 16), (64, 16)]
+    a = torch.randn(len(slices), num_slots, rank, inp, generator=gen).to(dtype)
+    b = torch.randn(num_slots, 80, rank, generator=gen).to(dtype)
+    x = torch.randn(len(slots_of), inp, generator=gen).to(dtype)
+    y = torch.randn(len(slots_of), 80, generator=gen).to(dtype)
+    expected = y.clone()
+    buf = torch.empty(len(slots_of), rank)
+    for index, (offset, size) in enumerate(slices):
+        lora.lora_shrink(x, a[index], token_lora, buf, 1.0, groups)
+        lora.lora_expand(expected, buf, b[:, offset:offset + size], token_lora, offset, size,
+                         groups)
+    delta = lora.bind_delta(a, b, slices)
+    assert delta is not None and delta(x, y, groups)
+    assert torch.equal(y, expected), f"seed {seed}: the one call differs from the pair"
+    other = torch.float32 if dtype is torch.bfloat16 else torch.bfloat16
+    assert not delta(x.to(other), y, groups), "took x of another dtype than the stacks"
+    assert lora.bind_delta(a.to(torch.float16), b.to(torch.float16), slices) is None
+    assert lora.bind_delta(a, b.transpose(1, 2).contiguous().transpose(1, 2), slices) is None

@@ -39,6 +39,7 @@ def check_delta_after_gemm(layer: LinearBase, seed: int) -> None:
     prepacked GEMM's product, plus ``(x A^T) B^T`` on the adapter's rows."""
     method = layer.quant_method
     assert isinstance(method, LoRALinearMethod) and isinstance(layer.cpu_gemm, CpuGemm)
+    assert method.delta is not None, "the CPU's one-call delta (octavo_lora_delta) not bound"
     x = torch.randn(3, layer.in_features, generator=torch.Generator().manual_seed(seed))
     x = x.to(torch.bfloat16)
     method.batch.set_map(torch.tensor([0, -1, 0], dtype=torch.int32))
