@@ -13,9 +13,9 @@ of the CPUs, is marked noisy in the log, the table and the JSON. Quote only quie
 
 Every engine gets the same token-id prompts (built here from workloads.json), the same
 weights and dtype (bf16 by default), greedy decoding and exactly ``output_len`` tokens per
-request, and the same CPU threads. A GGUF model (the default one) is read through Octavo's
-conversion cache, whose entry is an HF folder of the dequantized weights: every engine loads
-that folder (llama.cpp: a bf16 GGUF made from the same file). See benchmarks/README.md.
+request, and the same CPU threads. A GGUF model (the default one) is dequantized once into
+an HF folder of fp32 weights in the work folder: every engine loads that folder (llama.cpp:
+a bf16 GGUF made from the same file). See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -34,12 +34,13 @@ from typing import Any
 
 from machine_load import JobWatch, MachineReport
 from peak_rss import PeakRss, ProcessPeak
+from safetensors.torch import save_file
 
-from octavo import paths
 from octavo.bench.workloads import build_workload, load_specs
 from octavo.config import parse_memory
 from octavo.entrypoints.table import format_table
-from octavo.models.loader import default_model_path, gguf_cache, load_model_files
+from octavo.models.loader import default_model_path, load_model_files
+from octavo.models.loader.quantized import GgufTensor
 
 HERE = Path(__file__).resolve().parent
 RUNNERS = HERE / "engines"
@@ -125,17 +126,31 @@ def workload_names(text: str) -> list[str]:
     return names
 
 
-def model_paths(model: str | None) -> tuple[Path, Path | None]:
+def model_paths(model: str | None, work_dir: Path) -> tuple[Path, Path | None]:
     """(an HF folder every engine can load, the GGUF it came from or None)."""
     path = default_model_path() if model is None else Path(model)
     if path.is_dir():
         return path, None
-    load_model_files(path)  # makes the conversion cache entry, once
-    entry = gguf_cache.lookup(path)
-    if entry is None:
-        raise SystemExit(f"no conversion cache entry for {path}: is "
-                         f"${paths.CACHE_DIR_ENV} ({paths.cache_root()}) writable?")
-    return entry, path
+    return dense_folder(path, work_dir), path
+
+
+def dense_folder(gguf: Path, work_dir: Path) -> Path:
+    """``gguf`` as an HF folder of fp32 weights (each engine casts them to ``--dtype``), in
+    ``work_dir``, written once. Not Octavo's conversion cache entry: that keeps quantized
+    weights as their GGUF blocks, which vLLM and HF cannot read (nor Octavo as a plain HF
+    folder)."""
+    folder = work_dir / f"{gguf.stem}-fp32"
+    if (folder / "config.json").exists():
+        return folder
+    files = load_model_files(gguf)
+    weights = {name: (tensor.dequantize() if isinstance(tensor, GgufTensor) else tensor)
+               .float().contiguous() for name, tensor in files.weights}
+    building = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=work_dir))
+    save_file(weights, building / "model.safetensors")
+    files.tokenizer.save_pretrained(building)
+    (building / "config.json").write_text(json.dumps(files.hf_config, indent=2))  # last
+    os.rename(building, folder)
+    return folder
 
 
 def engine_pythons(args: argparse.Namespace) -> dict[str, str]:
@@ -158,7 +173,7 @@ def engine_pythons(args: argparse.Namespace) -> dict[str, str]:
 
 def write_jobs(args: argparse.Namespace, workloads: list[str], pythons: dict[str, str],
                ) -> list[Job]:
-    folder, gguf = model_paths(args.model)
+    folder, gguf = model_paths(args.model, args.work_dir)
     kv_bytes = None if args.kv_cache_memory is None else parse_memory(args.kv_cache_memory)
     jobs = []
     for workload in workloads:

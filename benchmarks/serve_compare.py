@@ -159,7 +159,7 @@ def main() -> None:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     rates = [math.inf if r.strip() == "inf" else float(r) for r in args.rates.split(",")]
-    folder, _ = model_paths(args.model)
+    folder, _ = model_paths(args.model, args.work_dir)
     servers: dict[str, subprocess.Popen] = {}
     try:
         for engine in engines:
