@@ -28,17 +28,20 @@ done
 # average (servers starting, clients waiting on them):
 # - the main lane: the folders with time bounds (servers, clusters, soak), at normal priority;
 # - the lane beside it, at nice 10 (about a tenth of a CPU the main lane wants): mypy, then
-#   folders that compute without time bounds - tests/core, tests/spec_decode and the TPU
-#   and Triton kernels under their interpreters. The two largest (tests/core peaks near
-#   12 GB, tests/spec_decode near 14 GB) are in this lane, one after the other; a main-lane
-#   folder peaks under 2.5 GB. The lanes are balanced to end at about the same time: the
+#   folders that compute without time bounds - tests/core, tests/spec_decode and the TPU,
+#   Triton and Neuron kernels under their interpreters. The two largest (a subfolder of
+#   tests/core peaks near 10 GB, tests/spec_decode near 13 GB) are in this lane, one after
+#   the other; a main-lane folder peaks under 2.5 GB (its servers and workers together
+#   about 4). The lanes are balanced to end at about the same time: the
 #   kernel folders cuda, neuron, rocm and structured moved back beside when tests/e2e grew
 #   (at cabaa5d the main lane ran 31.6 min of pytest, the lane beside 24), and tests/bench
 #   (no wall-clock bounds; its `alone` tests still run first, by themselves) when
 #   tests/parallel grew by the expert-parallel, LoRA, micro-batch and quantized TP tests
 #   (at 7085973: main lane 26.6 min, beside 22.9, before those ~6 min of new tests); and
 #   back to the main lane when the lane beside became the longer (at 72afdc1: main 21.9 min,
-#   beside 26.5 plus mypy, tests/bench 4.7 of it).
+#   beside 26.5 plus mypy, tests/bench 4.7 of it); cuda, rocm and structured (84 s) to the
+#   main lane again when tests/core split by subfolder (at 9c6eb4e, on the AMD EPYC guest:
+#   main lane 28.4 min, beside about 30).
 # OpenMP's threads sleep when they wait instead of spinning (OMP_WAIT_POLICY=PASSIVE): with
 # two lanes on two cores, a spinning thread takes the core another process needs (the first
 # two-lane run spent 3,290 s of CPU where one lane had spent 2,545).
@@ -46,7 +49,7 @@ done
 # with nothing beside them. Tests marked `timed` (a wall-clock bound) in the lane beside
 # run in the main lane, at its end.
 # A new folder runs in the main lane until it is named below.
-BESIDE=" tests/core tests/spec_decode tests/tpu tests/triton tests/cuda tests/neuron tests/rocm tests/structured "
+BESIDE=" tests/core tests/spec_decode tests/tpu tests/triton tests/neuron "
 # tests/core runs one pytest per subfolder: in one process it grew past 18 GB (a module's
 # engines and models, and what the heaps kept of them) and the kernel killed it for memory,
 # with the main lane's servers and workers beside it; a subfolder peaks under 8 GB.
