@@ -10,11 +10,40 @@ import subprocess
 import sys
 from pathlib import Path
 
-from octavo.bench.workloads import build_workload
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as GgmlType
 
+from octavo.bench.workloads import build_workload
+from octavo.models.loader import load_model_files
+from octavo.testing.seeds import draw_seed
+
+from ..core.loader_helpers import TinyGguf, dense_weights
 from .conftest import BenchModel
 
 COMPARE = Path(__file__).resolve().parents[2] / "benchmarks" / "compare.py"
+sys.path.insert(0, str(COMPARE.parent))
+from compare import model_paths  # noqa: E402
+
+
+def test_a_gguf_is_compared_on_its_weights_dequantized(tmp_path: Path) -> None:
+    """vLLM and HF cannot read Octavo's conversion cache entry (quantized weights stay GGUF
+    blocks there), so every engine loads a folder of the file's weights dequantized to fp32,
+    written once."""
+    seed = draw_seed()
+    path = tmp_path / "tiny.gguf"
+    types = {"token_embd.weight": GgmlType.Q8_0, "blk.0.attn_q.weight": GgmlType.Q4_1,
+             "blk.1.ffn_down.weight": GgmlType.Q4_K}
+    TinyGguf(types=types).write(path, np.random.default_rng(seed))
+    folder, gguf = model_paths(str(path), tmp_path)
+    assert gguf == path and folder.is_dir()
+    expected = dense_weights(load_model_files(path))
+    written = dict(load_model_files(folder).iter_weights())
+    assert sorted(written) == sorted(expected)
+    for name, tensor in expected.items():
+        assert written[name].dtype == torch.float32, name
+        assert torch.equal(written[name], tensor.float()), f"{name} (seed {seed})"
+    assert model_paths(str(path), tmp_path)[0] == folder
 
 
 def test_compare_w2_octavo_and_hf(bench_model: BenchModel, tmp_path: Path) -> None:

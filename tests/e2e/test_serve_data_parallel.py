@@ -3,8 +3,8 @@ server, on the default model (SmolLM2-135M).
 
 - The 64 W1 prompts (their first 64 tokens: the full 256 made this the e2e folder's
   slowest test, 123 s of fp32 prefill, for the same check), greedy, give the same text as
-  one engine, and land 32 +- 6 on each engine (the per-engine counts of ``/metrics``); a second burst sent while the first runs
-  is balanced too.
+  one engine, and land 32 +- 6 on each engine (the per-engine counts of ``/metrics``); a
+  second burst sent while the first runs is balanced too.
 - Nothing listens beyond loopback: the HTTP port is its only TCP listener.
 - One engine SIGKILLed mid-load: every request either completes or gets an error (none
   hangs, none is lost silently), ``/health`` says ``degraded``, and the survivor serves.
