@@ -34,13 +34,15 @@ BF16_U = 2.0 ** -8
 # (slot per token, slots, rank, in, size): runs of every slot, lone tokens, tokens of no
 # adapter, a slot never used; one token; a rank not a multiple of the kernels' blocks with
 # all tokens but one without adapter; more tokens of a slot than one run of the expand; a
-# step without any adapter.
+# step without any adapter; outputs wider than the expand's chunk of columns (512), the
+# last chunk ending in a partial block.
 CASES = [
     ([0] * 5 + [-1] * 3 + [2] * 11 + [0] + [-1] + [2] * 16, 4, 16, 50, 70),
     ([1], 2, 8, 576, 576),
     ([-1, -1, 3, -1, -1], 4, 13, 33, 17),
     ([1] * 150 + [0] * 7 + [1] * 160, 2, 16, 64, 130),
     ([-1, -1, -1], 2, 16, 40, 24),
+    ([0] * 6 + [-1] + [1] * 5, 2, 16, 40, 1100),
 ]
 
 
