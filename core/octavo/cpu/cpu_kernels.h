@@ -41,6 +41,17 @@ static inline float fp16_to_fp32(const uint8_t *p) {
     return (float)f;
 }
 
+/* The 6-bit scale and min of sub-block j of Q4_K/Q5_K's 12 packed bytes. */
+static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
 /* Rows of activations one call of a quantized decode kernel takes: it is compiled once per
  * row count up to this (its accumulators unrolled into registers), and more rows, up to
  * QUANT_DECODE_ROWS, go through it in groups. Four keeps the build a few seconds shorter. */

@@ -121,17 +121,6 @@ static inline void decode_q3_k(const uint8_t *b, float *y) {
     }
 }
 
-/* The 6-bit scale and min of sub-block j of Q4_K/Q5_K's 12 packed bytes. */
-static void scale_min_k4(int j, const uint8_t *q, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *mn = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
 /* Q4_K (qh NULL) and Q5_K: fp16 d, fp16 dmin, scales[12], [qh[32],] qs[128]. */
 static inline void decode_q45_k(const uint8_t *b, const uint8_t *qh, const uint8_t *ql, float *y) {
     const float d = fp16_to_fp32(b), dmin = fp16_to_fp32(b + 2);

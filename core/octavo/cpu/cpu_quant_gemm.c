@@ -100,17 +100,6 @@ static void fill_q8_0(const panel_rows *p, int64_t block_at, panel_block *pb) {
     legacy_scales(p, block_at, 0, pb);
 }
 
-/* The 6-bit scale and min of sub-block j of Q4_K's 12 packed bytes (as cpu_quant.c). */
-static void scale_min_k4(int j, const uint8_t *q, int *sc, int *mn) {
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *mn = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
-}
-
 /* Q4_K super-block (fp16 d, fp16 dmin, scales[12], qs[128]), its sub-block `sub` of 32:
  * the nibbles (low for even sub, high for odd) of qs[32 * (sub / 2) ..], w = d sc q - dmin m. */
 static void fill_q4_k(const panel_rows *p, int64_t super_at, int sub, panel_block *pb) {
