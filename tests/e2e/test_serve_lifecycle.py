@@ -87,7 +87,13 @@ def test_the_cap_counts_sequences_not_requests(small_server: Server,
                                                tiny_model: TinyModel) -> None:
     """The probe's 60 prompts x n=8 was admitted under a cap of 4: it counted as one
     request. Now its 480 sequences are a 400 (no wait could make room for them), and the
-    sequences of a waiting 2-prompt request fill the cap of 2, so a third is refused."""
+    sequences of a waiting 2-prompt request fill the cap of 2, so a third is refused.
+
+    The engine core is stopped (SIGSTOP) while the pair waits, so nothing can give it a
+    token and make room: a streaming request's headers come once the front end has
+    counted its sequences, and the third is asked only then. (Keeping the pair waiting
+    behind a long request instead raced on a loaded machine: the long one could finish
+    first and let the pair run.)"""
     model = str(tiny_model.folder)
     giant = {"model": model, "prompt": ["hi"] * 60, "n": 8, "max_tokens": 2}
     status, _, body = small_server.request("POST", "/v1/completions", giant)
@@ -98,22 +104,23 @@ def test_the_cap_counts_sequences_not_requests(small_server: Server,
     async def fill_then_ask() -> tuple[int, dict, int]:
         client = AsyncOpenAI(base_url=f"{small_server.url}/v1", api_key="unused",
                              max_retries=0, timeout=120)
+        pid = small_server.engine_pid()
+        os.kill(pid, signal.SIGSTOP)
         try:
-            stream = await client.completions.create(  # holds the only running slot
-                model=model, prompt="long", max_tokens=OVERLOAD_TOKENS, stream=True,
-                extra_body={"ignore_eos": True})
-            await stream.__anext__()
-            pair = asyncio.ensure_future(client.completions.create(
-                model=model, prompt=["one", "two"], max_tokens=2))
-            while small_server.metrics()["vllm:num_requests_waiting"] < 2:
-                await asyncio.sleep(0.02)
+            pair = await client.completions.create(
+                model=model, prompt=["one", "two"], max_tokens=2, stream=True)
             try:
-                await client.completions.create(model=model, prompt="three", max_tokens=2)
+                await client.with_options(timeout=30).completions.create(
+                    model=model, prompt="three", max_tokens=2)  # admitted, it would hang
                 refused: tuple[int, dict] = (200, {})
             except openai.APIStatusError as exc:
                 refused = (exc.status_code, exc.body)
-            await stream.close()
-            return *refused, len((await pair).choices)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        try:
+            finished = {choice.index async for chunk in pair for choice in chunk.choices
+                        if choice.finish_reason is not None}
+            return *refused, len(finished)
         finally:
             await client.close()
 
