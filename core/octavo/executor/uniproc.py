@@ -24,12 +24,12 @@ class UniProcExecutor(Executor):
     def __init__(self, config: EngineConfig, platform: type[Platform],
                  files: ModelFiles) -> None:
         super().__init__(config, platform, files)
-        index, count = config.parallel.node_worker_index(0)
-        if count > 1:  # data-parallel engines on this node: each keeps to its own cores
-            platform.init_worker_process(index, count)
-        self.worker = make_worker(config, platform, files)
         self._thread = (ThreadPoolExecutor(1, thread_name_prefix="worker-step")
                         if config.scheduler.async_scheduling else None)
+        if self._thread is None:
+            self.worker = _start_worker(config, platform, files)
+        else:
+            self.worker = self._thread.submit(_start_worker, config, platform, files).result()
 
     @property
     def max_concurrent_batches(self) -> int:
@@ -60,3 +60,16 @@ class UniProcExecutor(Executor):
         step."""
         if self._thread is not None:
             self._thread.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_worker(config: EngineConfig, platform: type[Platform], files: ModelFiles) -> Any:
+    """The worker, its model loaded, on the thread that will run its steps. With async
+    scheduling that is the ``worker-step`` thread, so the OpenMP thread pool of the model's
+    load and warm-up is the one its steps use: a second pool, formed on the engine core's
+    thread, would count against the cores and make libgomp's idle threads sleep at once
+    instead of spinning (``GOMP_SPINCOUNT``'s throttled count), waking late for each
+    parallel region."""
+    index, count = config.parallel.node_worker_index(0)
+    if count > 1:  # data-parallel engines on this node: each keeps to its own cores
+        platform.init_worker_process(index, count)
+    return make_worker(config, platform, files)

@@ -10,6 +10,7 @@ and with aborts. One tiny fp32 Llama; each pair of engines differs only in the f
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from octavo import LLM, SamplingParams
 from octavo.config import ConfigError, EngineConfig
 from octavo.engine.outputs import RequestOutput
+from octavo.executor import uniproc
 from octavo.sampling_params import StructuredOutputsParams
 from tests.core.tiny_models import TinyModel, fresh_tiny_llama
 
@@ -236,3 +238,27 @@ def test_refused_at_start(setting: dict[str, Any], named: str) -> None:
 def test_the_flag_and_keyword(tmp_path: Path) -> None:
     assert EngineConfig.from_kwargs().scheduler.async_scheduling is False
     assert EngineConfig.from_kwargs(async_scheduling=True).scheduler.async_scheduling is True
+
+
+def test_the_worker_is_built_on_the_thread_that_runs_its_steps(
+        tiny: TinyModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With async scheduling the steps run on the ``worker-step`` thread; the model's load
+    and warm-up must run there too. Built on the engine core's thread, the worker's first
+    OpenMP pool stayed beside the step thread's: libgomp, counting more of its threads than
+    cores, then let idle threads sleep at once, and W2 decoded at half speed on 2 cores."""
+    built: list[int] = []
+    make_worker = uniproc.make_worker
+
+    def recording(*args: Any) -> Any:
+        built.append(threading.get_ident())
+        return make_worker(*args)
+
+    monkeypatch.setattr(uniproc, "make_worker", recording)
+    llm = LLM(model=str(tiny.folder), async_scheduling=True, **ENGINE)
+    try:
+        executor = llm.llm_engine.core.executor
+        assert isinstance(executor, uniproc.UniProcExecutor) and executor._thread is not None
+        steps_on = executor._thread.submit(threading.get_ident).result()
+        assert built == [steps_on] and steps_on != threading.get_ident()
+    finally:
+        llm.shutdown()
