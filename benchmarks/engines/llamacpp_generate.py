@@ -6,26 +6,15 @@ of the environment llama-cpp-python is installed in (see benchmarks/README.md)."
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import llama_cpp
 from job import load_job, measure, parse_args
+from llamacpp_quantize import quantize
 
 
 def bf16_gguf(source: Path, folder: Path) -> Path:
-    target = folder / f"{source.stem}.bf16.gguf"
-    if not target.is_file():
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_BF16
-        params.allow_requantize = True
-        partial = target.with_suffix(".partial")
-        failed = llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(),
-                                                ctypes.byref(params))
-        if failed:
-            raise SystemExit(f"llama.cpp could not convert {source} to bf16 (error {failed})")
-        partial.rename(target)
-    return target
+    return quantize(source, folder / f"{source.stem}.bf16.gguf", "BF16")
 
 
 def main() -> None:

@@ -38,8 +38,11 @@ def main() -> None:
     threads = int(sys.argv[5]) if len(sys.argv) > 5 else 2
     prompts = json.loads(open(prompts_path).read())
     context = max(len(p) for p in prompts) + int(output_len)
+    # logits_all: without it, llama-cpp-python 0.3.36 left ``scores`` all zeros on files its
+    # own quantizer rewrote (Q4_K_M, f16 from the default Q4_1 file), so every "greedy" pick
+    # was the last id; the default Q4_1 file read the same either way.
     llm = llama_cpp.Llama(model_path=model, n_ctx=context, n_batch=512, n_threads=threads,
-                          n_threads_batch=threads, verbose=False)
+                          n_threads_batch=threads, verbose=False, logits_all=True)
     results = [continuation(llm, prompt, int(output_len)) for prompt in prompts]
     with open(out_path, "w") as f:
         json.dump({"llama_cpp_python": llama_cpp.__version__, "sequences": results}, f)
