@@ -89,6 +89,7 @@ def test_sweep_cli_writes_table_json_and_png(bench_model: BenchModel, tmp_path: 
     assert [p["batch_size"] for p in data["points"]] == [1, 2]
     assert all(p["step_s"] > 0 and p["over_bound"] > 0 for p in data["points"])
     assert data["peaks"]["flops_per_s"] > 0 and data["peaks"]["bytes_per_s"] > 0
+    assert data["weight_bytes"] == 4  # fp32, as the model holds its projections
     assert data["points"][0]["bytes"] == decode_step_cost(
         ModelShape(**data["shape"]), 1, 8 + 3 // 2, 4, 4).bytes  # fp32: 4 bytes each
 

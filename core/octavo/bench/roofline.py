@@ -90,10 +90,11 @@ class StepCost:
 
 
 def decode_step_cost(shape: ModelShape, batch_size: int, context_len: int,
-                     weight_bytes: int = 2, kv_bytes: int = 2) -> StepCost:
+                     weight_bytes: float = 2, kv_bytes: int = 2) -> StepCost:
     """What one decode step of ``batch_size`` sequences at ``context_len`` must move and do
-    (``weight_bytes``, ``kv_bytes``: bytes per element, 2 for bf16)."""
-    weights = shape.streamed_params * weight_bytes
+    (``weight_bytes``, ``kv_bytes``: bytes per element, 2 for bf16; a quantized model's
+    weights as held, e.g. 0.625 for Q4_1's 20-byte blocks of 32)."""
+    weights = round(shape.streamed_params * weight_bytes)
     kv = batch_size * context_len * shape.kv_bytes_per_token(kv_bytes)
     flops = batch_size * (2 * shape.matmul_params + shape.attention_flops(context_len))
     return StepCost(bytes=weights + kv, flops=flops)
@@ -118,7 +119,7 @@ def predict(cost: StepCost, peaks: Peaks) -> Prediction:
 
 
 def saturation_batch(shape: ModelShape, peaks: Peaks, context_len: int,
-                     weight_bytes: int = 2, kv_bytes: int = 2) -> float:
+                     weight_bytes: float = 2, kv_bytes: int = 2) -> float:
     """``B_sat``: the batch size where the compute time reaches the memory time (a real
     number; ``inf`` when the KV cache alone keeps every batch memory-bound)."""
     base = decode_step_cost(shape, 0, context_len, weight_bytes, kv_bytes)

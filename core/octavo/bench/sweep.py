@@ -71,6 +71,7 @@ class SweepResult:
     b_sat_predicted: float
     points: list[SweepPoint]
     label: str = "octavo"  # the engine swept, for the plot's legend
+    weight_bytes: float = 2  # bytes per weight the roofline streams (bf16: 2)
 
     @property
     def b_sat_observed(self) -> int | None:
@@ -82,6 +83,7 @@ class SweepResult:
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "shape": asdict(self.shape), "peaks": asdict(self.peaks),
                 "context_len": self.context_len, "steps": self.steps,
+                "weight_bytes": self.weight_bytes,
                 "b_sat_predicted": self.b_sat_predicted, "b_sat_observed": self.b_sat_observed,
                 "points": [{"batch_size": p.batch_size, "step_s": p.step_s,
                             "tokens_per_s": p.tokens_per_s, "bytes": p.cost.bytes,
@@ -104,7 +106,7 @@ def batch_sizes(max_batch_size: int) -> list[int]:
 
 def run_sweep(llm: LLM, shape: ModelShape, peaks: Peaks, sizes: list[int], context_len: int,
               steps: int, num_iters_warmup: int, num_iters: int, seed: int,
-              weight_bytes: int = 2, kv_bytes: int = 2) -> SweepResult:
+              weight_bytes: float = 2, kv_bytes: int = 2) -> SweepResult:
     """The offline sweep, on ``llm`` in this process."""
     vocab = len(llm.get_tokenizer())
 
@@ -119,7 +121,7 @@ def run_sweep(llm: LLM, shape: ModelShape, peaks: Peaks, sizes: list[int], conte
 
 def run_server_sweep(target: ServeTarget, shape: ModelShape, peaks: Peaks, sizes: list[int],
                      context_len: int, steps: int, num_iters: int, seed: int, vocab: int,
-                     weight_bytes: int = 2, kv_bytes: int = 2) -> SweepResult:
+                     weight_bytes: float = 2, kv_bytes: int = 2) -> SweepResult:
     """The sweep against a server: B streams at once, their median TPOT."""
     def step_time(size: int) -> float:
         medians = []
@@ -144,7 +146,7 @@ def _requests(size: int, context_len: int, steps: int, seed: int,
 
 
 def _sweep(step_time: Callable[[int], float], shape: ModelShape, peaks: Peaks,
-           sizes: list[int], context_len: int, steps: int, weight_bytes: int,
+           sizes: list[int], context_len: int, steps: int, weight_bytes: float,
            kv_bytes: int) -> SweepResult:
     if steps < 1 or context_len < 1:
         raise ValueError(f"--steps and --context-len must be at least 1, got {steps} and "
@@ -155,4 +157,5 @@ def _sweep(step_time: Callable[[int], float], shape: ModelShape, peaks: Peaks,
         cost = decode_step_cost(shape, size, mid_context, weight_bytes, kv_bytes)
         points.append(SweepPoint(size, step_time(size), cost, predict(cost, peaks)))
     b_sat = saturation_batch(shape, peaks, mid_context, weight_bytes, kv_bytes)
-    return SweepResult(shape, peaks, context_len, steps, b_sat, points)
+    return SweepResult(shape, peaks, context_len, steps, b_sat, points,
+                       weight_bytes=weight_bytes)

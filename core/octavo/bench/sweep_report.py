@@ -24,7 +24,7 @@ def sweep_table(result: SweepResult) -> str:
         table,
         f"peaks (measured): {result.peaks.flops_per_s / 1e9:.1f} GFLOP/s, "
         f"{result.peaks.bytes_per_s / 1e9:.1f} GB/s; context {result.context_len} tokens "
-        f"+ {result.steps} steps",
+        f"+ {result.steps} steps; weights {result.weight_bytes:.3f} bytes each",
         f"B_sat predicted: {result.b_sat_predicted:.1f}; observed: "
         + (f"the step leaves its floor (>= 1.5x the B=1 step) at B = {observed}"
            if observed is not None else "the step stays within 1.5x the B=1 step")])

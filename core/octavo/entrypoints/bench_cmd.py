@@ -227,7 +227,10 @@ def _engine_sweep(kwargs: dict[str, Any], settings: SweepSettings) -> Any:
     dtype = engine.config.model.torch_dtype(
         resolve_platform(engine.config.device.backend).default_dtype)
     peaks = _peaks(shape, dtype)
-    return run_sweep(llm, shape, peaks, *settings, weight_bytes=dtype.itemsize,
+    held, weights = map(sum, zip(*engine.core.executor.collective_rpc("matmul_weight_bytes")))
+    weight_bytes = held / weights  # bf16: 2; quantized: the blocks' bytes per weight
+    click.echo(f"weights as held: {weight_bytes:.3f} bytes per weight (the roofline's)")
+    return run_sweep(llm, shape, peaks, *settings, weight_bytes=weight_bytes,
                      kv_bytes=dtype.itemsize)
 
 

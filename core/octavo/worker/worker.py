@@ -10,6 +10,7 @@ worker subclasses this one and keeps its constructor.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from octavo.config import EngineConfig
 from octavo.kv_transfer.base import KVConnectorRole
@@ -17,6 +18,8 @@ from octavo.lora.manager import install_lora
 from octavo.models.build import build_model
 from octavo.models.config import model_eos_token_ids
 from octavo.models.kv_scales import calculate_kv_scales
+from octavo.models.layers.embedding import ParallelLMHead
+from octavo.models.layers.linear import LinearBase
 from octavo.models.loader import ModelFiles
 from octavo.outputs import ModelRunnerOutput, SchedulerOutput
 from octavo.platforms import Platform
@@ -102,6 +105,12 @@ class Worker(WorkerInterface):
                                  self.runner.ssm_state_bytes(), self.config)
         return num_kv_blocks(budget, per_block)
 
+    def matmul_weight_bytes(self) -> tuple[int, int]:
+        """(bytes, weights) of the projections and the LM head as this rank holds them -
+        quantized blocks at their size: what a decode step streams per weight, for the
+        roofline of ``octavo bench sweep`` on a quantized model."""
+        return matmul_weight_bytes(self.runner.model)
+
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.runner.initialize_kv_cache(num_blocks)
         if self.compiles:
@@ -117,3 +126,21 @@ class Worker(WorkerInterface):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.runner.execute_model(scheduler_output)
+
+
+def matmul_weight_bytes(model: nn.Module) -> tuple[int, int]:
+    """(bytes held, weights) over ``model``'s linear layers and LM head, this rank's part:
+    each one's own tensors (a weight, quantized blocks, AWQ's qweight with its scales and
+    zeros, a bias); a tied head counts once, as a step reads it once. Other modules (an
+    MoE's experts, the embedding's rows) are left out of both sums."""
+    held, weights = 0, 0
+    for module in model.modules():
+        if isinstance(module, LinearBase):
+            weights += module.in_features * module.out_features
+        elif isinstance(module, ParallelLMHead):
+            weights += module.rows_per_rank * module.hidden_size
+        else:
+            continue
+        tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        held += sum(tensor.nbytes for tensor in tensors)
+    return held, weights

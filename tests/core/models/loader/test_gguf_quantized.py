@@ -24,6 +24,7 @@ from octavo.models.loader import gguf_cache, load_model_files
 from octavo.models.loader.dequant import GgmlType
 from octavo.models.loader.quantized import GgufTensor
 from octavo.testing.seeds import draw_seed
+from octavo.worker.worker import matmul_weight_bytes
 from tests.core.cpu.test_cpu_decode_layer_quant import fused_and_layer_by_layer
 from tests.core.loader_helpers import TinyGguf, random_raw
 from tests.core.models.loader.test_loader_gguf import ALL_TYPES
@@ -75,12 +76,25 @@ def test_the_quantized_model_computes_what_the_dense_one_does(
     assert kept == (set(methods) if types is UNIFORM else ALL_TYPES_KEPT), f"seed={seed}"
     assert quantized.model.embed_tokens.weight.dtype == torch.uint8, f"seed={seed}"
     assert quantized.lm_head.weight.dtype == torch.uint8, f"seed={seed}"
+    if types is UNIFORM:  # every projection and the head in Q4_1 blocks
+        check_matmul_weight_bytes(path, quantized, dense)
     prompts = [[int(t) for t in np.random.default_rng(seed).integers(0, 200, n)]
                for n in (1, 7, 19)]
     ours, expected = _logits(quantized, prompts, seed), _logits(dense, prompts, seed)
     for seq in expected:
         torch.testing.assert_close(ours[seq], expected[seq], rtol=1e-4, atol=1e-4,
                                    msg=f"seed={seed} prompt {seq}")
+
+
+def check_matmul_weight_bytes(path: Path, quantized: torch.nn.Module,
+                              dense: torch.nn.Module) -> None:
+    """What ``octavo bench sweep``'s roofline streams (``matmul_weight_bytes``): the file's
+    projection and head blocks at their size; dense fp32, 4 bytes for each of those weights."""
+    blocks = [tensor for name, tensor in load_model_files(path).iter_weights()
+              if isinstance(tensor, GgufTensor) and "embed_tokens" not in name]
+    weights = sum(int(np.prod(tensor.shape)) for tensor in blocks)
+    assert matmul_weight_bytes(quantized) == (sum(t.blocks.nbytes for t in blocks), weights)
+    assert matmul_weight_bytes(dense) == (4 * weights, weights)
 
 
 def test_the_cache_keeps_the_blocks(cache_dir: Path, tmp_path: Path) -> None:
