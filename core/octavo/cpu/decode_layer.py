@@ -199,6 +199,7 @@ class CpuLlamaDecoderLayer(LlamaDecoderLayer):
 
     _weights: kernels.LayerWeights | None | bool = False  # False: not looked at yet
     _fused_rows = 0  # steps of fewer rows run fused (set with _weights)
+    _lora: LoRABatch | None = None  # the batch of the deltas the call adds (set with _weights)
 
     def forward(
         self,
@@ -213,7 +214,7 @@ class CpuLlamaDecoderLayer(LlamaDecoderLayer):
                 or _adds_after_gemm(_methods([self]))
                 or not kernels.usable(hidden, kv_cache) or not hidden.is_contiguous()
                 else decode_step(positions, hidden.shape[0], kv_cache, attn_metadata,
-                                 self.self_attn.rotary_emb, _groups(_lora_batch([self]))))
+                                 self.self_attn.rotary_emb, _groups(self._lora)))
         if step is None or weights is None:
             return super().forward(positions, hidden, residual, kv_cache, attn_metadata)
         cache_rows = kv_cache.view(2, -1, kv_cache.shape[-2] * kv_cache.shape[-1])
@@ -288,6 +289,7 @@ def _layer_weights(layer: torch.nn.Module) -> kernels.LayerWeights | None:
     if layer._weights is False:
         layer._weights = layer_weights(layer)
         layer._fused_rows = 0 if layer._weights is None else fused_rows(layer)
+        layer._lora = _lora_batch([layer])
     return layer._weights if isinstance(layer._weights, kernels.LayerWeights) else None
 
 
