@@ -39,8 +39,8 @@ def layer_weights(keep: list[torch.Tensor]) -> kernels.LayerWeights:
         input_norm=norm.data_ptr(), post_norm=norm.data_ptr(), qkv=qkv, o=o, gate_up=gate_up,
         down=down, qkv_bias=None, o_bias=None, gate_up_bias=None, down_bias=None,
         qkv_type=0, o_type=0, gate_up_type=0, down_type=0, hidden=HIDDEN, num_heads=HEADS,
-        num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, intermediate=INTER, eps=1e-5,
-        scale=HEAD_DIM**-0.5)
+        num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, intermediate=INTER, qkv_lora=None,
+        o_lora=None, gate_up_lora=None, down_lora=None, eps=1e-5, scale=HEAD_DIM**-0.5)
 
 
 def calls(layers: int, keep: list[torch.Tensor]) -> dict[str, Callable[[], object]]:
@@ -74,7 +74,8 @@ def calls(layers: int, keep: list[torch.Tensor]) -> dict[str, Callable[[], objec
             return kernels.DecodeStep(
                 tokens=1, cos=tensors[0].data_ptr(), sin=tensors[1].data_ptr(),
                 slot_mapping=tensors[2].data_ptr(), slots=tensors[2].data_ptr(),
-                seq_lens=tensors[3].data_ptr(), max_len=1, prefix_slots=None, prefix_len=0)
+                seq_lens=tensors[3].data_ptr(), max_len=1, prefix_slots=None, prefix_len=0,
+                lora_sorted_tokens=None, lora_starts=None, lora_counts=None)
         one_step = step()
         found["DecodeStep(...)"] = step
         found[f"decode_layers ({layers} layers)"] = lambda: kernels.decode_layers(

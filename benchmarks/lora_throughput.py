@@ -1,7 +1,10 @@
 """Multi-LoRA throughput on the CPU (issue 50): workload W1 with every request on one of
 ``--adapters`` rank-``--rank`` adapters (round-robin) against the base model alone, same
-engine settings; prints both runs' output tok/s, their ratio (goal: LoRA >= 0.7x base) and
-the LoRA kernels' (shrink + expand) time per step.
+engine settings; prints both runs' output tok/s, their ratio (goal: LoRA >= 0.7x base),
+the LoRA kernels' (shrink + expand) time per step where they run as calls of their own
+(steps outside the fused decode stack: prompt chunks), and each run's time per step in the
+fused decode stack (``octavo_decode_layers``), whose one C call adds the decode steps'
+deltas itself: the LoRA run's stack time less the base run's is what those deltas cost.
 
 The adapters are written here as PEFT folders with random A and B on every projection of
 the default model (SmolLM2-135M), so nothing is downloaded. Run it on an idle machine:
@@ -29,6 +32,8 @@ from safetensors.torch import save_file
 from octavo import LLM, LoRARequest
 from octavo.bench.datasets import workload_requests
 from octavo.bench.offline import fixed_length_params, warm_up
+from octavo.cpu import kernels
+from octavo.cpu import lora as cpu_lora
 from octavo.lora.registry import projection_shapes
 from octavo.models.loader import load_model_files
 
@@ -61,21 +66,13 @@ def write_adapters(folder: Path, hf_config: dict[str, Any], count: int,
     return requests
 
 
-class KernelClock:
-    """Wall time spent in the engine's LoRA kernel calls (one worker in this process): each
-    wrapped layer's one-call delta where the platform has one, else its shrink/expand."""
+class Clock:
+    """Wall time spent in the calls :meth:`timed` wraps."""
 
-    def __init__(self, llm: LLM) -> None:
+    def __init__(self) -> None:
         self.seconds = 0.0
-        lora = llm.llm_engine.core.executor.worker.runner.lora
-        assert lora is not None
-        lora.batch.shrink = self._timed(lora.batch.shrink)
-        lora.batch.expand = self._timed(lora.batch.expand)
-        for layer in lora.layers:
-            if layer.delta is not None:
-                layer.delta = self._timed(layer.delta)
 
-    def _timed(self, kernel: Callable[..., Any]) -> Callable[..., Any]:
+    def timed(self, kernel: Callable[..., Any]) -> Callable[..., Any]:
         def call(*args: Any) -> Any:
             start = time.perf_counter()
             result = kernel(*args)
@@ -84,10 +81,39 @@ class KernelClock:
         return call
 
 
-def run(llm: LLM, prompts: list[list[int]], output_len: int,
-        loras: list[LoRARequest] | None, clock: KernelClock | None = None) -> tuple[float, int]:
+class KernelClock(Clock):
+    """Wall time spent in the engine's LoRA kernel calls (one worker in this process): each
+    wrapped layer's one-call delta where the platform has one (its C function is wrapped,
+    so the fused decode stack still takes the delta's operands), else its shrink/expand."""
+
+    def __init__(self, llm: LLM) -> None:
+        super().__init__()
+        lora = llm.llm_engine.core.executor.worker.runner.lora
+        assert lora is not None
+        lora.batch.shrink = self.timed(lora.batch.shrink)
+        lora.batch.expand = self.timed(lora.batch.expand)
+        for layer in lora.layers:
+            if isinstance(layer.delta, cpu_lora.LayerDelta):
+                layer.delta.function = self.timed(layer.delta.function)
+
+
+class StackClock(Clock):
+    """Wall time spent in the fused decode stack's calls (``kernels.decode_layers``)."""
+
+    def __enter__(self) -> StackClock:
+        self.call = kernels.decode_layers
+        kernels.decode_layers = self.timed(self.call)  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        kernels.decode_layers = self.call  # type: ignore[assignment]
+
+
+def run(llm: LLM, prompts: list[list[int]], output_len: int, loras: list[LoRARequest] | None,
+        stack: StackClock, clock: KernelClock | None = None) -> tuple[float, int]:
     """(output tok/s, engine steps) of one timed run of every request at once."""
     warm_up(llm)
+    stack.seconds = 0.0
     if clock is not None:
         clock.seconds = 0.0
     steps = [0]
@@ -124,8 +150,9 @@ def main() -> None:
     output_len = args.output_len or requests[0].output_len
     prompts = [list(r.prompt) for r in requests]  # type: ignore[arg-type]
     hf_config = load_model_files(engine.get("model")).hf_config
-    base = LLM(**engine)
-    base_tps, _ = run(base, prompts, output_len, None)
+    base, base_stack, lora_stack = LLM(**engine), StackClock(), StackClock()
+    with base_stack:
+        base_tps, base_steps = run(base, prompts, output_len, None, base_stack)
     base.shutdown()
     del base
     gc.collect()
@@ -135,14 +162,19 @@ def main() -> None:
                   **engine)
         clock = KernelClock(llm)
         loras = [adapters[i % len(adapters)] for i in range(len(prompts))]
-        lora_tps, steps = run(llm, prompts, output_len, loras, clock)
+        with lora_stack:
+            lora_tps, steps = run(llm, prompts, output_len, loras, lora_stack, clock)
         llm.shutdown()
     print(f"{len(prompts)} requests x {output_len} output tokens, {args.adapters} adapters "
           f"of rank {args.rank}")
     print(f"base model: {base_tps:.1f} output tok/s")
     print(f"LoRA:       {lora_tps:.1f} output tok/s ({lora_tps / base_tps:.2f}x base; goal 0.7x)")
-    print(f"LoRA kernels: {1e3 * clock.seconds / max(steps, 1):.2f} ms per step over "
-          f"{steps} steps")
+    print(f"LoRA kernels outside the fused decode stack: "
+          f"{1e3 * clock.seconds / max(steps, 1):.2f} ms per step over {steps} steps")
+    print(f"fused decode stack (deltas included): base "
+          f"{1e3 * base_stack.seconds / max(base_steps, 1):.2f}"
+          f" ms per step over {base_steps} steps, LoRA "
+          f"{1e3 * lora_stack.seconds / max(steps, 1):.2f}")
 
 
 if __name__ == "__main__":

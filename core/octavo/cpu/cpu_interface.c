@@ -15,6 +15,9 @@
     {NAME(STRUCT), #name, offsetof(STRUCT, name), sizeof(((STRUCT *)0)->name)},
 
 static const octavo_layout_entry layout[] = {
+#define STRUCT octavo_lora
+    LAYOUT_STRUCT OCTAVO_LORA_FIELDS(LAYOUT_FIELD)
+#undef STRUCT
 #define STRUCT octavo_layer
     LAYOUT_STRUCT OCTAVO_LAYER_FIELDS(LAYOUT_FIELD)
 #undef STRUCT

@@ -9,6 +9,13 @@
  * quantized projection the decode kernel octavo.cpu.quant_gemm would call for the layer
  * (Q8 activations with VNNI where the type has it), rounded to bf16 as it rounds. q, k and
  * v are one weight (qkv), as gate and up are, so each input row is quantized once for them.
+ *
+ * A projection with LoRA adapter slots (octavo_layer's *_lora), in a step whose tokens run
+ * with adapters (octavo_decode_step's lora_*), has the step's delta added to its product by
+ * octavo_lora_delta, as the layer by layer path adds it (LoRALinearMethod.after_gemm: the
+ * product rounded to bf16 with its bias, then the delta, rounded once): the same call on the
+ * same operands, so the same bits. The gate/up projection then takes the unfused path (its
+ * [T][2 * intermediate] product, the delta, octavo_silu_and_mul), as the layers do.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,8 +23,7 @@
 #include "cpu_kernels.h"
 
 /* fp32 scratch of a layer's quantized projections (none where every weight is dense): an
- * input [T][widest input] and an output [T][widest output] in fp32, and for a quantized
- * gate/up its bf16 product [T][2 * intermediate] before SiLU. */
+ * input [T][widest input] and an output [T][widest output] in fp32. */
 static int64_t quant_scratch_floats(const octavo_layer *layer, int64_t t) {
     if (layer->qkv_type == OCTAVO_WEIGHT_PAIRS && layer->o_type == OCTAVO_WEIGHT_PAIRS
         && layer->gate_up_type == OCTAVO_WEIGHT_PAIRS && layer->down_type == OCTAVO_WEIGHT_PAIRS)
@@ -28,7 +34,29 @@ static int64_t quant_scratch_floats(const octavo_layer *layer, int64_t t) {
     int64_t widest_in = h > q_size ? h : q_size, widest_out = qkv_size > h ? qkv_size : h;
     widest_in = widest_in > inter ? widest_in : inter;
     widest_out = widest_out > 2 * inter ? widest_out : 2 * inter;
-    return t * (widest_in + widest_out + inter); /* inter floats hold 2 * inter bf16 */
+    return t * (widest_in + widest_out);
+}
+
+/* Whether the step adds LoRA deltas to the projection with adapter slots `lora`. */
+static int adds_lora(const octavo_lora *lora, const octavo_decode_step *step) {
+    return lora != NULL && step->lora_sorted_tokens != NULL;
+}
+
+/* Whether the gate/up projection's product is written out before SiLU: a quantized one's,
+ * or one the step adds a LoRA delta to (the pair GEMM otherwise applies SiLU itself). */
+static int unfused_gate_up(const octavo_layer *layer, const octavo_decode_step *step) {
+    return layer->gate_up_type != OCTAVO_WEIGHT_PAIRS || adds_lora(layer->gate_up_lora, step);
+}
+
+/* y [T][out] (rows out apart) += the step's LoRA delta of x [T][in] (rows x_stride apart)
+ * through the adapter slots `lora`, where the step has adapters. */
+static int add_lora(bf16 *y, const bf16 *x, int64_t x_stride, const octavo_lora *lora,
+                    const octavo_decode_step *step, int64_t in, int64_t out) {
+    if (!adds_lora(lora, step)) return OCTAVO_OK;
+    return octavo_lora_delta(y, out, x, x_stride, lora->a, lora->b, (int)lora->dtype,
+                             lora->slices, lora->num_slices, step->lora_sorted_tokens,
+                             step->lora_starts, step->lora_counts, lora->num_slots,
+                             step->tokens, lora->rank, in, out);
 }
 
 /* y [T][out] = x [T][in] (rows x_stride apart) times GGUF blocks of ggml type `type`, plus
@@ -53,35 +81,39 @@ static int quant_project(bf16 *y, const bf16 *x, int64_t x_stride, const void *b
     return OCTAVO_OK;
 }
 
-/* A projection of the layer, its weight of either kind (octavo_layer's *_type). */
+/* A projection of the layer, its weight of either kind (octavo_layer's *_type), plus the
+ * step's LoRA delta where it has one for the projection (`lora`). */
 static int project(bf16 *y, const bf16 *x, int64_t x_stride, const void *w, int64_t type,
-                   const float *bias, int64_t t, int64_t out, int64_t in, float *scratch) {
-    if (type == OCTAVO_WEIGHT_PAIRS) return octavo_pair_gemm(y, x, x_stride, w, bias, t, out, in);
-    return quant_project(y, x, x_stride, w, type, bias, t, out, in, scratch);
+                   const float *bias, const octavo_lora *lora, const octavo_decode_step *step,
+                   int64_t out, int64_t in, float *scratch) {
+    int64_t t = step->tokens;
+    int status = type == OCTAVO_WEIGHT_PAIRS
+                     ? octavo_pair_gemm(y, x, x_stride, w, bias, t, out, in)
+                     : quant_project(y, x, x_stride, w, type, bias, t, out, in, scratch);
+    return status == OCTAVO_OK ? add_lora(y, x, x_stride, lora, step, in, out) : status;
 }
 
 /* The gate/up projection and SiLU: silu(gate) * up [T][intermediate], as octavo_pair_gemm_silu
- * computes it for packed pairs, or as the layer by layer path does for blocks (the [T][2 *
- * intermediate] product rounded, then octavo_silu_and_mul). */
-static int project_silu(bf16 *act, const bf16 *normed, const octavo_layer *layer, int64_t t,
-                        float *scratch) {
-    int64_t h = layer->hidden, inter = layer->intermediate;
-    if (layer->gate_up_type == OCTAVO_WEIGHT_PAIRS)
+ * computes it for packed pairs, or as the layer by layer path does for blocks or with a LoRA
+ * delta (the [T][2 * intermediate] product rounded into gate_up, the delta added, then
+ * octavo_silu_and_mul). */
+static int project_silu(bf16 *act, const bf16 *normed, const octavo_layer *layer,
+                        const octavo_decode_step *step, bf16 *gate_up, float *scratch) {
+    int64_t t = step->tokens, h = layer->hidden, inter = layer->intermediate;
+    if (!unfused_gate_up(layer, step))
         return octavo_pair_gemm_silu(act, normed, h, layer->gate_up, layer->gate_up_bias, t,
                                      inter, h);
-    /* the product in the scratch's last T * intermediate floats */
-    bf16 *gate_up = (bf16 *)(scratch + quant_scratch_floats(layer, t) - t * inter);
-    int status = quant_project(gate_up, normed, h, layer->gate_up, layer->gate_up_type,
-                               layer->gate_up_bias, t, 2 * inter, h, scratch);
+    int status = project(gate_up, normed, h, layer->gate_up, layer->gate_up_type,
+                         layer->gate_up_bias, layer->gate_up_lora, step, 2 * inter, h, scratch);
     if (status == OCTAVO_OK) octavo_silu_and_mul(act, gate_up, t, inter, 2 * inter);
     return status;
 }
 
 /* The layer's kernels in turn, on scratch the caller gives: normed [T][hidden], qkv
- * [T][qkv_size], attn [T][q_size], act [T][intermediate], with a shared prefix state
- * [T][heads][2 + head_dim] fp32, and with quantized projections quant
- * (quant_scratch_floats). The first kernel that fails ends the layer, its status
- * returned. */
+ * [T][qkv_size], attn [T][q_size], act [T][intermediate] and, where unfused_gate_up, gate_up
+ * [T][2 * intermediate], with a shared prefix state [T][heads][2 + head_dim] fp32, and with
+ * quantized projections quant (quant_scratch_floats). The first kernel that fails ends the
+ * layer, its status returned. */
 static int run_layer(const octavo_layer *layer, const octavo_decode_step *step, bf16 *hidden,
                      const bf16 *residual, bf16 *out, bf16 *residual_out, bf16 *cache,
                      int64_t num_slots, bf16 *normed, float *state, float *quant) {
@@ -90,11 +122,12 @@ static int run_layer(const octavo_layer *layer, const octavo_decode_step *step, 
     int64_t qkv_size = q_size + 2 * kv_size, inter = layer->intermediate;
     int64_t stats = t * layer->num_heads; /* per row and head: a max, a sum */
     bf16 *qkv = normed + t * h, *attn = qkv + t * qkv_size, *act = attn + t * q_size;
+    bf16 *gate_up = act + t * inter;
     int status;
     /* hidden becomes the residual stream (hidden + residual), normed its norm. */
     octavo_rms_norm(normed, hidden, residual, layer->input_norm, t, h, h, h, layer->eps);
-    status = project(qkv, normed, h, layer->qkv, layer->qkv_type, layer->qkv_bias, t,
-                     qkv_size, h, quant);
+    status = project(qkv, normed, h, layer->qkv, layer->qkv_type, layer->qkv_bias,
+                     layer->qkv_lora, step, qkv_size, h, quant);
     if (status != OCTAVO_OK) return status;
     octavo_rope(qkv, qkv + q_size, step->cos, step->sin, t, layer->num_heads,
                 layer->num_kv_heads, d, qkv_size, qkv_size);
@@ -113,15 +146,15 @@ static int run_layer(const octavo_layer *layer, const octavo_decode_step *step, 
                                      state ? state + stats : NULL,
                                      state ? state + 2 * stats : NULL);
     if (status != OCTAVO_OK) return status;
-    status = project(residual_out, attn, q_size, layer->o, layer->o_type, layer->o_bias, t, h,
-                     q_size, quant);
+    status = project(residual_out, attn, q_size, layer->o, layer->o_type, layer->o_bias,
+                     layer->o_lora, step, h, q_size, quant);
     if (status != OCTAVO_OK) return status;
     /* residual_out += the stream (the next residual stream), normed its norm. */
     octavo_rms_norm(normed, residual_out, hidden, layer->post_norm, t, h, h, h, layer->eps);
-    status = project_silu(act, normed, layer, t, quant);
+    status = project_silu(act, normed, layer, step, gate_up, quant);
     if (status != OCTAVO_OK) return status;
-    return project(out, act, inter, layer->down, layer->down_type, layer->down_bias, t, h,
-                   inter, quant);
+    return project(out, act, inter, layer->down, layer->down_type, layer->down_bias,
+                   layer->down_lora, step, h, inter, quant);
 }
 
 /* hidden [T][hidden] (this layer's input, overwritten with the residual stream when there is
@@ -134,8 +167,9 @@ int octavo_decode_layer(const octavo_layer *layer, const octavo_decode_step *ste
     int64_t t = step->tokens, d = layer->head_dim;
     int64_t q_size = layer->num_heads * d, qkv_size = q_size + 2 * layer->num_kv_heads * d;
     int prefix = step->prefix_len > 0;
+    int64_t inter = layer->intermediate, gate_up = unfused_gate_up(layer, step) ? 2 * inter : 0;
     bf16 *normed = octavo_alloc(sizeof(bf16) * t
-                                * (layer->hidden + qkv_size + q_size + layer->intermediate));
+                                * (layer->hidden + qkv_size + q_size + inter + gate_up));
     float *state = prefix ? octavo_alloc(sizeof(float) * t * layer->num_heads * (2 + d)) : NULL;
     int64_t quant_floats = quant_scratch_floats(layer, t);
     float *quant = quant_floats ? octavo_alloc(sizeof(float) * quant_floats) : NULL;

@@ -15,13 +15,24 @@ bf16 layer whose four projections the pair GEMM (AVX512-BF16) or the quantized d
 kernels (GGUF blocks kept by ``--quantization gguf``, ``octavo.cpu.quant``) serve alone, on
 one tensor-parallel rank, plain RMSNorms, the CPU's rotary embedding, no per-head q/k norm, no
 sliding window, a SiLU MLP. Any other layer or step (prefill chunks, speculative
-verification, Qwen3's q/k norms, Gemma) takes the portable layer's path, as does a step in
-which a projection's method adds to its GEMM's product (``adds_after_gemm``: a LoRA adapter
-in the step; the fused calls compute the base products alone).
+verification, Qwen3's q/k norms, Gemma) takes the portable layer's path.
+
+LoRA adapters (``--enable-lora``): a projection whose method is a LoRA wrapper with the CPU's
+one-call delta over bf16 slots (``octavo.cpu.lora.LayerDelta``), around a base method that
+adds nothing after its GEMM itself, hands the fused call its slots (``octavo_layer``'s
+``*_lora``), and a step with adapters hands it the step's tokens grouped by slot (the
+``TokenGroups`` the LoRA manager makes once per step): the call adds each projection's delta
+after its GEMM with the same kernel the layer by layer path calls, so the same bits (the
+gate/up projection then writes its product out and applies SiLU after the delta). A W1 decode
+step on adapters thus stays one call for the 30 layers rather than ~120 projections and
+deltas in Python. A step in which some other method adds to its GEMM's product
+(``adds_after_gemm``: a wrapper the fused call does not know, or a LoRA wrapper it cannot
+take: fp32 or strided slots, the pair kernels per slice) runs the layers one by one.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import cast
 
@@ -33,8 +44,11 @@ from octavo.cpu import kernels
 from octavo.cpu.attention import CpuAttentionImpl, decode_rows
 from octavo.cpu.gemm import CpuGemm
 from octavo.cpu.layers import CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
+from octavo.cpu.lora import LayerDelta
 from octavo.cpu.quant import QuantGemm
 from octavo.cpu.quant_gemm import DECODE_ROWS
+from octavo.lora.layers import LoRABatch, LoRALinearMethod
+from octavo.lora.ops import TokenGroups
 from octavo.models.layers.linear import LinearBase
 from octavo.models.layers.quantization import LinearMethodBase
 from octavo.models.layers.rotary import RotaryEmbedding
@@ -87,15 +101,47 @@ def _fused_projections(layer: LlamaDecoderLayer, mlp: LlamaMLP) -> list[_Project
     return [_projection(linear) for linear in _projections(layer, mlp)]
 
 
+def _may_add(method: LinearMethodBase) -> bool:
+    """Whether ``method`` may add to its GEMM's product: one that keeps the base class's
+    ``adds_after_gemm`` never does."""
+    return type(method).adds_after_gemm is not LinearMethodBase.adds_after_gemm
+
+
+def _fused_delta(method: LinearMethodBase) -> LayerDelta | None:
+    """The LoRA delta the fused call adds for ``method`` itself (see the module's
+    docstring), else None."""
+    if (isinstance(method, LoRALinearMethod) and isinstance(method.delta, LayerDelta)
+            and method.delta.dtype is torch.bfloat16 and not _may_add(method.base)):
+        return method.delta
+    return None
+
+
 def _methods(layers: list[LlamaDecoderLayer]) -> list[LinearMethodBase]:
     """The linear methods of ``layers``' projections that may add to their GEMM's product
-    (a wrapper's, such as a LoRA adapter's), asked each step (:func:`_adds_after_gemm`).
-    A method that keeps the base class's ``adds_after_gemm`` never adds, so it is left out
-    of the list: asking SmolLM2's 120 of them took ~9 us of Python calls a step (hot)."""
+    where the fused call does not add for them, asked each step (:func:`_adds_after_gemm`).
+    A method that never adds, or whose delta the fused call adds (:func:`_fused_delta`), is
+    left out of the list: asking SmolLM2's 120 of them took ~9 us of Python calls a step."""
     return [linear.quant_method for layer in layers
             for linear in _projections(layer, cast(LlamaMLP, layer.mlp))
-            if type(linear.quant_method).adds_after_gemm
-            is not LinearMethodBase.adds_after_gemm]
+            if _may_add(linear.quant_method) and _fused_delta(linear.quant_method) is None]
+
+
+def _lora_batch(layers: list[LlamaDecoderLayer]) -> LoRABatch | None:
+    """The LoRA batch (the step's token -> slot map and grouping) of the deltas the fused
+    call adds in ``layers``, None where it adds none. The LoRA manager wraps every layer
+    over one batch."""
+    batches = {id(method.batch): method.batch for layer in layers
+               for linear in _projections(layer, cast(LlamaMLP, layer.mlp))
+               if isinstance(method := linear.quant_method, LoRALinearMethod)
+               and _fused_delta(method) is not None}
+    assert len(batches) <= 1, "LoRA layers over several batches"
+    return next(iter(batches.values()), None)
+
+
+def _groups(batch: LoRABatch | None) -> TokenGroups | None:
+    """The step's tokens grouped by adapter slot for the fused call's deltas (None: no
+    adapter in the step, or no delta in the call)."""
+    return None if batch is None else batch.groups
 
 
 def _adds_after_gemm(methods: list[LinearMethodBase]) -> bool:
@@ -113,6 +159,13 @@ def fused_rows(layer: LlamaDecoderLayer) -> int:
 
 def _address(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
+
+
+def _lora_slots(linear: LinearBase) -> int | None:
+    """The address of ``linear``'s LoRA slots as the fused call takes them (``octavo_lora``,
+    kept alive by the layer's delta), None where the call adds no delta for it."""
+    delta = _fused_delta(linear.quant_method)
+    return None if delta is None else ctypes.addressof(delta.slots)
 
 
 def layer_weights(layer: LlamaDecoderLayer) -> kernels.LayerWeights | None:
@@ -133,6 +186,8 @@ def layer_weights(layer: LlamaDecoderLayer) -> kernels.LayerWeights | None:
         qkv=qkv.weight, o=o.weight, gate_up=gate_up.weight, down=down.weight,
         qkv_bias=qkv.bias, o_bias=o.bias, gate_up_bias=gate_up.bias, down_bias=down.bias,
         qkv_type=qkv.type, o_type=o.type, gate_up_type=gate_up.type, down_type=down.type,
+        qkv_lora=_lora_slots(attn.qkv_proj), o_lora=_lora_slots(attn.o_proj),
+        gate_up_lora=_lora_slots(mlp.gate_up_proj), down_lora=_lora_slots(mlp.down_proj),
         hidden=layer.input_layernorm.weight.numel(),
         num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
         intermediate=mlp.down_proj.in_features, eps=layer.input_layernorm.eps,
@@ -144,6 +199,7 @@ class CpuLlamaDecoderLayer(LlamaDecoderLayer):
 
     _weights: kernels.LayerWeights | None | bool = False  # False: not looked at yet
     _fused_rows = 0  # steps of fewer rows run fused (set with _weights)
+    _lora: LoRABatch | None = None  # the batch of the deltas the call adds (set with _weights)
 
     def forward(
         self,
@@ -158,7 +214,7 @@ class CpuLlamaDecoderLayer(LlamaDecoderLayer):
                 or _adds_after_gemm(_methods([self]))
                 or not kernels.usable(hidden, kv_cache) or not hidden.is_contiguous()
                 else decode_step(positions, hidden.shape[0], kv_cache, attn_metadata,
-                                 self.self_attn.rotary_emb))
+                                 self.self_attn.rotary_emb, _groups(self._lora)))
         if step is None or weights is None:
             return super().forward(positions, hidden, residual, kv_cache, attn_metadata)
         cache_rows = kv_cache.view(2, -1, kv_cache.shape[-2] * kv_cache.shape[-1])
@@ -175,6 +231,7 @@ class CpuLlamaModel(LlamaModel):
     _stack: kernels.LayerStack | None = None
     _fused_rows = 0  # steps of fewer rows run fused: the least of the layers' (_fused_stack)
     _methods: list[LinearMethodBase] = []  # the stack's projections' (set with _stack)
+    _lora: LoRABatch | None = None  # the batch of the deltas the call adds (set with _stack)
 
     def run_layers(
         self,
@@ -191,7 +248,8 @@ class CpuLlamaModel(LlamaModel):
                                   or _adds_after_gemm(self._methods)):
             stack = None
         step = None if stack is None else decode_step(
-            positions, hidden.shape[0], kv_caches[0], attn_metadata, self._rotary())
+            positions, hidden.shape[0], kv_caches[0], attn_metadata, self._rotary(),
+            _groups(self._lora))
         if stack is None or step is None:
             return super().run_layers(positions, hidden, residual, kv_caches, attn_metadata)
         return kernels.decode_layers(stack, step, hidden)
@@ -216,7 +274,9 @@ class CpuLlamaModel(LlamaModel):
             return None
         self._fused_rows = min(layer._fused_rows for layer in layers
                                if isinstance(layer, CpuLlamaDecoderLayer))
-        self._methods = _methods([cast(LlamaDecoderLayer, layer) for layer in layers])
+        decoder_layers = [cast(LlamaDecoderLayer, layer) for layer in layers]
+        self._methods = _methods(decoder_layers)
+        self._lora = _lora_batch(decoder_layers)
         rows = [c.view(2, -1, c.shape[-2] * c.shape[-1]) for c in kv_caches]
         self._stack = kernels.LayerStack(weights, rows)
         return self._stack
@@ -229,14 +289,16 @@ def _layer_weights(layer: torch.nn.Module) -> kernels.LayerWeights | None:
     if layer._weights is False:
         layer._weights = layer_weights(layer)
         layer._fused_rows = 0 if layer._weights is None else fused_rows(layer)
+        layer._lora = _lora_batch([layer])
     return layer._weights if isinstance(layer._weights, kernels.LayerWeights) else None
 
 
 def decode_step(positions: torch.Tensor, tokens: int, kv_cache: torch.Tensor,
                 metadata: AttentionMetadata, rotary: RotaryEmbedding,
-                ) -> kernels.DecodeStep | None:
+                groups: TokenGroups | None) -> kernels.DecodeStep | None:
     """The step as the fused call takes it, worked out once per step (in the first layer)
-    and kept in the metadata; None when the step is not decode rows only."""
+    and kept in the metadata; None when the step is not decode rows only. ``groups``: the
+    step's tokens grouped by LoRA adapter slot, for the deltas the call adds (None: none)."""
     state = metadata.backend_state
     if "cpu_decode_step" in state:
         return state["cpu_decode_step"]
@@ -257,8 +319,12 @@ def decode_step(positions: torch.Tensor, tokens: int, kv_cache: torch.Tensor,
             slot_mapping=slot_mapping.data_ptr(), slots=rows.slots.data_ptr(),
             seq_lens=seq_lens.data_ptr(), max_len=rows.max_len,
             prefix_slots=None if prefix is None else prefix.slots.data_ptr(),
-            prefix_len=0 if prefix is None else len(prefix.slots))
-        step.keep = (cos, sin, slot_mapping, seq_lens, rows, prefix)  # alive while used
+            prefix_len=0 if prefix is None else len(prefix.slots),
+            lora_sorted_tokens=None if groups is None else groups.sorted_tokens.data_ptr(),
+            lora_starts=None if groups is None else groups.starts.data_ptr(),
+            lora_counts=None if groups is None else groups.counts.data_ptr())
+        # alive while used
+        step.keep = (cos, sin, slot_mapping, seq_lens, rows, prefix, groups)
     state["cpu_decode_step"] = step
     return step
 

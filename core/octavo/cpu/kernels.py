@@ -328,6 +328,14 @@ def prefix_attention(q: torch.Tensor, cache_rows: torch.Tensor, prefix_slots: to
     return state
 
 
+class LoRASlots(CStruct):
+    """``octavo_lora``: a projection's LoRA adapter slots as the fused layer adds their
+    delta (``octavo.cpu.lora.LayerDelta.slots`` fills it)."""
+
+    c_name = "octavo_lora"
+    _fields_ = HEADER.fields(c_name)
+
+
 class LayerWeights(CStruct):
     """``octavo_layer``: a Llama-family decoder layer's packed weights and sizes, fixed for
     the layer's life."""

@@ -96,6 +96,12 @@ class LayerDelta:
         self.num_slices = len(slices)
         _, self.num_slots, self.rank, self.in_features = a.shape
         self.out_features = b.shape[1]
+        # The same operands for the fused decode layer (octavo_layer's *_lora), which adds
+        # the delta inside its call (octavo.cpu.decode_layer).
+        self.slots = kernels.LoRASlots(a=self.a, b=self.b, dtype=self.code,
+                                       slices=ctypes.addressof(self.slices),
+                                       num_slices=self.num_slices, num_slots=self.num_slots,
+                                       rank=self.rank)
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor, groups: TokenGroups) -> bool:
         dtype = self.dtype

@@ -37,8 +37,19 @@ typedef uint16_t bf16;
  * rows, as octavo_quant_matmul takes them), multiplied by that type's decode kernel. */
 #define OCTAVO_WEIGHT_PAIRS 0
 
+/* A projection's LoRA adapter slots in octavo_layer, as octavo_lora_delta takes them (its
+ * a, b, dtype, slices, num_slices, num_slots and rank; the projection's own in and out
+ * sizes): the fused layer adds the step's delta to the projection's product where the
+ * step groups tokens by slot (octavo_decode_step's lora_*). Fixed for the layer's life:
+ * loading an adapter into a slot writes a and b in place. */
+#define OCTAVO_LORA_FIELDS(FIELD)                                                            \
+    FIELD(const void *, a) FIELD(const void *, b) FIELD(int64_t, dtype)                      \
+    FIELD(const int64_t *, slices) FIELD(int64_t, num_slices) FIELD(int64_t, num_slots)      \
+    FIELD(int64_t, rank)
+typedef struct { OCTAVO_LORA_FIELDS(OCTAVO_FIELD) } octavo_lora;
+
 /* What stays fixed for a layer: its weights (each projection's, typed as above; fp32 biases
- * or NULL; the norms' bf16 weights) and sizes. */
+ * or NULL; the norms' bf16 weights), each projection's LoRA slots (NULL: none) and sizes. */
 #define OCTAVO_LAYER_FIELDS(FIELD)                                                           \
     FIELD(const bf16 *, input_norm) FIELD(const bf16 *, post_norm)                           \
     FIELD(const void *, qkv) FIELD(const void *, o) FIELD(const void *, gate_up)             \
@@ -47,6 +58,8 @@ typedef uint16_t bf16;
     FIELD(const float *, gate_up_bias) FIELD(const float *, down_bias)                       \
     FIELD(int64_t, qkv_type) FIELD(int64_t, o_type) FIELD(int64_t, gate_up_type)             \
     FIELD(int64_t, down_type)                                                                \
+    FIELD(const octavo_lora *, qkv_lora) FIELD(const octavo_lora *, o_lora)                  \
+    FIELD(const octavo_lora *, gate_up_lora) FIELD(const octavo_lora *, down_lora)           \
     FIELD(int64_t, hidden) FIELD(int64_t, num_heads) FIELD(int64_t, num_kv_heads)            \
     FIELD(int64_t, head_dim) FIELD(int64_t, intermediate)                                    \
     FIELD(float, eps) FIELD(float, scale)
@@ -55,12 +68,16 @@ typedef struct { OCTAVO_LAYER_FIELDS(OCTAVO_FIELD) } octavo_layer;
 /* What one step gives every layer: the rows' rotary cos/sin ([T][head_dim]), the new
  * tokens' cache slots, and the decode rows' context slots ([T][max_len]) and lengths; with
  * prefix_len > 0 the positions at prefix_slots are the ones all rows share first, attended
- * once for all (cascade attention), and slots/seq_lens/max_len cover what follows them. */
+ * once for all (cascade attention), and slots/seq_lens/max_len cover what follows them.
+ * With LoRA adapters in the step, its tokens grouped by adapter slot as octavo_lora_delta
+ * takes them (lora_sorted_tokens, lora_starts, lora_counts; NULL: no adapter in the step). */
 #define OCTAVO_DECODE_STEP_FIELDS(FIELD)                                                     \
     FIELD(int64_t, tokens) FIELD(const bf16 *, cos) FIELD(const bf16 *, sin)                 \
     FIELD(const int64_t *, slot_mapping) FIELD(const int64_t *, slots)                       \
     FIELD(const int64_t *, seq_lens) FIELD(int64_t, max_len)                                 \
-    FIELD(const int64_t *, prefix_slots) FIELD(int64_t, prefix_len)
+    FIELD(const int64_t *, prefix_slots) FIELD(int64_t, prefix_len)                          \
+    FIELD(const int *, lora_sorted_tokens) FIELD(const int *, lora_starts)                   \
+    FIELD(const int *, lora_counts)
 typedef struct { OCTAVO_DECODE_STEP_FIELDS(OCTAVO_FIELD) } octavo_decode_step;
 
 /* One row of octavo_layout: a struct's size (field NULL, offset 0), or the offset and size

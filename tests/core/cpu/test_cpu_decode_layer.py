@@ -126,6 +126,7 @@ def test_the_stack_call_passes_each_layer_what_the_loop_does(num_layers: int) ->
             gate_up=gate_up, down=down, qkv_bias=None, o_bias=None, gate_up_bias=None,
             down_bias=None, qkv_type=0, o_type=0, gate_up_type=0, down_type=0, hidden=hidden,
             num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, intermediate=inter,
+            qkv_lora=None, o_lora=None, gate_up_lora=None, down_lora=None,
             eps=1e-5, scale=head_dim**-0.5))
     width = kv_heads * head_dim
     caches = [torch.randn(2, blocks * 16, width, generator=g).bfloat16()
@@ -137,7 +138,8 @@ def test_the_stack_call_passes_each_layer_what_the_loop_does(num_layers: int) ->
     step = kernels.DecodeStep(tokens=rows, cos=cos.data_ptr(), sin=sin.data_ptr(),
                               slot_mapping=slot_mapping.data_ptr(), slots=slots.data_ptr(),
                               seq_lens=seq_lens.data_ptr(), max_len=30, prefix_slots=None,
-                              prefix_len=0)
+                              prefix_len=0, lora_sorted_tokens=None, lora_starts=None,
+                              lora_counts=None)
     x = torch.randn(rows, hidden, generator=g).bfloat16()
 
     looped = [c.clone() for c in caches]

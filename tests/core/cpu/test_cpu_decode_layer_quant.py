@@ -104,6 +104,7 @@ class Layer:
             o_bias=bias[1], gate_up_bias=bias[2], down_bias=bias[3], qkv_type=p[0].type,
             o_type=p[1].type, gate_up_type=p[2].type, down_type=p[3].type, hidden=HIDDEN,
             num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, intermediate=INTER,
+            qkv_lora=None, o_lora=None, gate_up_lora=None, down_lora=None,
             eps=1e-5, scale=HEAD_DIM**-0.5)
 
 
@@ -167,7 +168,8 @@ def test_quantized_layers_compute_what_their_kernels_do_one_by_one(mix: str, row
     fused_step = kernels.DecodeStep(
         tokens=rows, cos=step["cos"].data_ptr(), sin=step["sin"].data_ptr(),
         slot_mapping=step["slot_mapping"].data_ptr(), slots=step["slots"].data_ptr(),
-        seq_lens=seq_lens.data_ptr(), max_len=max_len, prefix_slots=None, prefix_len=0)
+        seq_lens=seq_lens.data_ptr(), max_len=max_len, prefix_slots=None, prefix_len=0,
+        lora_sorted_tokens=None, lora_starts=None, lora_counts=None)
     x = torch.from_numpy(gen.standard_normal((rows, HIDDEN), dtype=np.float32)).bfloat16()
 
     h, residual, looped = x.clone(), None, [c.clone() for c in caches]

@@ -105,10 +105,12 @@ def test_a_kernel_out_of_memory_raises_naming_it() -> None:
         input_norm=None, post_norm=None, qkv=None, o=None, gate_up=None, down=None,
         qkv_bias=None, o_bias=None, gate_up_bias=None, down_bias=None, qkv_type=0, o_type=0,
         gate_up_type=0, down_type=0, hidden=64, num_heads=2, num_kv_heads=1, head_dim=64,
-        intermediate=128, eps=1e-5, scale=0.125)
+        intermediate=128, qkv_lora=None, o_lora=None, gate_up_lora=None, down_lora=None,
+        eps=1e-5, scale=0.125)
     step = kernels.DecodeStep(tokens=NO_ROOM, cos=None, sin=None, slot_mapping=None,
                               slots=None, seq_lens=None, max_len=1, prefix_slots=None,
-                              prefix_len=0)
+                              prefix_len=0,
+                              lora_sorted_tokens=None, lora_starts=None, lora_counts=None)
     stack = kernels.LayerStack([layer], [cache])
     with pytest.raises(kernels.CpuKernelError,
                        match="octavo_decode_layers failed: out of memory"):

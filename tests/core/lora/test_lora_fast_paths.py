@@ -1,7 +1,7 @@
 """LoRA keeps the CPU's fast paths (issue 50): a wrapped bf16 layer multiplies its base weight
-with the platform's prepacked GEMM and adds the delta after it, and a decode step with no
-adapter in it runs the fused decode stack (``octavo.cpu.decode_layer``); a step with an
-adapter runs the layers one by one. The delta's arithmetic against HF + PEFT is
+with the platform's prepacked GEMM and adds the delta after it, and decode steps, with
+adapters in them or not, run the fused decode stack (``octavo.cpu.decode_layer``), which adds
+the deltas inside its call. The delta's arithmetic against HF + PEFT is
 test_lora_parity's (fp32, where no prepacked GEMM serves)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from octavo import LLM, LoRARequest, SamplingParams
-from octavo.cpu import kernels
+from octavo.cpu import decode_layer, kernels
 from octavo.cpu.gemm import CpuGemm
 from octavo.lora.layers import LoRALinearMethod
 from octavo.models.layers.linear import LinearBase
@@ -59,41 +59,64 @@ def check_delta_after_gemm(layer: LinearBase, seed: int) -> None:
     assert error <= bound, f"seed {seed}: delta off by {error:.3g} (bound {bound:.3g})"
 
 
-def test_steps_without_adapters_take_the_fused_stack(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_steps_with_adapters_take_the_fused_stack(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode steps run in the fused stack with and without adapters; a batch mixing two
+    adapters (one on q/v/down only) and the base model gives the tokens and logprobs of the
+    fused call per layer and of the layers one by one, bit for bit (the same kernels in the
+    same order: the delta added to the GEMM's bf16 product, then SiLU)."""
     seed = draw_seed()
     base = save_tiny_model("llama", tmp_path / "base", seed % 1000)
-    make_adapter(base, SPECS[1], tmp_path / "lora", seed)
-    lora = LoRARequest("lora", 1, str(tmp_path / "lora"))
-    llm = LLM(model=str(tmp_path / "base"), dtype="bfloat16", enable_lora=True, max_loras=1,
+    loras = []
+    for i, spec in enumerate((SPECS[1], SPECS[2])):
+        make_adapter(base, spec, tmp_path / f"lora{i}", seed + i)
+        loras.append(LoRARequest(f"lora{i}", i + 1, str(tmp_path / f"lora{i}")))
+    llm = LLM(model=str(tmp_path / "base"), dtype="bfloat16", enable_lora=True, max_loras=2,
               max_lora_rank=16, kv_cache_memory=16 * 2**20)
     layers = wrapped_layers(llm)
     assert layers and all(isinstance(m.cpu_gemm, CpuGemm) for m in layers), (
         "a LoRA-wrapped bf16 layer lost its prepacked GEMM")
-    stack_calls = [0]
-    stack = kernels.decode_layers
+    calls = {"layer": 0, "stack": 0}
+    layer_call, stack_call = kernels.decode_layer, kernels.decode_layers
+
+    def counted_layer(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["layer"] += 1
+        return layer_call(*args, **kwargs)
 
     def counted_stack(*args, **kwargs):  # type: ignore[no-untyped-def]
-        stack_calls[0] += 1
-        return stack(*args, **kwargs)
+        calls["stack"] += 1
+        return stack_call(*args, **kwargs)
 
+    monkeypatch.setattr(kernels, "decode_layer", counted_layer)
     monkeypatch.setattr(kernels, "decode_layers", counted_stack)
     rng = random.Random(seed)
-    prompts = [[rng.randrange(256) for _ in range(n)] for n in (7, 12)]
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (7, 12, 5)]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                            logprobs=3)
 
-    def generate(loras: list[LoRARequest | None]) -> list[list[int]]:
+    def generate(requests: list[LoRARequest | None]) -> list[tuple[list[int], object]]:
+        calls.update(layer=0, stack=0)
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                               lora_request=loras, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outputs]
+                               lora_request=requests, use_tqdm=False)
+        return [(list(o.outputs[0].token_ids), o.outputs[0].logprobs) for o in outputs]
 
-    base_only = generate([None, None])
-    assert stack_calls[0] >= MAX_TOKENS - 1, f"seed {seed}: fused stack ran {stack_calls[0]}x"
-    stack_calls[0] = 0
-    mixed = generate([lora, None])
-    assert stack_calls[0] == 0, f"seed {seed}: a step with an adapter ran the fused stack"
-    print(f"\nseed {seed}: base-only {base_only}, mixed {mixed}")
-    assert mixed[1] == base_only[1], f"seed {seed}: the base request's tokens moved"
-    assert mixed[0] != base_only[0], f"seed {seed}: the adapter changed no token"
+    base_only = generate([None, None, None])
+    assert calls["stack"] >= MAX_TOKENS - 1, f"seed {seed}: fused stack ran {calls}"
+    mixed_requests = [loras[0], None, loras[1]]
+    mixed = generate(mixed_requests)
+    assert calls["stack"] >= MAX_TOKENS - 1 and calls["layer"] == 0, f"seed {seed}: {calls}"
+    monkeypatch.setattr(decode_layer.CpuLlamaModel, "_fused_stack", lambda self, caches: None)
+    per_layer = generate(mixed_requests)
+    decoder_layers = len(layers) // 4  # four wrapped projections each
+    assert calls["layer"] >= decoder_layers * (MAX_TOKENS - 1) and calls["stack"] == 0, calls
+    monkeypatch.setattr(decode_layer, "_layer_weights", lambda layer: None)
+    one_by_one = generate(mixed_requests)
+    assert calls["layer"] == calls["stack"] == 0, calls
+    print(f"\nseed {seed}: base-only {[t for t, _ in base_only]}, mixed {[t for t, _ in mixed]}")
+    for i, want in enumerate(one_by_one):
+        assert mixed[i] == per_layer[i] == want, f"seed {seed} request {i}: same kernels, bits"
+    assert mixed[1][0] == base_only[1][0], f"seed {seed}: the base request's tokens moved"
+    assert mixed[0][0] != base_only[0][0], f"seed {seed}: adapter 0 changed no token"
+    assert mixed[2][0] != base_only[2][0], f"seed {seed}: adapter 1 changed no token"
     for layer in layers[:4]:  # one decoder layer's qkv, o, gate/up and down projections
         check_delta_after_gemm(layer, seed)
