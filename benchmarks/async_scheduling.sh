@@ -17,8 +17,8 @@ else
     W2=()
 fi
 for mode in off on; do
-    flags=()
-    [ "$mode" = on ] && flags=(--async-scheduling)
+    flags=(--async-scheduling)  # on by default; named both ways so the JSON says which
+    [ "$mode" = off ] && flags=(--no-async-scheduling)
     echo "=== bench sweep bf16, async scheduling $mode (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
     "$OCTAVO" bench sweep --dtype bfloat16 "${SWEEP[@]}" "${flags[@]}" \
         --label "async scheduling $mode" --output-json "$OUT/sweep-$mode.json"

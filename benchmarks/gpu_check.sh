@@ -14,7 +14,8 @@
 #   2. times each Triton kernel against its torch reference;
 #   3. runs W1_throughput and W2_latency with --backend cuda, CUDA graphs on and off;
 #   4. runs W2_latency at TP=1 through the multi-process executor (a worker process), and
-#      with --async-scheduling (the worker on a thread, step N+1 planned while N runs);
+#      with --no-async-scheduling (the runs above have async scheduling, the default: the
+#      worker on a thread, step N+1 planned while N runs);
 #   5. on a machine with two GPUs or more, W2_latency at -tp 2 (NCCL between workers), and
 #      16 requests to a random Mixtral served at -dp 2 --enable-expert-parallel (NCCL
 #      all-to-alls between the engines' workers; benchmarks/gpu/dp_ep.sh), and
@@ -104,7 +105,7 @@ bench throughput W1_throughput eager 50 --enforce-eager
 bench latency W2_latency graphs 45
 bench latency W2_latency eager 35 --enforce-eager
 bench latency W2_latency mp 50 --distributed-executor-backend mp
-bench latency W2_latency async 45 --async-scheduling
+bench latency W2_latency no-async 45 --no-async-scheduling
 
 if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)"; then
     bench latency W2_latency tp2 90 -tp 2

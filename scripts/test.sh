@@ -54,6 +54,7 @@ BESIDE=" tests/core tests/spec_decode tests/tpu tests/triton tests/neuron "
 # engines and models, and what the heaps kept of them) and the kernel killed it for memory,
 # with the main lane's servers and workers beside it; a subfolder peaks under 8 GB.
 SPLIT=" tests/core "
+ENGINE_TESTS=tests/core/engine
 export OMP_WAIT_POLICY=PASSIVE
 logs=$(mktemp -d)
 fail() { echo "$1" >> "$logs/failed"; }
@@ -83,6 +84,11 @@ pytest_in alone tests/bench
         pytest_in "not alone and not timed" "$folder" > "$logs/${folder//\//_}.log" 2>&1
         echo "=== pytest $folder ended beside (its log follows the main lane's)"
     done
+    # Async scheduling is on by default where it runs; the engine tests run once more with
+    # it off (tests/conftest.py), so one step at a time stays tested (about 210 s).
+    pytest_in "not alone and not timed" --async-scheduling=off "$ENGINE_TESTS" \
+        > "$logs/async-off.log" 2>&1
+    echo "=== pytest $ENGINE_TESTS --async-scheduling=off ended beside"
 ) &
 beside=$!
 for folder in tests/*/; do
@@ -106,6 +112,10 @@ for folder in $(parts); do
         cat "$logs/${folder//\//_}.log"
     fi
 done
+if [ -f "$logs/async-off.log" ]; then
+    echo "=== pytest $ENGINE_TESTS --async-scheduling=off (ran beside)"
+    cat "$logs/async-off.log"
+fi
 if [ -f "$logs/failed" ]; then
     echo "FAILED: $(tr '\n' ' ' < "$logs/failed")" >&2
     exit 1

@@ -44,6 +44,41 @@ if not torch.cuda.is_available() and importlib.util.find_spec("octavo_triton") i
     patch_interpreter()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--async-scheduling", choices=("default", "off"), default="default",
+                     help="off: engines the tests leave async_scheduling unset for run one "
+                          "step at a time, as CI runs tests/core/engine once (their engine "
+                          "core processes too; a CLI or server a test runs as a program "
+                          "keeps the default)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("async_scheduling") == "off":
+        _async_scheduling_off_by_default()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return ("async scheduling: off unless a test names it (--async-scheduling=off)"
+            if config.getoption("async_scheduling") == "off"
+            else "async scheduling: the engine's default (on where it runs)")
+
+
+def _async_scheduling_off_by_default() -> None:
+    """Make an unset ``async_scheduling`` off in this process: the engine's default is on
+    where it runs (``EngineConfig``), and one CI run of the engine tests keeps the
+    one-step-at-a-time engine tested too. A test that names the flag keeps its value."""
+    from octavo.config.scheduler import SchedulerConfig
+
+    checks = SchedulerConfig.__post_init__
+
+    def off_unless_named(self: SchedulerConfig) -> None:
+        if self.async_scheduling is None:
+            self.async_scheduling = False
+        checks(self)
+
+    SchedulerConfig.__post_init__ = off_unless_named  # type: ignore[method-assign]
+
+
 @pytest.fixture(scope="module", autouse=True)
 def module_memory_returned() -> Iterator[None]:
     """When a test module ends, what it freed goes back to the kernel. The CPU backend tells

@@ -62,16 +62,19 @@ def test_throughput_cli_writes_json_and_table(bench_model: BenchModel, tmp_path:
     assert data["num_requests"] == 5 and data["dataset"] == "random"
     assert data["total_num_tokens"] == data["prompt_tokens"] + data["output_tokens"]
     assert data["requests_per_second"] == pytest.approx(5 / data["elapsed_time"])
+    assert data["async_scheduling"] is True  # the settled default, recorded
 
 
 def test_latency_cli_writes_json(bench_model: BenchModel, tmp_path: Path) -> None:
     out = tmp_path / "lat.json"
     result = run_octavo("bench", "latency", "--model", str(bench_model.folder), *ENGINE_ARGS,
                         "--batch-size", "2", "--input-len", "8", "--output-len", "4",
-                        "--num-iters-warmup", "0", "--num-iters", "2", "--output-json", str(out))
+                        "--num-iters-warmup", "0", "--num-iters", "2", "--no-async-scheduling",
+                        "--output-json", str(out))
     assert result.returncode == 0, result.stderr
     assert "p99 latency (s)" in result.stdout
     data = json.loads(out.read_text())
+    assert data["async_scheduling"] is False
     assert len(data["latencies"]) == 2 and set(data["percentiles"]) == {
         "10", "25", "50", "75", "90", "99"}
     assert data["avg_latency"] == pytest.approx(sum(data["latencies"]) / 2)

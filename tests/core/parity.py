@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from octavo import LLM, LoRARequest, SamplingParams
+from octavo.outputs import SchedulerOutput
 
 TIE_GAP = 1e-4
 
@@ -51,18 +52,23 @@ def engine_greedy(llm: LLM, prompts: list[list[int]], max_tokens: int,
     ids = [engine.add_request({"prompt_token_ids": p}, params,
                               lora_request=loras[i] if loras else None)
            for i, p in enumerate(prompts)]
-    logits: dict[str, list[torch.Tensor]] = {i: [] for i in ids}
+    prompt_lens = dict(zip(ids, map(len, prompts), strict=True))
+    # By output position: with async scheduling a request preempted or finished while a
+    # step is in flight samples there a token the engine drops; that position's logits are
+    # those of the step whose token the engine kept, the last to sample it.
+    logits: dict[str, dict[int, torch.Tensor]] = {i: {} for i in ids}
     tokens: dict[str, list[int]] = {}
     core = engine.core
     original_step = core.executor.worker.execute_model
 
     def recording_execute(scheduler_output):  # type: ignore[no-untyped-def]
         before = len(recorder.steps)
+        positions = sampled_positions(scheduler_output, prompt_lens)
         out = original_step(scheduler_output)
         if len(recorder.steps) > before:
             sampled = [r for r, t in zip(out.req_ids, out.sampled_token_ids) if t]
             for row, req_id in enumerate(sampled):
-                logits[req_id].append(recorder.steps[-1][row])
+                logits[req_id][positions[req_id]] = recorder.steps[-1][row]
         return out
 
     core.executor.worker.execute_model = recording_execute
@@ -74,7 +80,20 @@ def engine_greedy(llm: LLM, prompts: list[list[int]], max_tokens: int,
     finally:
         core.executor.worker.execute_model = original_step
         runner.sampler = recorder.inner
-    return [tokens[i] for i in ids], [logits[i] for i in ids]
+    return [tokens[i] for i in ids], [[logits[i][k] for k in range(len(tokens[i]))]
+                                      for i in ids]
+
+
+def sampled_positions(scheduler_output: SchedulerOutput,
+                      prompt_lens: dict[str, int]) -> dict[str, int]:
+    """The output position each request of a step samples: its tokens once the step ran,
+    less its prompt (no drafts: one token each)."""
+    computed = {new.req_id: new.num_computed_tokens
+                for new in scheduler_output.scheduled_new_reqs}
+    cached = scheduler_output.scheduled_cached_reqs
+    computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+    return {req_id: computed[req_id] + n - prompt_lens[req_id]
+            for req_id, n in scheduler_output.num_scheduled_tokens.items()}
 
 
 @torch.inference_mode()

@@ -45,8 +45,12 @@ def interpret_env(devices: int = 1) -> dict[str, str]:
 
 
 def engine_settings(folder: Path) -> dict:
+    """One step at a time: with async scheduling on (the default) these runs gave the same
+    tokens and logprobs on both backends, but handed the TPU worker no request resumed
+    after preemption (2026-12-07), which is what the worker must be seen to track here."""
     hf_config = json.loads((folder / "config.json").read_text())
-    return {**ENGINE, "kv_cache_memory": KV_BLOCKS * kv_block_bytes(hf_config)}
+    return {**ENGINE, "kv_cache_memory": KV_BLOCKS * kv_block_bytes(hf_config),
+            "async_scheduling": False}
 
 
 def engine_run(folder: Path, backend: str, tp: int = 1, sampling: bool = True,

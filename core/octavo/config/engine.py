@@ -84,8 +84,7 @@ class EngineConfig:
             check_pooling_combinations(self)
         if self.lora.enable_lora:
             check_lora_combinations(self)
-        if self.scheduler.async_scheduling:
-            check_async_scheduling_combinations(self)
+        resolve_async_scheduling(self)
         if self.model.enable_prompt_embeds and self.speculative is not None:
             # vLLM refuses it too: drafts are proposed from token ids a prompt of
             # embeddings does not have.
@@ -166,11 +165,12 @@ def check_lora_combinations(config: EngineConfig) -> None:
             raise ConfigError(f"LoRA (enable_lora) does not run with {what} yet")
 
 
-def check_async_scheduling_combinations(config: EngineConfig) -> None:
-    """Refuse, at start, what async scheduling does not run with (yet), naming it: pipeline
+def async_scheduling_refusals(config: EngineConfig) -> list[str]:
+    """What in ``config`` async scheduling does not run with (yet), each named: pipeline
     stages keep their own steps in flight (micro-batches); a KV connector plans its loads
     and saves step by step; a pooling request samples nothing to overlap; the other
-    layouts are untested with it."""
+    layouts are untested with it; a ``--scheduler-cls`` plugin says only once built whether
+    it keeps steps in flight (the engine core checks it when it is asked for)."""
     parallel = config.parallel
     unsupported = [
         (f"pipeline_parallel_size={parallel.pipeline_parallel_size} (its steps in flight "
@@ -183,10 +183,21 @@ def check_async_scheduling_combinations(config: EngineConfig) -> None:
         ("a KV connector (kv_transfer_config)", config.kv_transfer is not None),
         ("the pooling runner (runner=pooling)", config.model.runner == "pooling"),
     ]
-    for what, used in unsupported:
-        if used:
-            raise ConfigError(f"async scheduling (async_scheduling) does not run with {what} "
-                              "yet")
+    return [what for what, used in unsupported if used]
+
+
+def resolve_async_scheduling(config: EngineConfig) -> None:
+    """Settle ``async_scheduling`` once, as vLLM does: unset (None) it is on wherever it
+    runs - the default scheduler and none of :func:`async_scheduling_refusals` - and off
+    elsewhere; asked for (True) where it does not run, the start is refused, naming why."""
+    scheduler = config.scheduler
+    refusals = async_scheduling_refusals(config)
+    if scheduler.async_scheduling is None:
+        scheduler.async_scheduling_by_default = True
+        scheduler.async_scheduling = not refusals and scheduler.scheduler_cls == "default"
+    elif scheduler.async_scheduling and refusals:
+        raise ConfigError(f"async scheduling (async_scheduling) does not run with "
+                          f"{refusals[0]} yet")
 
 
 def flat_fields() -> list[tuple[str, Field[Any]]]:

@@ -27,15 +27,21 @@ class SchedulerConfig:
     kv_manager: str = field(default="default", metadata={
         "help": "KV-cache manager, by its name in the kv_managers registry "
                 "(a plugin's, or default)."})
-    async_scheduling: bool = field(default=False, metadata={
+    # None until EngineConfig resolves it: on wherever it runs (vLLM's default, None too).
+    async_scheduling: bool | None = field(default=None, metadata={
         "help": "Schedule step N+1 while step N runs (vLLM's flag): the worker fills in "
                 "the tokens step N samples, so scheduling and output processing overlap "
-                "the forward pass. One rank or tensor parallelism (uni, mp executors). "
-                "See docs/architecture.md, \"Steps in flight\"."})
+                "the forward pass. Default: on with one rank or tensor parallelism (uni, "
+                "mp executors) and the default scheduler, off where it does not run. "
+                "See docs/architecture.md, \"Async scheduling\"."})
     # Set by the engine (vLLM's name, not a flag here): False for a pooling model whose
     # prompt must be computed whole in one step (an encoder; CLS or MEAN pooling), which
     # then needs max_num_batched_tokens >= max_model_len.
     enable_chunked_prefill: bool = field(default=True, init=False)
+    # Set with async_scheduling (EngineConfig): whether it was left unset, so that the
+    # engine turns it off, rather than refuse to start, for what only the model's files
+    # tell (runner=auto settling on the pooling runner).
+    async_scheduling_by_default: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         check_positive_ints("", max_num_seqs=self.max_num_seqs,

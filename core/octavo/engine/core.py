@@ -29,6 +29,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from octavo.config import ConfigError, EngineConfig
+from octavo.config.engine import async_scheduling_refusals
 from octavo.engine.batch_queue import BatchQueue, InFlightStep
 from octavo.engine.components import build_scheduler
 from octavo.engine.errors import StepError
@@ -102,12 +103,11 @@ class EngineCore:
                                   "async scheduling): leave --enable-pipeline-micro-batching "
                                   "and --async-scheduling off")
             self.batch_queue = BatchQueue(self.executor.max_concurrent_batches)
-            if config.scheduler.async_scheduling:
-                logger.info("async scheduling: the next step is planned while one runs")
-            else:  # micro-batches share the running requests out
+            if not config.scheduler.async_scheduling:  # micro-batches share requests out
                 self.scheduler.steps_in_flight = self.batch_queue.size
                 logger.info("pipeline micro-batches: up to %d steps in flight",
                             self.batch_queue.size)
+        log_async_scheduling(config)
         if encoder:
             logger.info("no KV cache (an encoder); the scheduler counts a step's tokens in %d "
                         "blocks of %d", num_blocks, config.cache.block_size)
@@ -228,6 +228,23 @@ class EngineCore:
         self.abort_requests(request_ids)
         self.scheduler.forget_steps(steps or [])
         return StepError(request_ids, cause)
+
+
+def log_async_scheduling(config: EngineConfig) -> None:
+    """Say at start whether async scheduling runs, and why not where it does not."""
+    scheduler = config.scheduler
+    if scheduler.async_scheduling:
+        logger.info("async scheduling: on, the next step is planned while one runs")
+        return
+    if not scheduler.async_scheduling_by_default:
+        why = "--no-async-scheduling"
+    elif config.model.runner == "pooling":
+        why = "the pooling runner"
+    elif scheduler.scheduler_cls != "default":
+        why = f"--scheduler-cls {scheduler.scheduler_cls}: turn it on with --async-scheduling"
+    else:
+        why = async_scheduling_refusals(config)[0]
+    logger.info("async scheduling: off (%s)", why)
 
 
 def check_steps_in_flight_supported(config: EngineConfig, max_concurrent_batches: int) -> None:

@@ -49,6 +49,7 @@ def setup_runner(config: EngineConfig, files: ModelFiles, max_model_len: int,
             raise ConfigError("pooler_config applies to the pooling runner only "
                               "(--runner pooling)")
         return encoder
+    _pooling_without_async_scheduling(config)
     check_pooling_combinations(config)
     if not issubclass(resolve_qualname(platform.worker_cls), Worker):
         raise ConfigError(f"the {platform.name} platform's worker ({platform.worker_cls}) has "
@@ -58,6 +59,19 @@ def setup_runner(config: EngineConfig, files: ModelFiles, max_model_len: int,
     if encoder or config.pooler.pooling_type != "LAST":
         _whole_prompts(config, max_model_len)
     return encoder
+
+
+def _pooling_without_async_scheduling(config: EngineConfig) -> None:
+    """The pooling runner samples nothing for async scheduling to overlap: on by default it
+    is turned off here, where ``runner=auto`` settled on pooling; asked for, it is refused
+    (the config refused it already with ``runner=pooling`` given)."""
+    scheduler = config.scheduler
+    if not scheduler.async_scheduling:
+        return
+    if not scheduler.async_scheduling_by_default:
+        raise ConfigError("async scheduling (async_scheduling) does not run with the pooling "
+                          "runner (this model's: an encoder, or runner=pooling) yet")
+    scheduler.async_scheduling = False
 
 
 def _pooler_config(given: PoolerConfig, files: ModelFiles, encoder: bool) -> PoolerConfig:

@@ -100,6 +100,12 @@ def make_llm(kwargs: dict[str, Any]) -> Any:
     return LLM(**engine_kwargs)
 
 
+def settled_engine(llm: Any) -> dict[str, Any]:
+    """What the engine settled at start that its flags may leave unset, for the JSON: a
+    run compares with another only where these match."""
+    return {"async_scheduling": llm.llm_engine.config.scheduler.async_scheduling}
+
+
 def report(summary: str, output_json: str | None, data: dict[str, Any]) -> None:
     from octavo.bench.report import write_json
 
@@ -151,7 +157,8 @@ def latency(input_len: int, output_len: int, batch_size: int, num_iters_warmup: 
             requests = random_requests(batch_size, input_len, output_len, seed=seed,
                                        vocab_size=len(llm.get_tokenizer()))
         result = run_latency(llm, requests, num_iters_warmup, num_iters)
-    report(latency_table(result), output_json, {"workload": workload, **result.to_json()})
+    report(latency_table(result), output_json, {"workload": workload, **result.to_json(),
+                                                **settled_engine(llm)})
 
 
 @bench.command()
@@ -196,11 +203,14 @@ def sweep(max_batch_size: int, context_len: int, steps: int, num_iters_warmup: i
         earlier = [json.loads(Path(path).read_text()) for path in plot_with]
         settings = SweepSettings(sizes, context_len, steps, num_iters_warmup, num_iters,
                                  kwargs["seed"])
-        result = (_server_sweep(base_url, shapes_from, dtype_bytes, settings) if base_url
-                  else _engine_sweep(kwargs, settings))
+        settled: dict[str, Any] = {}  # a server's settings are its own
+        if base_url:
+            result = _server_sweep(base_url, shapes_from, dtype_bytes, settings)
+        else:
+            result, settled = _engine_sweep(kwargs, settings)
     if label is not None:
         result.label = label
-    report(sweep_table(result), output_json, result.to_json())
+    report(sweep_table(result), output_json, {**result.to_json(), **settled})
     if plot:
         plot_sweep(plot, [result.to_json(), *earlier])
         click.echo(f"plot written to {plot}")
@@ -216,7 +226,8 @@ class SweepSettings(NamedTuple):
     seed: int
 
 
-def _engine_sweep(kwargs: dict[str, Any], settings: SweepSettings) -> Any:
+def _engine_sweep(kwargs: dict[str, Any], settings: SweepSettings) -> tuple[Any, dict[str, Any]]:
+    """The sweep of an engine in this process, and what that engine settled at start."""
     from octavo.bench.roofline import ModelShape
     from octavo.bench.sweep import run_sweep
     from octavo.plugins.resolve import resolve_platform
@@ -231,7 +242,7 @@ def _engine_sweep(kwargs: dict[str, Any], settings: SweepSettings) -> Any:
     weight_bytes = held / weights  # bf16: 2; quantized: the blocks' bytes per weight
     click.echo(f"weights as held: {weight_bytes:.3f} bytes per weight (the roofline's)")
     return run_sweep(llm, shape, peaks, *settings, weight_bytes=weight_bytes,
-                     kv_bytes=dtype.itemsize)
+                     kv_bytes=dtype.itemsize), settled_engine(llm)
 
 
 def _server_sweep(base_url: str, shapes_from: str | None, dtype_bytes: int,
@@ -281,7 +292,7 @@ def throughput(json_schema: str | None, output_json: str | None, **kwargs: Any) 
         result = run_throughput(llm, requests, structured)
     report(throughput_table(result), output_json,
            {"workload": options.workload, "dataset": options.dataset_name,
-            "json_schema": json_schema, **result.to_json()})
+            "json_schema": json_schema, **result.to_json(), **settled_engine(llm)})
 
 
 def load_json_schema(path: str) -> Any:

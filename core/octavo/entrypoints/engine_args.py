@@ -65,6 +65,9 @@ def _option(field: dataclasses.Field[Any]) -> Callable[[Any], Any]:
             return click.option(f"{flag}/--no-{field.name.replace('_', '-')}", default=True,
                                 show_default=True, help=help_text)
         return click.option(flag, is_flag=True, default=False, help=help_text)
+    if field.type == "bool | None":  # unset (None): the config settles it (its help says how)
+        return click.option(f"{flag}/--no-{field.name.replace('_', '-')}", default=None,
+                            help=help_text)
     names = [flag, field.metadata["alias"]] if "alias" in field.metadata else [flag]
     return click.option(*names, field.name, type=_click_type(field), default=field.default,
                         show_default=field.default is not None, help=help_text)

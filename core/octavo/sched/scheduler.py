@@ -135,7 +135,7 @@ class Scheduler(SchedulerInterface):
         # The requests of the steps scheduled whose outputs are not applied yet.
         self.in_flight = InFlightRequests()
         # Plan a step while the last runs, a request in both (octavo.sched.in_flight).
-        self.async_scheduling = config.scheduler.async_scheduling
+        self.async_scheduling = bool(config.scheduler.async_scheduling)  # settled: never None
 
     def add_request(self, request: Request) -> None:
         request_id = request.request_id

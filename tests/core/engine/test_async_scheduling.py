@@ -12,14 +12,17 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+import click
 import pytest
+from click.testing import CliRunner
 
 from octavo import LLM, SamplingParams
 from octavo.config import ConfigError, EngineConfig
+from octavo.config.engine import resolve_async_scheduling
 from octavo.engine.outputs import RequestOutput
+from octavo.entrypoints.engine_args import engine_options, pop_engine_kwargs
 from octavo.executor import uniproc
 from octavo.sampling_params import StructuredOutputsParams
 from tests.core.tiny_models import TinyModel, fresh_tiny_llama
@@ -235,17 +238,53 @@ def test_refused_at_start(setting: dict[str, Any], named: str) -> None:
     assert named in str(caught.value)
 
 
-def test_the_flag_and_keyword(tmp_path: Path) -> None:
-    assert EngineConfig.from_kwargs().scheduler.async_scheduling is False
-    assert EngineConfig.from_kwargs(async_scheduling=True).scheduler.async_scheduling is True
+@pytest.mark.parametrize(("setting", "on"), [
+    ({}, True),
+    (dict(tensor_parallel_size=2), True),
+    (dict(pipeline_parallel_size=2), False),
+    (dict(data_parallel_size=2), False),
+    (dict(distributed_executor_backend="ray"), False),
+    (dict(kv_transfer_config={"connector": "shared_storage", "role": "producer",
+                              "path": "/nonexistent"}), False),
+    (dict(runner="pooling"), False),
+    (dict(scheduler_cls="tests.core.engine.failing_scheduler.FailingScheduler"), False),
+])
+def test_unset_it_is_on_where_it_runs(setting: dict[str, Any], on: bool) -> None:
+    """vLLM's default: unset (None), on wherever it runs and off elsewhere, not refused.
+    Settled again from None, since this run's default may be off (tests/conftest.py)."""
+    config = EngineConfig.from_kwargs(**setting)
+    config.scheduler.async_scheduling = None
+    resolve_async_scheduling(config)
+    assert config.scheduler.async_scheduling is on
+    assert config.scheduler.async_scheduling_by_default
+
+
+@pytest.mark.parametrize(("flags", "settled"), [
+    ([], None), (["--async-scheduling"], True), (["--no-async-scheduling"], False)])
+def test_the_flags_and_keyword(flags: list[str], settled: bool | None) -> None:
+    """vLLM's flag pair; neither leaves the config to settle it, as the keyword unset does."""
+    @click.command()
+    @engine_options
+    def command(**kwargs: Any) -> None:
+        click.echo(json.dumps(pop_engine_kwargs(kwargs)["async_scheduling"]))
+
+    result = CliRunner().invoke(command, flags)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == settled
+    if settled is not None:
+        config = EngineConfig.from_kwargs(async_scheduling=settled)
+        assert config.scheduler.async_scheduling is settled
+        assert not config.scheduler.async_scheduling_by_default
 
 
 def test_the_worker_is_built_on_the_thread_that_runs_its_steps(
-        tiny: TinyModel, monkeypatch: pytest.MonkeyPatch) -> None:
+        tiny: TinyModel, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     """With async scheduling the steps run on the ``worker-step`` thread; the model's load
     and warm-up must run there too. Built on the engine core's thread, the worker's first
     OpenMP pool stayed beside the step thread's: libgomp, counting more of its threads than
-    cores, then let idle threads sleep at once, and W2 decoded at half speed on 2 cores."""
+    cores, then let idle threads sleep at once, and W2 decoded at half speed on 2 cores.
+    The start says it runs."""
     built: list[int] = []
     make_worker = uniproc.make_worker
 
@@ -254,8 +293,10 @@ def test_the_worker_is_built_on_the_thread_that_runs_its_steps(
         return make_worker(*args)
 
     monkeypatch.setattr(uniproc, "make_worker", recording)
-    llm = LLM(model=str(tiny.folder), async_scheduling=True, **ENGINE)
+    with caplog.at_level("INFO", logger="octavo.engine.core"):
+        llm = LLM(model=str(tiny.folder), async_scheduling=True, **ENGINE)
     try:
+        assert "async scheduling: on" in caplog.text
         executor = llm.llm_engine.core.executor
         assert isinstance(executor, uniproc.UniProcExecutor) and executor._thread is not None
         steps_on = executor._thread.submit(threading.get_ident).result()

@@ -66,7 +66,10 @@ def test_tiny_bert_pools_as_hf_and_never_splits_a_prompt(tiny_bert) -> None:  # 
     folder, hf = tiny_bert
     # The budget holds exactly one longest prompt: the others must wait for later steps.
     llm = LLM(model=str(folder), dtype="float32", max_num_batched_tokens=MAX_POSITIONS)
+    # runner=auto settled on pooling, which turns off async scheduling's default.
+    assert llm.llm_engine.core.batch_queue is None
     scheduler = llm.llm_engine.core.scheduler
+    assert not scheduler.async_scheduling
     plan = scheduler.schedule
     steps: list[dict[str, int]] = []
     scheduler.schedule = lambda: steps.append((out := plan()).num_scheduled_tokens) or out
@@ -99,6 +102,8 @@ def test_refusals_name_their_cause(tiny_bert, tmp_path: Path) -> None:  # type: 
     folder, _ = tiny_bert
     with pytest.raises(ConfigError, match="BertModel is an encoder.*--runner pooling"):
         LLM(model=str(folder), runner="generate")
+    with pytest.raises(ConfigError, match="async scheduling .* the pooling runner"):
+        LLM(model=str(folder), async_scheduling=True)  # runner=auto: an encoder pools
     with pytest.raises(ConfigError, match="max_num_batched_tokens=64 is below max_model_len"):
         LLM(model=str(folder), max_num_batched_tokens=64)
     with pytest.raises(ConfigError, match="tensor_parallel_size=2"):
