@@ -112,7 +112,7 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.device_count() >= 2 els
     run_step "-dp 2 --enable-expert-parallel, a random Mixtral (NCCL all-to-alls)" 150 \
         "$LOGS/dp_ep.log" bash benchmarks/gpu/dp_ep.sh "$PY" "$MODEL" "$LOGS"
     bench throughput W1_throughput pp2 60 -pp 2 --enable-pipeline-micro-batching
-    bench throughput W1_throughput pp2-serial 60 -pp 2
+    bench throughput W1_throughput pp2-serial 60 -pp 2 --no-enable-pipeline-micro-batching
 else
     echo; echo "== -tp 2, -pp 2 and -dp 2 --enable-expert-parallel skipped: they need two GPUs"
 fi

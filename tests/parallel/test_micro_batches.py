@@ -138,13 +138,14 @@ def run_to_end(core: Any) -> dict[str, int]:
 
 def test_what_cannot_run_with_steps_in_flight_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A KV connector plans its loads and saves step by step: refused at start with
-    micro-batches on, with the flag to leave off; one step at a time takes it."""
+    micro-batches asked for, naming the flag that turns them off; one step at a time takes
+    it (and unset, they resolve off with it: tests/core/config/test_config.py)."""
     config = EngineConfig.from_kwargs(
         model=str(tmp_path), kv_transfer_config={"connector": "shared_storage",
                                                  "role": "producer", "path": str(tmp_path)},
         **MICRO_BATCHES)
     with pytest.raises(ConfigError, match="a KV connector .* does not run with pipeline "
-                                          "micro-batches .*leave --enable-pipeline-micro-"
-                                          "batching off"):
+                                          "micro-batches .*pass --no-enable-pipeline-micro-"
+                                          "batching"):
         check_steps_in_flight_supported(config, 2)
     check_steps_in_flight_supported(config, 1)

@@ -30,10 +30,13 @@ class ParallelConfig:
         "help": "Ulysses sequence-parallel workers (per tensor rank): each runs a slice of "
                 "every step's tokens, and attention over all of them for a slice of the "
                 "heads.", "alias": "-sp"})
-    enable_pipeline_micro_batching: bool = field(default=False, metadata={
+    # None until EngineConfig settles it: on where it runs (vLLM always runs them).
+    enable_pipeline_micro_batching: bool | None = field(default=None, metadata={
         "help": "With pipeline stages (mp executor), keep one step in flight per stage, "
-                "so that every stage computes at once (vLLM always does). Off by default "
-                "until measured: see docs/parallel.md, \"Micro-batches\"."})
+                "so that every stage computes at once (vLLM always does). Default: on with "
+                "pipeline stages on the mp executor, off with speculative decoding, a KV "
+                "connector or a --scheduler-cls plugin; see docs/parallel.md, "
+                "\"Micro-batches\"."})
     data_parallel_size: int = field(default=1, metadata={
         "help": "Engines behind one server, each with its own workers (replicas); requests "
                 "go to the least loaded.", "alias": "-dp"})

@@ -100,8 +100,8 @@ class EngineCore:
                 self.executor.shutdown()
                 raise ConfigError(f"--scheduler-cls {config.scheduler.scheduler_cls} does "
                                   "not support steps in flight (pipeline micro-batches, "
-                                  "async scheduling): leave --enable-pipeline-micro-batching "
-                                  "and --async-scheduling off")
+                                  "async scheduling): pass --no-enable-pipeline-micro-batching "
+                                  "and --no-async-scheduling")
             self.batch_queue = BatchQueue(self.executor.max_concurrent_batches)
             if not config.scheduler.async_scheduling:  # micro-batches share requests out
                 self.scheduler.steps_in_flight = self.batch_queue.size
@@ -259,7 +259,7 @@ def check_steps_in_flight_supported(config: EngineConfig, max_concurrent_batches
     if used:
         raise ConfigError(f"{used[0]} does not run with pipeline micro-batches ("
                           f"{max_concurrent_batches} steps in flight): "
-                          "leave --enable-pipeline-micro-batching off to run one step at a time")
+                          "pass --no-enable-pipeline-micro-batching to run one step at a time")
 
 
 def check_kv_groups_supported(config: EngineConfig, kv_groups: list[KVCacheGroup]) -> None:

@@ -113,6 +113,25 @@ def test_executor_backend_follows_the_world_size() -> None:
     assert ParallelConfig(tensor_parallel_size=2, sequence_parallel_size=3).world_size == 6
 
 
+CONNECTOR = {"connector": "shared_storage", "role": "producer", "path": "/nonexistent"}
+
+
+@pytest.mark.parametrize(("kwargs", "on"), [
+    ({"pipeline_parallel_size": 2}, True),
+    ({"pipeline_parallel_size": 2, "enable_pipeline_micro_batching": False}, False),
+    ({}, False),
+    ({"tensor_parallel_size": 2}, False),
+    ({"pipeline_parallel_size": 2, "distributed_executor_backend": "ray"}, False),
+    ({"pipeline_parallel_size": 2, "kv_transfer_config": CONNECTOR}, False),
+    ({"pipeline_parallel_size": 2, "scheduler_cls": "my.Scheduler"}, False),
+])
+def test_pipeline_micro_batches_are_on_by_default_where_they_run(kwargs: dict, on: bool,
+                                                                 ) -> None:
+    """Unset, micro-batches run with pipeline stages on the mp executor, and are off where
+    steps run one at a time (test_micro_batches.py: asked for there, refused)."""
+    assert EngineConfig.from_kwargs(**kwargs).parallel.enable_pipeline_micro_batching is on
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"pipeline_parallel_size": 2, "speculative_config": {"method": "ngram",
       "num_speculative_tokens": 2}}, "speculative decoding does not run with several workers"),
