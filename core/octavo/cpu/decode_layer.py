@@ -289,7 +289,7 @@ def _layer_weights(layer: torch.nn.Module) -> kernels.LayerWeights | None:
     if layer._weights is False:
         layer._weights = layer_weights(layer)
         layer._fused_rows = 0 if layer._weights is None else fused_rows(layer)
-        layer._lora = _lora_batch([layer])
+        layer._lora = None if layer._weights is None else _lora_batch([layer])
     return layer._weights if isinstance(layer._weights, kernels.LayerWeights) else None
 
 
