@@ -326,10 +326,13 @@ def test_front_end_and_headless_node_serve_the_openai_client(front_end: Server,
 
 def test_killing_the_headless_node_degrades_health_and_fails_its_requests(
         front_end: Server, node: HeadlessNode) -> None:
+    """Four streams over the two engines; the node is killed while its streams are in it.
+    To be sure they still are (on the tiny model a stream ends in half a second), the node
+    is stopped (SIGSTOP) before they are sent: each stream's headers come once its request
+    is in an engine, and the node's can then neither run nor end."""
     client = OpenAI(base_url=f"{front_end.url}/v1", api_key="none", max_retries=0, timeout=60)
     model = client.models.list().data[0].id
-
-    started = threading.Barrier(5)  # four streams and this thread
+    routed = threading.Barrier(5)  # four streams and this thread
 
     def long_stream(_: int) -> str | Exception:
         """The text streamed, or the error the stream ended with."""
@@ -337,17 +340,17 @@ def test_killing_the_headless_node_degrades_health_and_fails_its_requests(
         try:
             stream = client.completions.create(model=model, prompt=PROMPT, max_tokens=480,
                                                stream=True, extra_body={"ignore_eos": True})
-            for index, chunk in enumerate(stream):
+            routed.wait(30)
+            for chunk in stream:
                 text += chunk.choices[0].text
-                if index == 0:
-                    started.wait(30)
         except openai.APIError as exc:
             return exc
         return text
 
+    os.killpg(node.proc.pid, signal.SIGSTOP)
     with ThreadPoolExecutor(4) as pool:
         running = [pool.submit(long_stream, i) for i in range(4)]
-        started.wait(30)  # every stream has its first token
+        routed.wait(30)  # every stream's request is in an engine
         node.kill()
         killed = time.monotonic()
         health: dict = {}
