@@ -6,6 +6,8 @@ the old weights computed (read from the server's hit counter)."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -79,14 +81,21 @@ def test_runtime_lora_load_serve_reload_unload(tmp_path: Path,
         assert load("mine", tmp_path / "old") == 200
         assert tokens_and_hits("mine") == (old_tokens, 32), f"seed {seed}"  # same content
 
-        # Unloading while a request runs with it fails (409); after, the name is gone.
+        # Unloading while a request runs with it fails (409); after, the name is gone. The
+        # engine core is stopped once the request has its first token, so the request is
+        # surely still running (on the tiny model it would end in half a second).
+        engine_pid = server.engine_pid()
         stream = client.completions.create(model="mine", prompt=prompt, max_tokens=400,
                                            temperature=0.0, stream=True,
                                            extra_body={"ignore_eos": True})
         assert next(iter(stream)).model == "mine"
-        status, body = unload("mine")
+        os.kill(engine_pid, signal.SIGSTOP)
+        try:
+            status, body = unload("mine")
+            metrics = server.request("GET", "/metrics")[2]
+        finally:
+            os.kill(engine_pid, signal.SIGCONT)
         assert status == 409 and "in use by 1 request" in body, body
-        metrics = server.request("GET", "/metrics")[2]
         assert 'running_lora_adapters="mine"' in metrics, "no vllm:lora_requests_info sample"
         for _ in stream:
             pass

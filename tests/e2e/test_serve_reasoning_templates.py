@@ -11,9 +11,11 @@ at a time, for the test of that parameter.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -233,30 +235,43 @@ def test_priority_decides_which_waiting_request_runs_first(client: OpenAI, model
     client threads hear back, so the gap between two answers must be long beside a thread's
     wake-up on a busy machine: the request that should run last asks for LONG_TOKENS, so
     run in the right order it ends LONG_TOKENS steps after the one before it (with 32 each,
-    a CI run with both cores busy heard the two behind the first in the wrong order)."""
-    finished: list[str] = []
+    a CI run with both cores busy heard the two behind the first in the wrong order).
 
-    def send(name: str, max_tokens: int, priority: int) -> threading.Thread:
+    The engine core is stopped (SIGSTOP) once the first request runs and until the two are
+    in it (a stream's headers come once its request is sent to the engine), so the first
+    cannot end before they queue behind it, however busy the machine."""
+    finished: list[str] = []
+    sent = threading.Barrier(3)  # the two waiting requests and this thread
+
+    def send(name: str, max_tokens: int, priority: int, waits: bool) -> threading.Thread:
         def run() -> None:
-            client.completions.create(model=model, prompt=name, max_tokens=max_tokens,
-                                      extra_body={"ignore_eos": True, "priority": priority})
+            stream = client.completions.create(
+                model=model, prompt=name, max_tokens=max_tokens, stream=True,
+                extra_body={"ignore_eos": True, "priority": priority})
+            if waits:
+                sent.wait(60)
+            for _ in stream:
+                pass
             finished.append(name)
 
         thread = threading.Thread(target=run)
         thread.start()
         return thread
 
-    def until(condition: Callable[[dict[str, float]], bool], what: str) -> None:
-        deadline = time.monotonic() + 60
-        while not condition(server.metrics()):
-            assert time.monotonic() < deadline, f"not within 60 s: {what}"
-            time.sleep(0.02)
-
-    threads = [send("running", LONG_TOKENS, 0)]
-    until(lambda m: m["vllm:num_requests_running"] == 1, "the first request runs")
-    threads += [send("later", LONG_TOKENS, 5), send("sooner", WAITING_TOKENS, -1)]
-    until(lambda m: m["vllm:num_requests_waiting"] == 2, "two requests wait")
-    assert finished == [], "the first request ended before the others queued behind it"
+    threads = [send("running", LONG_TOKENS, 0, waits=False)]
+    deadline = time.monotonic() + 60
+    while server.metrics()["vllm:num_requests_running"] != 1:
+        assert time.monotonic() < deadline, "the first request did not run within 60 s"
+        time.sleep(0.02)
+    pid = server.engine_pid()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        threads += [send("later", LONG_TOKENS, 5, waits=True),
+                    send("sooner", WAITING_TOKENS, -1, waits=True)]
+        sent.wait(60)
+        assert finished == [], "the first request ended before the others queued behind it"
+    finally:
+        os.kill(pid, signal.SIGCONT)
     for thread in threads:
         thread.join(timeout=120)
     assert finished == ["running", "sooner", "later"]

@@ -65,7 +65,10 @@ def synthesize_hf_config(gguf: GgufFile, arch: GgufArchitecture) -> dict[str, An
         "max_position_embeddings": gguf.require(key("context_length")),
         # llama.cpp writes output.weight only when it differs from the embedding.
         "tie_word_embeddings": "output.weight" not in gguf.tensors,
-        "attention_bias": "blk.0.attn_q.bias" in gguf.tensors,
+        # HF's attention_bias puts biases on q, k, v and o; Qwen2 (dense and MoE) has them
+        # on q, k and v only (qkv_bias).
+        "attention_bias": "blk.0.attn_output.bias" in gguf.tensors,
+        "qkv_bias": "blk.0.attn_q.bias" in gguf.tensors,
         "mlp_bias": False,
         "hidden_act": arch.hidden_act,
         "bos_token_id": gguf.get("tokenizer.ggml.bos_token_id"),
@@ -161,7 +164,7 @@ def _moe_fields(gguf: GgufFile, key: Callable[[str], str], config: dict[str, Any
                 ) -> dict[str, Any]:
     """Qwen2-MoE's and Qwen3-MoE's: every layer sparse (llama.cpp converts no other), the
     experts' sizes; the top-k weights renormalised in Qwen3-MoE only, as llama.cpp computes
-    them; Qwen2-MoE's shared expert and its q/k/v biases."""
+    them; Qwen2-MoE's shared expert."""
     fields = {
         "num_experts": gguf.require(key("expert_count")),
         "num_experts_per_tok": gguf.require(key("expert_used_count")),
@@ -173,8 +176,6 @@ def _moe_fields(gguf: GgufFile, key: Callable[[str], str], config: dict[str, Any
     shared = gguf.get(key("expert_shared_feed_forward_length"))
     if shared:
         fields["shared_expert_intermediate_size"] = shared
-    if config["model_type"] == "qwen2_moe":  # biases on q/k/v, none on o_proj
-        fields.update(qkv_bias=config["attention_bias"], attention_bias=False)
     return fields
 
 

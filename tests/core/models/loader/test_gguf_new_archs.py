@@ -31,6 +31,7 @@ from transformers import (
     Gemma2Config,
     LlamaTokenizer,
     Phi3Config,
+    Qwen2Config,
     Qwen2MoeConfig,
     Qwen3MoeConfig,
 )
@@ -58,6 +59,7 @@ MODELS = {
         **{**COMMON, "vocab_size": vocab, "num_hidden_layers": 3, "tie_word_embeddings": True},
         head_dim=32, query_pre_attn_scalar=32, sliding_window=8, attn_logit_softcapping=2.0,
         final_logit_softcapping=3.0), "sentencepiece"),
+    "qwen2": (lambda vocab: Qwen2Config(**{**COMMON, "vocab_size": vocab}), "sentencepiece"),
     "qwen2moe": (lambda vocab: Qwen2MoeConfig(
         **{**COMMON, **MOE, "vocab_size": vocab}, decoder_sparse_step=1, mlp_only_layers=[],
         shared_expert_intermediate_size=48), "smollm2"),
