@@ -1,7 +1,8 @@
 """A model architecture that a plugin registers serves at TP=2: plugins load in every worker
 process (vLLM's long-standing #18740, where out-of-tree models were unknown to workers).
 The fixture's model negates the Llama's logits, so its greedy tokens differ from the plain
-Llama's on the same weights: the test sees which class every rank ran."""
+Llama's on the same weights: the test sees which class every rank ran. Its other model
+raises on one rank only, mid-step: the engine must end at once, not hang in a collective."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +18,11 @@ import numpy as np
 import pytest
 
 from octavo import plugins
+from octavo.executor.base import WorkerDiedError
 from octavo.testing.seeds import draw_seed
 
 from ..core.tiny_models import save_tiny_model
-from .engines import one_thread, run
+from .engines import generate, make_llm, one_thread, run
 from .test_tensor_parallel import random_prompts
 
 FIXTURE = Path(__file__).parents[1] / "core" / "plugins" / "plugin_fixtures" / "model"
@@ -68,3 +71,33 @@ def test_plugin_model_serves_at_tp2(plugin_site: Path, tmp_path: Path) -> None:
     parallel = run(str(negated), prompts, 12, tensor_parallel_size=2)
     assert parallel.tokens == reference.tokens, f"seed {seed}"
     assert parallel.tokens != baseline.tokens
+
+
+POISON_TOKEN_ID = 13  # the fixture's RaisingLlamaForCausalLM: rank 0 raises on it
+FAILED_WITHIN_S = 10.0  # the collectives' own timeouts are 60 s (shared memory) and 600 s
+
+
+@pytest.mark.parametrize("parallel", [{"tensor_parallel_size": 2},
+                                      {"pipeline_parallel_size": 2}], ids=["tp2", "pp2"])
+def test_a_step_raising_on_one_rank_ends_the_engine_at_once(plugin_site: Path, tmp_path: Path,
+                                                            parallel: dict[str, int]) -> None:
+    """Rank 0 raises while rank 1 waits for it in an all-reduce (TP) or a receive (PP, with
+    micro-batches): the engine fails within seconds naming rank 0's error - before, rank 1
+    waited for the collective's timeout, and the ranks' shared-memory call counts parted."""
+    folder = save_as("RaisingLlamaForCausalLM", tmp_path / "raising", draw_seed())
+    llm = make_llm(str(folder), **parallel)
+    try:
+        served = generate(llm, [[5, 6, 7, 8]], 4)
+        start = time.monotonic()
+        with pytest.raises(WorkerDiedError) as failed:
+            generate(llm, [[5, POISON_TOKEN_ID, 7, 8]], 4)
+        failed_s = time.monotonic() - start
+        workers = list(llm.llm_engine.core.executor.procs)
+    finally:
+        llm.shutdown()
+    print(f"\n{parallel}: failed after {failed_s:.2f} s: {failed.value}")
+    assert len(served.tokens[0]) == 4
+    assert failed_s < FAILED_WITHIN_S
+    assert "worker rank 0" in str(failed.value), failed.value
+    assert f"met the poison token {POISON_TOKEN_ID}" in str(failed.value), failed.value
+    assert all(worker.poll() is not None for worker in workers)

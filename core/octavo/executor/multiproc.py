@@ -185,8 +185,10 @@ class MultiprocExecutor(RankedExecutor):
         if self._stopping:
             return
         rank = self.pipes.index(ready[0])  # type: ignore[arg-type]
+        why = _last_words(self.pipes[rank])
         code = self.procs[rank].wait()
-        self.failure = f"worker rank {rank} (pid {self.procs[rank].pid}) died with code {code}"
+        self.failure = (f"worker rank {rank} (pid {self.procs[rank].pid}) died with code "
+                        f"{code}" + (f": {why}" if why else ""))
         logger.error("%s; stopping the other workers", self.failure)
         self._stop_workers(timeout_s=0.0)
         if self.on_failure is not None:
@@ -221,3 +223,12 @@ class MultiprocExecutor(RankedExecutor):
             pipe.close()
         shutil.rmtree(self.socket_dir, ignore_errors=True)
 
+
+def _last_words(pipe: multiprocessing.connection.Connection) -> str | None:
+    """What a worker that ended on an error sent before it exited (``worker_proc.main``);
+    None for one that died without a word (killed)."""
+    try:
+        message = pipe.recv()
+    except (EOFError, OSError):
+        return None
+    return message if isinstance(message, str) else None

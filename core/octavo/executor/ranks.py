@@ -125,11 +125,21 @@ def start_rank(config: EngineConfig, rank: int, platform_name: str, init_method:
     return make_worker(config, platform, load_model_files(config.model.model)), info
 
 
+class StepLeftRanksApart(RuntimeError):
+    """A step raised on one rank of several: its peers wait in a collective it never
+    joins (an all-reduce, a pipeline receive, an expert exchange), and the shared-memory
+    all-reduce's call count would differ between ranks from then on. The rank ends, as a
+    dead worker does: the executor stops the others and the engine fails at once
+    (``--restart-engine`` starts a new one) instead of hanging for a collective's timeout
+    and then mixing the data of different calls."""
+
+
 def run_call(worker: WorkerInterface, info: RankInfo, kind: CallKind,
              payload: Any) -> WorkerReply:
     """Run one call on the worker and make its answer: the step's output (an empty one on
     every rank but the output rank), the RPC's result, or the text of the error it raised.
-    A broken expert group is not answered: it propagates and ends the worker."""
+    A broken expert group, or a step that raised where the rank has peers, is not
+    answered: it propagates and ends the worker."""
     try:
         if kind is CallKind.EXECUTE:
             output = worker.execute_model(payload)
@@ -140,6 +150,10 @@ def run_call(worker: WorkerInterface, info: RankInfo, kind: CallKind,
     except ExpertGroupBroken:
         raise
     except Exception as exc:
+        if kind is CallKind.EXECUTE and (info.world_size > 1
+                                         or get_parallel_state().ep is not None):
+            raise StepLeftRanksApart(f"rank {info.rank}: a step raised "
+                                     f"{type(exc).__name__}: {exc}") from exc
         logger.exception("worker rank %d: %s failed", info.rank, kind.name)
         return WorkerReply(error=f"rank {info.rank}: {type(exc).__name__}: {exc}\n"
                                  f"{traceback.format_exc()}")

@@ -4,8 +4,9 @@ It starts as a worker process of ``mp`` does (``ranks.start_rank``): its platfor
 engine's torch.distributed group, the model, loaded from files on its own node. It is told
 where to rendezvous by the executor, which first asks rank 0 for its node's address and a
 port free there. Calls arrive encoded as ``mp``'s do (``octavo.executor.messages``: msgspec,
-not pickle) and are answered by the same code (``ranks.run_call``), so an error on a
-rank comes back as that call's answer, and the actor serves on.
+not pickle) and are answered by the same code (``ranks.run_call``), so an RPC's error on a
+rank comes back as that call's answer, and the actor serves on; a step that raised where
+the rank has peers ends the actor (``ranks.StepLeftRanksApart``).
 
 The actor's calls run one at a time, in order; ``wait_forever`` runs beside them (a
 concurrency group of its own), and its result never comes: the executor's monitor waits on
@@ -28,7 +29,7 @@ from octavo.config import EngineConfig
 from octavo.distributed.engine_group import ExpertGroupBroken
 from octavo.distributed.state import RankInfo
 from octavo.executor.messages import CallCodec, ReplyCodec
-from octavo.executor.ranks import run_call, start_rank
+from octavo.executor.ranks import StepLeftRanksApart, run_call, start_rank
 from octavo.net import free_port
 from octavo.worker.interface import WorkerInterface
 
@@ -86,9 +87,10 @@ class RayWorker:
         kind, payload = self._calls.decode(message)
         try:
             return self._replies.encode(run_call(self._worker, self._info, kind, payload))
-        except ExpertGroupBroken:  # as a worker process does: the actor ends, and with it
+        except (ExpertGroupBroken, StepLeftRanksApart):  # as a worker process does: the
+            # actor ends, and with it the engine (its sentinel fails)
             logger.critical("worker rank %d failed:\n%s", self.rank, traceback.format_exc())
-            os._exit(1)  # the engine (its sentinel fails)
+            os._exit(1)
 
     @ray.method(concurrency_group="monitor")
     def wait_forever(self) -> None:

@@ -6,7 +6,9 @@ join torch.distributed (the platform's backend, 127.0.0.1 only); load plugins an
 error's text, so the engine fails with it instead of hanging).
 
 Then the busy loop: take each call from the broadcast queue, run it on the worker, answer
-on the reply queue. A call that raises is answered with the error and the loop goes on.
+on the reply queue. A call that raises is answered with the error and the loop goes on -
+but for a step that raised where the rank has peers (``ranks.StepLeftRanksApart``): the
+process then exits, telling its parent why over the pipe.
 
 The process ignores SIGINT and SIGTERM (the engine stops it with SHUTDOWN), and exits as
 soon as the pipe reaches end-of-file, which is when its parent is gone, however it died -
@@ -93,8 +95,10 @@ def main(fd: int) -> None:
     pipe.send(WorkerReady(rank=info.rank, pid=os.getpid(), reply=replies.handle()))
     try:
         _serve(worker, info, calls, replies)
-    except BaseException:
+    except BaseException as exc:
         logger.critical("worker rank %d failed:\n%s", info.rank, traceback.format_exc())
+        with contextlib.suppress(Exception):  # the parent names it in the engine's failure
+            pipe.send(f"{type(exc).__name__}: {exc}")
         os._exit(1)
     replies.close()
     calls.close()
