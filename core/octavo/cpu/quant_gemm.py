@@ -7,9 +7,9 @@ throws that away. These kernels read the blocks as the GGUF file stores them (ll
 layouts; each row of a weight is its own run of blocks) and decode them as they multiply.
 
 How: a decode step (at most ``DECODE_ROWS`` activation rows) runs a C kernel, output rows
-shared among torch's OpenMP threads. For Q4_0, Q4_1 and Q8_0 on a CPU with AVX512-VNNI it
-quantizes the activations to int8 per 32 values, as llama.cpp does, and takes integer dot
-products of the blocks as they are (``Q8_ACTIVATIONS``; the result then carries the
+shared among torch's OpenMP threads. For Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 on a CPU with
+AVX512-VNNI it quantizes the activations to int8 per 32 values, as llama.cpp does, and takes
+integer dot products of the blocks as they are (``Q8_ACTIVATIONS``; the result then carries the
 activations' rounding, at most max|x| / 254 per value of a block); otherwise it decodes
 each weight block into fp32 registers (AVX-512) or an L1 buffer (portable C) and sums fp32
 products. More rows (a W1 step of many requests, a prefill), where the arithmetic, not the

@@ -117,9 +117,10 @@ def check_rows(blocks, weight, ggml_type, gen):
 
 def q8_terms(raw: np.ndarray, weight: torch.Tensor,
              ggml_type: GgmlType) -> tuple[torch.Tensor, torch.Tensor]:
-    """For the Q8-activation bound: |d q| of each weight (|w| for Q4_0, Q8_0 and Q6_K, at
-    most |w| + |min| for Q4_1 and Q4_K), [out, in]; and each 32-value block's offset
-    magnitude (Q4_0: 8 |d|, Q4_1 and Q4_K: |min|, Q8_0 and Q6_K: 0), [out, blocks]."""
+    """For the Q8-activation bound: |d q| of each weight (|w| for Q4_0, Q5_0, Q8_0 and Q6_K,
+    at most |w| + |min| for Q4_1, Q5_1 and Q4_K), [out, in]; and each 32-value block's offset
+    magnitude (Q4_0: 8 |d|, Q5_0: 16 |d|, Q4_1, Q5_1 and Q4_K: |min|, Q8_0 and Q6_K: 0),
+    [out, blocks]."""
     size = GGML_QUANT_SIZES[ggml_type][1]
     fields = raw.reshape(raw.shape[0], -1, size)
     if ggml_type == GgmlType.Q4_K:  # the minima: the values of blocks whose qs are all 0
@@ -134,11 +135,11 @@ def q8_terms(raw: np.ndarray, weight: torch.Tensor,
             fields[..., offset:offset + 2].copy().view(np.float16)[..., 0].astype(np.float64))
 
     w = weight.double().abs()
-    if ggml_type == GgmlType.Q4_1:
+    if ggml_type in (GgmlType.Q4_1, GgmlType.Q5_1):
         minimum = fp16_at(2).abs()
         return w + minimum.repeat_interleave(32, dim=1), minimum
-    if ggml_type == GgmlType.Q4_0:
-        return w, 8 * fp16_at(0).abs()
+    if ggml_type in (GgmlType.Q4_0, GgmlType.Q5_0):
+        return w, (8 if ggml_type == GgmlType.Q4_0 else 16) * fp16_at(0).abs()
     return w, torch.zeros((raw.shape[0], weight.shape[1] // 32), dtype=torch.float64)
 
 
