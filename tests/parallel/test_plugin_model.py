@@ -28,15 +28,21 @@ from .test_tensor_parallel import random_prompts
 FIXTURE = Path(__file__).parents[1] / "core" / "plugins" / "plugin_fixtures" / "model"
 
 
-@pytest.fixture
-def plugin_site(tmp_path_factory: pytest.TempPathFactory,
-                monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The fixture plugin installed in a folder of its own, found through its entry point
-    by this process and, through the environment, by the worker processes; this process's
-    plugin host and registries are rebuilt with it, and without it after the test."""
+@pytest.fixture(scope="module")
+def plugin_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fixture plugin installed in a folder of its own, once for the module."""
     target = tmp_path_factory.mktemp("model-plugin-site")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
                     "--no-build-isolation", "--target", str(target), str(FIXTURE)], check=True)
+    return target
+
+
+@pytest.fixture
+def plugin_site(plugin_target: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The fixture plugin found through its entry point by this process and, through the
+    environment, by the worker processes; this process's plugin host and registries are
+    rebuilt with it, and without it after the test."""
+    target = plugin_target
     monkeypatch.syspath_prepend(str(target))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         filter(None, [str(target), os.environ.get("PYTHONPATH")])))
