@@ -95,39 +95,29 @@ static inline __attribute__((always_inline)) void block_dot_q8(
     if (type == GGML_Q4_1 || type == GGML_Q5_1) *extra += fp16_to_fp32(row + 2) * q->sx[i];
 }
 
-/* y[r * out] = w . x[r] for one weight row and m (a constant where inlined) rows. The
- * blocks go two at a time into two sets of sums: one chain of dependent adds per row would
- * wait out the add's latency at every block, which bounds a decode step at B = 1 (one row
- * of x) more than memory does. */
+/* y[r * out] = w . x[r] for one weight row and m (a constant where inlined) rows. (Two
+ * sets of sums, alternating by block, measured no faster on W2 here, and a different
+ * summation order moves the Q8 roundings that TP=2 compares against one rank.) */
 static inline __attribute__((always_inline)) void row_dots_q8(
     const int type, const int64_t bytes, const uint8_t *row, const q8_rows *q, const int64_t m,
     int64_t in, float *y, int64_t out) {
-    __m256 acc[2][QUANT_GROUP_ROWS];
-    float extra[2][QUANT_GROUP_ROWS];
+    __m256 acc[QUANT_GROUP_ROWS];
+    float extra[QUANT_GROUP_ROWS];
     for (int64_t r = 0; r < m; r++) {
-        acc[0][r] = acc[1][r] = _mm256_setzero_ps();
-        extra[0][r] = extra[1][r] = 0.0f;
+        acc[r] = _mm256_setzero_ps();
+        extra[r] = 0.0f;
     }
     const int64_t nb = in / QK;
-    int64_t b = 0;
-    for (; b + 1 < nb; b += 2, row += 2 * bytes) {
-        /* One prefetch per two blocks (36-68 bytes on; the hardware prefetcher follows
-         * the stream as well). */
+    for (int64_t b = 0; b < nb; b++, row += bytes) {
         _mm_prefetch((const char *)row + QUANT_PREFETCH_BYTES, _MM_HINT_T0);
-        for (int64_t r = 0; r < m; r++) {
-            block_dot_q8(type, row, q, r * nb + b, &acc[0][r], &extra[0][r]);
-            block_dot_q8(type, row + bytes, q, r * nb + b + 1, &acc[1][r], &extra[1][r]);
-        }
-    }
-    if (b < nb)
         for (int64_t r = 0; r < m; r++)
-            block_dot_q8(type, row, q, r * nb + b, &acc[0][r], &extra[0][r]);
+            block_dot_q8(type, row, q, r * nb + b, &acc[r], &extra[r]);
+    }
     for (int64_t r = 0; r < m; r++) {
-        const __m256 sum = _mm256_add_ps(acc[0][r], acc[1][r]);
-        const __m128 s = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+        const __m128 s =
+            _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
         const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        y[r * out] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2))) + extra[0][r] +
-                     extra[1][r];
+        y[r * out] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2))) + extra[r];
     }
 }
 
@@ -172,8 +162,8 @@ static inline __m256i q6_k_bytes(const uint8_t *sb, int j) {
     return _mm256_or_si256(nibbles, _mm256_slli_epi16(pair, 4));
 }
 
-/* y[r * out] = w . x[r] for one Q4_K or Q6_K weight row and m rows of x; blocks alternate
- * between two sets of sums, as row_dots_q8's do. */
+/* y[r * out] = w . x[r] for one Q4_K or Q6_K weight row and m rows of x; the blocks
+ * alternate between two sets of sums. */
 static inline __attribute__((always_inline)) void row_dots_q8_k(
     const int type, const int64_t bytes, const uint8_t *row, const q8_rows *q, const int64_t m,
     int64_t in, float *y, int64_t out) {
