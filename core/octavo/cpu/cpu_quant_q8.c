@@ -1,7 +1,6 @@
 /* The decode kernel of the legacy quantized types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: the default
  * model's Q4_1, and most of a Q4_K_M file of a model whose width is no multiple of 256, whose
- * rows llama.cpp's quantizer writes as Q5_0 and Q8_0) and of Q4_K and Q6_K (the rest of a
- * Q4_K_M file, and most of one of a model 256-wide multiples) as llama.cpp
+ * rows llama.cpp's quantizer writes as Q5_0 and Q8_0) as llama.cpp
  * runs it: the activations quantized on the fly to int8 per 32 values (scale max|x| / 127,
  * llama.cpp's Q8_0), each weight block's integer dot product with them taken by AVX512-VNNI
  * (vpdpbusd: 32 multiply-adds per instruction) and scaled once per block.
@@ -21,8 +20,7 @@
 int octavo_quant_q8_available(int ggml_type) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
     return ggml_type == GGML_Q4_0 || ggml_type == GGML_Q4_1 || ggml_type == GGML_Q5_0 ||
-           ggml_type == GGML_Q5_1 || ggml_type == GGML_Q8_0 || ggml_type == GGML_Q4_K ||
-           ggml_type == GGML_Q6_K;
+           ggml_type == GGML_Q5_1 || ggml_type == GGML_Q8_0;
 #else
     (void)ggml_type;
     return 0;
@@ -140,106 +138,11 @@ Q8(q4_1, GGML_Q4_1, 20)
 Q8(q5_0, GGML_Q5_0, 22)
 Q8(q5_1, GGML_Q5_1, 24)
 Q8(q8_0, GGML_Q8_0, 34)
-
-/* Q4_K and Q6_K: super-blocks of 256 values, 8 blocks of 32 of x each. Q4_K (144 bytes: d,
- * dmin, 12 bytes of 6-bit scales and minima, 128 of nibbles, each 32 bytes the low nibbles
- * of one block and the high of the next): block j is sum d sc_j q x - dmin mn_j sum(x), its
- * bytes unsigned 0..15. Q6_K (210 bytes: 128 of low nibbles, 64 of high bit pairs, 16 int8
- * scales, one per 16 values, d): values q - 32 with q 0..63, so each block takes two
- * scales - one per half of the 8 int32 lanes of vpdpbusd, which sum 4 bytes each - and its
- * offset of 32 comes off each lane as 32 x (the lane's sum of qx), by a second vpdpbusd. */
-#define QK_K 256
-
-/* Q6_K's block j (0..7) of a super-block as its 32 unsigned values (0..63). */
-static inline __m256i q6_k_bytes(const uint8_t *sb, int j) {
-    const int half = j / 4, part = j % 4; /* 128 values per half, 32 per part */
-    const __m256i low = _mm256_loadu_si256((const __m256i *)(sb + 64 * half + 32 * (part & 1)));
-    const __m256i high = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * half));
-    const __m256i nibbles = _mm256_and_si256(part < 2 ? low : _mm256_srli_epi16(low, 4),
-                                             _mm256_set1_epi8(0x0F));
-    const __m256i pair = _mm256_and_si256(_mm256_srli_epi16(high, 2 * part),
-                                          _mm256_set1_epi8(0x03));
-    return _mm256_or_si256(nibbles, _mm256_slli_epi16(pair, 4));
-}
-
-/* y[r * out] = w . x[r] for one Q4_K or Q6_K weight row and m rows of x; the blocks
- * alternate between two sets of sums. */
-static inline __attribute__((always_inline)) void row_dots_q8_k(
-    const int type, const int64_t bytes, const uint8_t *row, const q8_rows *q, const int64_t m,
-    int64_t in, float *y, int64_t out) {
-    __m256 acc[2][QUANT_GROUP_ROWS];
-    float extra[QUANT_GROUP_ROWS];
-    for (int64_t r = 0; r < m; r++) {
-        acc[0][r] = acc[1][r] = _mm256_setzero_ps();
-        extra[r] = 0.0f;
-    }
-    const int64_t nb = in / QK, nsb = in / QK_K;
-    for (int64_t sb = 0; sb < nsb; sb++, row += bytes) {
-        _mm_prefetch((const char *)row + QUANT_PREFETCH_BYTES, _MM_HINT_T0);
-        _mm_prefetch((const char *)row + QUANT_PREFETCH_BYTES + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)row + QUANT_PREFETCH_BYTES + 128, _MM_HINT_T0);
-        const float d = fp16_to_fp32(row + (type == GGML_Q4_K ? 0 : 208));
-        const float dmin = type == GGML_Q4_K ? fp16_to_fp32(row + 2) : 0.0f;
-        for (int j = 0; j < QK_K / QK; j++) {
-            __m256i w;
-            float lo, hi, mn = 0.0f; /* the scales of the block's two halves */
-            if (type == GGML_Q4_K) {
-                int sc, m6;
-                scale_min_k4(j, row + 4, &sc, &m6);
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(row + 16 + 32 * (j / 2)));
-                w = _mm256_and_si256(j % 2 ? _mm256_srli_epi16(v, 4) : v,
-                                     _mm256_set1_epi8(0x0F));
-                lo = hi = d * (float)sc;
-                mn = dmin * (float)m6;
-            } else {
-                w = q6_k_bytes(row, j);
-                const int8_t *scales = (const int8_t *)(row + 192);
-                lo = d * (float)scales[2 * j];
-                hi = d * (float)scales[2 * j + 1];
-            }
-            const __m256 halves = _mm256_set_m128(_mm_set1_ps(hi), _mm_set1_ps(lo));
-            for (int64_t r = 0; r < m; r++) {
-                const int64_t i = r * nb + sb * (QK_K / QK) + j;
-                const __m256i xq = _mm256_loadu_si256((const __m256i *)(q->qx + i * QK));
-                __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xq);
-                if (type == GGML_Q6_K)
-                    dot = _mm256_sub_epi32(
-                        dot, _mm256_dpbusd_epi32(_mm256_setzero_si256(),
-                                                 _mm256_set1_epi8(32), xq));
-                acc[j % 2][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                                                _mm256_mul_ps(halves, _mm256_set1_ps(q->dx[i])),
-                                                acc[j % 2][r]);
-                if (type == GGML_Q4_K) extra[r] -= mn * q->sx[i];
-            }
-        }
-    }
-    for (int64_t r = 0; r < m; r++) {
-        const __m256 sum = _mm256_add_ps(acc[0][r], acc[1][r]);
-        const __m128 s = _mm_add_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
-        const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        y[r * out] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2))) + extra[r];
-    }
-}
-
-#define Q8K_M(NAME, TYPE, BYTES, M)                                                        \
-    static void NAME##_q8_##M(const uint8_t *row, const q8_rows *q, int64_t in, float *y,  \
-                              int64_t out) {                                               \
-        row_dots_q8_k(TYPE, BYTES, row, q, M, in, y, out);                                 \
-    }
-#define Q8K(NAME, TYPE, BYTES)                                                             \
-    Q8K_M(NAME, TYPE, BYTES, 1) Q8K_M(NAME, TYPE, BYTES, 2) Q8K_M(NAME, TYPE, BYTES, 3)    \
-    Q8K_M(NAME, TYPE, BYTES, 4)                                                            \
-    static const q8_dots_fn NAME##_q8[QUANT_GROUP_ROWS + 1] = {                            \
-        NULL, NAME##_q8_1, NAME##_q8_2, NAME##_q8_3, NAME##_q8_4};
-Q8K(q4_k, GGML_Q4_K, 144)
-Q8K(q6_k, GGML_Q6_K, 210)
 #endif
 
 int octavo_quant_matmul_q8(float *y, const float *x, int64_t m, const void *blocks,
                            int ggml_type, int64_t out, int64_t in) {
-    const int k_quant = ggml_type == GGML_Q4_K || ggml_type == GGML_Q6_K;
-    if (!octavo_quant_q8_available(ggml_type) || in % (k_quant ? 256 : QK) || m < 1 ||
-        m > QUANT_DECODE_ROWS)
+    if (!octavo_quant_q8_available(ggml_type) || in % QK || m < 1 || m > QUANT_DECODE_ROWS)
         return OCTAVO_ERR_BAD_QUANT;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
     const int64_t nb = m * in / QK;
@@ -253,17 +156,13 @@ int octavo_quant_matmul_q8(float *y, const float *x, int64_t m, const void *bloc
                                  : ggml_type == GGML_Q4_1 ? q4_1_q8
                                  : ggml_type == GGML_Q5_0 ? q5_0_q8
                                  : ggml_type == GGML_Q5_1 ? q5_1_q8
-                                 : ggml_type == GGML_Q4_K ? q4_k_q8
-                                 : ggml_type == GGML_Q6_K ? q6_k_q8
                                                           : q8_0_q8;
         const int64_t block_bytes = ggml_type == GGML_Q4_0   ? 18
                                     : ggml_type == GGML_Q4_1 ? 20
                                     : ggml_type == GGML_Q5_0 ? 22
                                     : ggml_type == GGML_Q5_1 ? 24
-                                    : ggml_type == GGML_Q4_K ? 144
-                                    : ggml_type == GGML_Q6_K ? 210
                                                              : 34;
-        const int64_t row_bytes = in / (k_quant ? QK_K : QK) * block_bytes, row_blocks = in / QK;
+        const int64_t row_bytes = in / QK * block_bytes, row_blocks = in / QK;
         const uint8_t *rows = blocks;
 #pragma omp parallel for schedule(static) if (out * in >= PARALLEL_MIN)
         for (int64_t o = 0; o < out; o++)

@@ -7,21 +7,21 @@ throws that away. These kernels read the blocks as the GGUF file stores them (ll
 layouts; each row of a weight is its own run of blocks) and decode them as they multiply.
 
 How: a decode step (at most ``DECODE_ROWS`` activation rows) runs a C kernel, output rows
-shared among torch's OpenMP threads. For Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K on a
-CPU with AVX512-VNNI it quantizes the activations to int8 per 32 values, as llama.cpp does,
-and takes integer dot products of the blocks as they are (``Q8_ACTIVATIONS``; the result
-then carries the activations' rounding, at most max|x| / 254 per value of a block);
-otherwise it decodes each weight block into fp32 registers (AVX-512) or an L1 buffer
-(portable C) and sums fp32 products. More rows (a W1 step of many requests, a prefill),
-where the arithmetic, not the weight bytes, is what costs: up to ``GEMM_Q8_ROWS`` rows of
-Q4_0, Q4_1, Q8_0, Q4_K and Q6_K with AVX512-VNNI (and ``Q8_ACTIVATIONS``), the many-row
-kernel of cpu_quant_gemm.c (activations quantized the same way, each block of 16 weight rows
-gathered once into registers and multiplied with every row by vpdpbusd); otherwise the
-weight is dequantized a panel of rows at a time and the panel multiplied with torch's matmul
-in the activations' dtype (bf16 panels on the CPU's bf16 units, as a dense bf16 model runs).
-The fp32 kernels accumulate in fp32 on fp32 activations (bf16 ones are widened first), so
-their result is the dense product of the dequantized weight up to fp32 rounding. The
-dequantized values equal gguf's and llama.cpp's bit for bit.
+shared among torch's OpenMP threads. For Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 on a CPU with
+AVX512-VNNI it quantizes the activations to int8 per 32 values, as llama.cpp does, and takes
+integer dot products of the blocks as they are (``Q8_ACTIVATIONS``; the result then carries
+the activations' rounding, at most max|x| / 254 per value of a block); otherwise it decodes
+each weight block into fp32 registers (AVX-512) or an L1 buffer (portable C) and sums fp32
+products. More rows (a W1 step of many requests, a prefill), where the arithmetic, not the
+weight bytes, is what costs: up to ``GEMM_Q8_ROWS`` rows of Q4_0, Q4_1, Q8_0, Q4_K and Q6_K
+with AVX512-VNNI (and ``Q8_ACTIVATIONS``), the many-row kernel of cpu_quant_gemm.c
+(activations quantized the same way, each block of 16 weight rows gathered once into
+registers and multiplied with every row by vpdpbusd); otherwise the weight is dequantized a
+panel of rows at a time and the panel multiplied with torch's matmul in the activations'
+dtype (bf16 panels on the CPU's bf16 units, as a dense bf16 model runs). The fp32 kernels
+accumulate in fp32 on fp32 activations (bf16 ones are widened first), so their result is the
+dense product of the dequantized weight up to fp32 rounding. The dequantized values equal
+gguf's and llama.cpp's bit for bit.
 """
 
 from __future__ import annotations
