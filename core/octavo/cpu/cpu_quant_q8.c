@@ -75,27 +75,10 @@ static inline __m256i block_bytes(int type, const uint8_t *b) {
                                                      _mm256_set1_epi8(0x10)));
 }
 
-/* One block's contribution to row r's sums: acc += d * dx * (q . qx) in 8 int32 lanes
- * widened to fp32, and the scalar terms apart: Q4_0's offset of 8 (-8 * d * dx * sum(qx)),
- * Q5_0's of 16, and Q4_1/Q5_1's minimum (m * sum(x)). */
-static inline __attribute__((always_inline)) void block_dot_q8(
-    const int type, const uint8_t *row, const q8_rows *q, const int64_t i, __m256 *acc,
-    float *extra) {
-    const __m256i w = block_bytes(type, row);
-    const __m256i aw = type == GGML_Q8_0 ? _mm256_sign_epi8(w, w) : w;
-    __m256i xq = _mm256_loadu_si256((const __m256i *)(q->qx + i * QK));
-    if (type == GGML_Q8_0) xq = _mm256_sign_epi8(xq, w); /* |w| . sign(w) x */
-    const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, xq);
-    const float scale = fp16_to_fp32(row) * q->dx[i];
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale), *acc);
-    if (type == GGML_Q4_0) *extra -= scale * (float)(8 * q->isx[i]);
-    if (type == GGML_Q5_0) *extra -= scale * (float)(16 * q->isx[i]);
-    if (type == GGML_Q4_1 || type == GGML_Q5_1) *extra += fp16_to_fp32(row + 2) * q->sx[i];
-}
-
-/* y[r * out] = w . x[r] for one weight row and m (a constant where inlined) rows. (Two
- * sets of sums, alternating by block, measured no faster on W2 here, and a different
- * summation order moves the Q8 roundings that TP=2 compares against one rank.) */
+/* y[r * out] = w . x[r] for one weight row and m (a constant where inlined) rows: per block,
+ * acc += d * dx * (q . qx) in 8 int32 lanes widened to fp32, and the scalar terms apart:
+ * Q4_0's offset of 8 (-8 * d * dx * sum(qx)), Q5_0's of 16, and Q4_1/Q5_1's minimum
+ * (m * sum(x)). */
 static inline __attribute__((always_inline)) void row_dots_q8(
     const int type, const int64_t bytes, const uint8_t *row, const q8_rows *q, const int64_t m,
     int64_t in, float *y, int64_t out) {
@@ -108,8 +91,21 @@ static inline __attribute__((always_inline)) void row_dots_q8(
     const int64_t nb = in / QK;
     for (int64_t b = 0; b < nb; b++, row += bytes) {
         _mm_prefetch((const char *)row + QUANT_PREFETCH_BYTES, _MM_HINT_T0);
-        for (int64_t r = 0; r < m; r++)
-            block_dot_q8(type, row, q, r * nb + b, &acc[r], &extra[r]);
+        const __m256i w = block_bytes(type, row);
+        const __m256i aw = type == GGML_Q8_0 ? _mm256_sign_epi8(w, w) : w;
+        const float d = fp16_to_fp32(row);
+        for (int64_t r = 0; r < m; r++) {
+            const int64_t i = r * nb + b;
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(q->qx + i * QK));
+            if (type == GGML_Q8_0) xq = _mm256_sign_epi8(xq, w); /* |w| . sign(w) x */
+            const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, xq);
+            const float scale = d * q->dx[i];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale), acc[r]);
+            if (type == GGML_Q4_0) extra[r] -= scale * (float)(8 * q->isx[i]);
+            if (type == GGML_Q5_0) extra[r] -= scale * (float)(16 * q->isx[i]);
+            if (type == GGML_Q4_1 || type == GGML_Q5_1)
+                extra[r] += fp16_to_fp32(row + 2) * q->sx[i];
+        }
     }
     for (int64_t r = 0; r < m; r++) {
         const __m128 s =
