@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -17,6 +18,7 @@ from octavo import LLM, LoRARequest, SamplingParams
 from octavo.outputs import SchedulerOutput
 
 TIE_GAP = 1e-4
+T = TypeVar("T")
 
 
 @dataclass
@@ -208,25 +210,37 @@ def greedy_agreement(ours: list[list[int]], reference: list[list[int]]) -> float
 
 class ForcingSampler(torch.nn.Module):
     """Wraps the runner's sampler to record each row's greedy pick and then emit the
-    reference's token instead, so every request follows the reference's text."""
+    reference's token instead, so every request follows the reference's text.
+
+    Picks are kept by output position: with async scheduling a request preempted while a
+    step is in flight samples a position whose token the engine drops, and samples it again
+    once resumed - the later pick, the one the engine kept, replaces the earlier (a list
+    would gain a row there and shift every later step against the reference's)."""
 
     def __init__(self, runner: object, references: dict[str, list[int]]) -> None:
         super().__init__()
         self.runner = runner
         self.inner = runner.sampler  # type: ignore[attr-defined]
         self.references = references
-        self.picks: dict[str, list[int]] = {req_id: [] for req_id in references}
+        self.by_position: dict[str, dict[int, int]] = {req_id: {} for req_id in references}
         self.rows: list[int] = []
+
+    def positions(self) -> list[tuple[str, int]]:
+        """Each sampled row's request and output position, in row order."""
+        batch = self.runner.batch  # type: ignore[attr-defined]
+        return [(batch.req_ids[row], len(batch.states[batch.req_ids[row]].output_token_ids))
+                for row in self.rows]
 
     def forward(self, logits: torch.Tensor, metadata: object) -> object:
         out = self.inner(logits, metadata)
-        batch = self.runner.batch  # type: ignore[attr-defined]
-        for i, row in enumerate(self.rows):
-            req_id = batch.req_ids[row]
-            position = len(batch.states[req_id].output_token_ids)
-            self.picks[req_id].append(int(out.sampled_token_ids[i]))
+        for i, (req_id, position) in enumerate(self.positions()):
+            self.by_position[req_id][position] = int(out.sampled_token_ids[i])
             out.sampled_token_ids[i] = self.references[req_id][position]
         return out
+
+    def picks(self, req_id: str) -> list[int]:
+        """``req_id``'s picks in position order."""
+        return in_order(self.by_position[req_id])
 
 
 class LogprobRecorder(ForcingSampler):
@@ -234,13 +248,12 @@ class LogprobRecorder(ForcingSampler):
 
     def __init__(self, runner: object, references: dict[str, list[int]]) -> None:
         super().__init__(runner, references)
-        self.logprobs: dict[str, list[torch.Tensor]] = {req_id: [] for req_id in references}
+        self.logprobs: dict[str, dict[int, torch.Tensor]] = {req_id: {} for req_id in references}
 
     def forward(self, logits: torch.Tensor, metadata: object) -> object:
         logprobs = logits.float().log_softmax(-1)
-        batch = self.runner.batch  # type: ignore[attr-defined]
-        for i, row in enumerate(self.rows):
-            self.logprobs[batch.req_ids[row]].append(logprobs[i])
+        for i, (req_id, position) in enumerate(self.positions()):
+            self.logprobs[req_id][position] = logprobs[i]
         return super().forward(logits, metadata)
 
 
@@ -263,7 +276,15 @@ def engine_forced_logprobs(llm: LLM, prompts: list[list[int]], references: list[
         return recorders[-1]
 
     picks = engine_forced_picks(llm, prompts, references, sampler_factory=recorder)
-    return ForcedRun(picks, [torch.stack(steps) for steps in recorders[0].logprobs.values()])
+    return ForcedRun(picks, [torch.stack(in_order(steps))
+                             for steps in recorders[0].logprobs.values()])
+
+
+def in_order(by_position: dict[int, T]) -> list[T]:
+    """The values of a by-position record, by position (which must run 0, 1, ... with no
+    gap: every position sampled)."""
+    assert sorted(by_position) == list(range(len(by_position))), sorted(by_position)
+    return [by_position[p] for p in range(len(by_position))]
 
 
 def mean_kl(run: ForcedRun, reference: ForcedRun) -> float:
@@ -303,4 +324,4 @@ def engine_forced_picks(llm: LLM, prompts: list[list[int]], references: list[lis
     finally:
         runner.sampler = forcing.inner
         del runner.sampling_metadata
-    return [forcing.picks[i] for i in ids]
+    return [forcing.picks(i) for i in ids]
