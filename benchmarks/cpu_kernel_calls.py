@@ -38,6 +38,7 @@ def layer_weights(keep: list[torch.Tensor]) -> kernels.LayerWeights:
     return kernels.LayerWeights(
         input_norm=norm.data_ptr(), post_norm=norm.data_ptr(), qkv=qkv, o=o, gate_up=gate_up,
         down=down, qkv_bias=None, o_bias=None, gate_up_bias=None, down_bias=None,
+        qkv_scale=None, o_scale=None, gate_up_scale=None, down_scale=None,
         qkv_type=0, o_type=0, gate_up_type=0, down_type=0, hidden=HIDDEN, num_heads=HEADS,
         num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, intermediate=INTER, qkv_lora=None,
         o_lora=None, gate_up_lora=None, down_lora=None, eps=1e-5, scale=HEAD_DIM**-0.5)

@@ -4,7 +4,8 @@
  * with its module call, views and output allocations. Here the same kernels run in the same
  * order, on the same rounding, straight one after the other. The structs are octavo_cpu.h's.
  *
- * A projection's weight is either the pair GEMM's packed bf16 copy or GGUF blocks
+ * A projection's weight is the pair GEMM's packed bf16 copy, an fp8 checkpoint's bytes packed
+ * the same way (octavo_fp8_pair_gemm, as octavo.cpu.fp8_gemm calls it) or GGUF blocks
  * (octavo_layer's *_type): a GGUF model kept in its blocks runs the same fused layer, each
  * quantized projection the decode kernel octavo.cpu.quant_gemm would call for the layer
  * (Q8 activations with VNNI where the type has it), rounded to bf16 as it rounds. q, k and
@@ -22,11 +23,16 @@
 
 #include "cpu_kernels.h"
 
-/* fp32 scratch of a layer's quantized projections (none where every weight is dense): an
+/* Whether a projection's weight of type `type` is GGUF blocks (not packed pairs). */
+static int blocks(int64_t type) {
+    return type != OCTAVO_WEIGHT_PAIRS && type != OCTAVO_WEIGHT_FP8_PAIRS;
+}
+
+/* fp32 scratch of a layer's GGUF-block projections (none where no weight is in blocks): an
  * input [T][widest input] and an output [T][widest output] in fp32. */
 static int64_t quant_scratch_floats(const octavo_layer *layer, int64_t t) {
-    if (layer->qkv_type == OCTAVO_WEIGHT_PAIRS && layer->o_type == OCTAVO_WEIGHT_PAIRS
-        && layer->gate_up_type == OCTAVO_WEIGHT_PAIRS && layer->down_type == OCTAVO_WEIGHT_PAIRS)
+    if (!blocks(layer->qkv_type) && !blocks(layer->o_type) && !blocks(layer->gate_up_type)
+        && !blocks(layer->down_type))
         return 0;
     int64_t h = layer->hidden, q_size = layer->num_heads * layer->head_dim;
     int64_t qkv_size = q_size + 2 * layer->num_kv_heads * layer->head_dim;
@@ -42,8 +48,9 @@ static int adds_lora(const octavo_lora *lora, const octavo_decode_step *step) {
     return lora != NULL && step->lora_sorted_tokens != NULL;
 }
 
-/* Whether the gate/up projection's product is written out before SiLU: a quantized one's,
- * or one the step adds a LoRA delta to (the pair GEMM otherwise applies SiLU itself). */
+/* Whether the gate/up projection's product is written out before SiLU: a quantized one's
+ * (blocks or fp8), or one the step adds a LoRA delta to (the pair GEMM otherwise applies
+ * SiLU itself). */
 static int unfused_gate_up(const octavo_layer *layer, const octavo_decode_step *step) {
     return layer->gate_up_type != OCTAVO_WEIGHT_PAIRS || adds_lora(layer->gate_up_lora, step);
 }
@@ -81,14 +88,16 @@ static int quant_project(bf16 *y, const bf16 *x, int64_t x_stride, const void *b
     return OCTAVO_OK;
 }
 
-/* A projection of the layer, its weight of either kind (octavo_layer's *_type), plus the
- * step's LoRA delta where it has one for the projection (`lora`). */
+/* A projection of the layer, its weight of any kind (octavo_layer's *_type; `scale` an fp8
+ * weight's), plus the step's LoRA delta where it has one for the projection (`lora`). */
 static int project(bf16 *y, const bf16 *x, int64_t x_stride, const void *w, int64_t type,
-                   const float *bias, const octavo_lora *lora, const octavo_decode_step *step,
-                   int64_t out, int64_t in, float *scratch) {
+                   const float *bias, const float *scale, const octavo_lora *lora,
+                   const octavo_decode_step *step, int64_t out, int64_t in, float *scratch) {
     int64_t t = step->tokens;
     int status = type == OCTAVO_WEIGHT_PAIRS
                      ? octavo_pair_gemm(y, x, x_stride, w, bias, t, out, in)
+                 : type == OCTAVO_WEIGHT_FP8_PAIRS
+                     ? octavo_fp8_pair_gemm(y, x, x_stride, w, scale, bias, t, out, in)
                      : quant_project(y, x, x_stride, w, type, bias, t, out, in, scratch);
     return status == OCTAVO_OK ? add_lora(y, x, x_stride, lora, step, in, out) : status;
 }
@@ -104,7 +113,8 @@ static int project_silu(bf16 *act, const bf16 *normed, const octavo_layer *layer
         return octavo_pair_gemm_silu(act, normed, h, layer->gate_up, layer->gate_up_bias, t,
                                      inter, h);
     int status = project(gate_up, normed, h, layer->gate_up, layer->gate_up_type,
-                         layer->gate_up_bias, layer->gate_up_lora, step, 2 * inter, h, scratch);
+                         layer->gate_up_bias, layer->gate_up_scale, layer->gate_up_lora, step,
+                         2 * inter, h, scratch);
     if (status == OCTAVO_OK) octavo_silu_and_mul(act, gate_up, t, inter, 2 * inter);
     return status;
 }
@@ -127,7 +137,7 @@ static int run_layer(const octavo_layer *layer, const octavo_decode_step *step, 
     /* hidden becomes the residual stream (hidden + residual), normed its norm. */
     octavo_rms_norm(normed, hidden, residual, layer->input_norm, t, h, h, h, layer->eps);
     status = project(qkv, normed, h, layer->qkv, layer->qkv_type, layer->qkv_bias,
-                     layer->qkv_lora, step, qkv_size, h, quant);
+                     layer->qkv_scale, layer->qkv_lora, step, qkv_size, h, quant);
     if (status != OCTAVO_OK) return status;
     octavo_rope(qkv, qkv + q_size, step->cos, step->sin, t, layer->num_heads,
                 layer->num_kv_heads, d, qkv_size, qkv_size);
@@ -147,14 +157,14 @@ static int run_layer(const octavo_layer *layer, const octavo_decode_step *step, 
                                      state ? state + 2 * stats : NULL);
     if (status != OCTAVO_OK) return status;
     status = project(residual_out, attn, q_size, layer->o, layer->o_type, layer->o_bias,
-                     layer->o_lora, step, h, q_size, quant);
+                     layer->o_scale, layer->o_lora, step, h, q_size, quant);
     if (status != OCTAVO_OK) return status;
     /* residual_out += the stream (the next residual stream), normed its norm. */
     octavo_rms_norm(normed, residual_out, hidden, layer->post_norm, t, h, h, h, layer->eps);
     status = project_silu(act, normed, layer, step, gate_up, quant);
     if (status != OCTAVO_OK) return status;
     return project(out, act, inter, layer->down, layer->down_type, layer->down_bias,
-                   layer->down_lora, step, h, inter, quant);
+                   layer->down_scale, layer->down_lora, step, h, inter, quant);
 }
 
 /* hidden [T][hidden] (this layer's input, overwritten with the residual stream when there is

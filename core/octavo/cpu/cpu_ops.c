@@ -206,22 +206,55 @@ int octavo_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *panels,
 
 int octavo_pair_gemm_available(void) { return 1; }
 
+/* 32 fp8 e4m3 weights (one pair row of a panel: 16 columns x 2 inputs) as the bf16 pairs
+ * vdpbf16ps takes, exactly: a normal e4m3 value (exponent e > 0, bias 7; mantissa m, 3 bits)
+ * is a bf16 with exponent e + 120 (bias 127) and m as its top mantissa bits; a subnormal
+ * (e = 0: m * 2^-9, m < 8) comes from a table of the eight. The byte 0x7F (e4m3fn's NaN) is
+ * read as 480: no checkpoint's weight is NaN. */
+static inline __m512i fp8_e4m3_to_bf16x32(__m256i bytes) {
+    const __m512i n = _mm512_cvtepu8_epi16(bytes);
+    const __m512i magnitude = _mm512_and_si512(n, _mm512_set1_epi16(0x7F));
+    __m512i v = _mm512_add_epi16(_mm512_slli_epi16(magnitude, 4), _mm512_set1_epi16(120 << 7));
+    const __m512i subnormals = _mm512_set_epi16(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80, 0x3B00, 0);
+    v = _mm512_mask_permutexvar_epi16(v, _mm512_cmplt_epu16_mask(magnitude, _mm512_set1_epi16(8)),
+                                      magnitude, subnormals);
+    /* v | (n << 8 & 0x8000): the sign bit moved to bf16's */
+    return _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(n, 8), _mm512_set1_epi16((short)0x8000),
+                                     0xF8);
+}
+
+/* n fp8 e4m3 weights (n a multiple of 32) as bf16, in the same order. */
+static void widen_fp8(bf16 *wide, const uint8_t *w, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32)
+        _mm512_storeu_si512(wide + i,
+                            fp8_e4m3_to_bf16x32(_mm256_loadu_si256((const __m256i *)(w + i))));
+}
+
 /* sums[r][16 p + j] = row r of x times column 16 p + j, for mr rows and np panels: the hot
- * loop, which keeps its 24 sums in registers only when nothing else competes for them. */
+ * loop, which keeps its 24 sums in registers only when nothing else competes for them. The
+ * weights are bf16 pairs, or with fp8 their fp8 e4m3 bytes in the same order (converted to
+ * bf16 pairs as they load); panel_stride and jump count weights either way. */
 static inline __attribute__((always_inline)) void pair_tile(
-    float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], const bf16 *x, int64_t x_stride, const bf16 *w,
+    float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], const bf16 *x, int64_t x_stride, const void *w,
     int64_t panel_stride, int64_t jump, int64_t pairs, const char *ahead, int64_t ahead_lines,
-    int mr, int np) {
-    const bf16 *panel[PAIR_NP];
-    for (int p = 0; p < np; p++) panel[p] = w + p * panel_stride + (2 * p >= np ? jump : 0);
+    int mr, int np, int fp8) {
+    const int64_t bytes = fp8 ? 1 : sizeof(bf16); /* a weight's */
+    const char *panel[PAIR_NP];
+    for (int p = 0; p < np; p++)
+        panel[p] = (const char *)w + bytes * (p * panel_stride + (2 * p >= np ? jump : 0));
     __m512 acc[PAIR_MR][PAIR_NP];
     for (int r = 0; r < mr; r++)
         for (int p = 0; p < np; p++) acc[r][p] = _mm512_setzero_ps();
     for (int64_t k = 0; k < pairs; k++) {
         if (k < ahead_lines) _mm_prefetch(ahead + 64 * k, _MM_HINT_T1);
         __m512bh b[PAIR_NP];
-        for (int p = 0; p < np; p++)
-            b[p] = (__m512bh)_mm512_loadu_si512(panel[p] + k * 2 * PAIR_PANEL);
+        for (int p = 0; p < np; p++) {
+            const char *row = panel[p] + k * 2 * PAIR_PANEL * bytes;
+            b[p] = fp8 ? (__m512bh)fp8_e4m3_to_bf16x32(_mm256_loadu_si256((const __m256i *)row))
+                       : (__m512bh)_mm512_loadu_si512(row);
+        }
         for (int r = 0; r < mr; r++) {
             int32_t pair;
             memcpy(&pair, x + r * x_stride + 2 * k, sizeof pair);
@@ -233,18 +266,20 @@ static inline __attribute__((always_inline)) void pair_tile(
         for (int p = 0; p < np; p++) _mm512_storeu_ps(sums[r] + p * PAIR_PANEL, acc[r][p]);
 }
 
-/* Adds the bias to a tile's sums (rows PAIR_NP * PAIR_PANEL apart), rounds them to bf16 and
- * stores the `cols` columns that exist. */
+/* Scales a tile's sums (rows PAIR_NP * PAIR_PANEL apart) by their column's scale (NULL:
+ * none), adds the bias, rounds them to bf16 and stores the `cols` columns that exist. */
 static void pair_tile_store(bf16 *y, int64_t y_stride,
-                            const float (*sums)[PAIR_NP * PAIR_PANEL], const float *bias, int mr,
-                            int64_t cols) {
+                            const float (*sums)[PAIR_NP * PAIR_PANEL], const float *scale,
+                            const float *bias, int mr, int64_t cols) {
     for (int64_t c = 0; c < cols; c += PAIR_PANEL) {
         int64_t left = cols - c;
         __mmask16 mask = left >= PAIR_PANEL ? 0xFFFF : (__mmask16)((1u << left) - 1);
         __m512 b = bias ? _mm512_maskz_loadu_ps(mask, bias + c) : _mm512_setzero_ps();
+        __m512 s = scale ? _mm512_maskz_loadu_ps(mask, scale + c) : _mm512_set1_ps(1.0f);
         for (int r = 0; r < mr; r++)
-            _mm256_mask_storeu_epi16(y + r * y_stride + c, mask,
-                                     round_bf16x16(_mm512_add_ps(_mm512_loadu_ps(sums[r] + c), b)));
+            _mm256_mask_storeu_epi16(
+                y + r * y_stride + c, mask,
+                round_bf16x16(_mm512_fmadd_ps(_mm512_loadu_ps(sums[r] + c), s, b)));
     }
 }
 
@@ -256,13 +291,30 @@ static void pair_tile_store(bf16 *y, int64_t y_stride,
                                       const bf16 *x, int64_t x_stride, const bf16 *w, \
                                       int64_t panel_stride, int64_t jump, int64_t pairs, \
                                       const char *ahead, int64_t ahead_lines) { \
-        pair_tile(sums, x, x_stride, w, panel_stride, jump, pairs, ahead, ahead_lines, mr, np); \
+        pair_tile(sums, x, x_stride, w, panel_stride, jump, pairs, ahead, ahead_lines, mr, np, \
+                  0); \
+    } \
+    static void fp8_pair_tile_##mr##x##np(float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], \
+                                          const bf16 *x, int64_t x_stride, const uint8_t *w, \
+                                          int64_t panel_stride, int64_t jump, int64_t pairs, \
+                                          const char *ahead, int64_t ahead_lines) { \
+        pair_tile(sums, x, x_stride, w, panel_stride, jump, pairs, ahead, ahead_lines, mr, np, \
+                  1); \
     }
 #define PAIR_TILES(mr) PAIR_TILE(mr, 1) PAIR_TILE(mr, 2) PAIR_TILE(mr, 3) PAIR_TILE(mr, 4)
 PAIR_TILES(1) PAIR_TILES(2) PAIR_TILES(3) PAIR_TILES(4) PAIR_TILES(5) PAIR_TILES(6)
-#define PAIR_ROW(mr) {pair_tile_##mr##x1, pair_tile_##mr##x2, pair_tile_##mr##x3, pair_tile_##mr##x4}
-const pair_tile_fn pair_tiles[PAIR_MR][PAIR_NP] = {
-    PAIR_ROW(1), PAIR_ROW(2), PAIR_ROW(3), PAIR_ROW(4), PAIR_ROW(5), PAIR_ROW(6)};
+#define PAIR_ROW(prefix, mr) \
+    {prefix##_##mr##x1, prefix##_##mr##x2, prefix##_##mr##x3, prefix##_##mr##x4}
+#define PAIR_TABLE(prefix) \
+    {PAIR_ROW(prefix, 1), PAIR_ROW(prefix, 2), PAIR_ROW(prefix, 3), PAIR_ROW(prefix, 4), \
+     PAIR_ROW(prefix, 5), PAIR_ROW(prefix, 6)}
+const pair_tile_fn pair_tiles[PAIR_MR][PAIR_NP] = PAIR_TABLE(pair_tile);
+/* The same tiles on fp8 e4m3 weights (octavo_fp8_pair_gemm). */
+typedef void (*fp8_pair_tile_fn)(float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], const bf16 *x,
+                                 int64_t x_stride, const uint8_t *w, int64_t panel_stride,
+                                 int64_t jump, int64_t pairs, const char *ahead,
+                                 int64_t ahead_lines);
+static const fp8_pair_tile_fn fp8_pair_tiles[PAIR_MR][PAIR_NP] = PAIR_TABLE(fp8_pair_tile);
 
 /* silu(gate) * up for the tile's gate sums (its lower half of panels) and up sums (the
  * upper half), each stored to bf16 first as the GEMM's output would be, then as
@@ -272,9 +324,10 @@ static void pair_tile_store_silu(bf16 *y, int64_t y_stride,
                                  const float *up_bias, int mr, int np, int64_t cols) {
     int64_t half = np / 2 * PAIR_PANEL;
     bf16 gate[PAIR_MR][PAIR_NP / 2 * PAIR_PANEL], up[PAIR_MR][PAIR_NP / 2 * PAIR_PANEL];
-    pair_tile_store(&gate[0][0], PAIR_NP / 2 * PAIR_PANEL, sums, gate_bias, mr, half);
+    pair_tile_store(&gate[0][0], PAIR_NP / 2 * PAIR_PANEL, sums, NULL, gate_bias, mr, half);
     pair_tile_store(&up[0][0], PAIR_NP / 2 * PAIR_PANEL,
-                    (const float (*)[PAIR_NP * PAIR_PANEL])(sums[0] + half), up_bias, mr, half);
+                    (const float (*)[PAIR_NP * PAIR_PANEL])(sums[0] + half), NULL, up_bias, mr,
+                    half);
     for (int r = 0; r < mr; r++) silu_mul_row(y + r * y_stride, gate[r], up[r], cols);
 }
 
@@ -310,11 +363,15 @@ static const char *ahead_share(const char *ahead, const char *ahead_up, int64_t 
  * [rows, out]; with up > 0 (the fused gate/up projection) panels p < `panels` are the gate's
  * and p + up the up's, and y = silu(gate) * up, [rows, out] with out = 16 * panels. Each
  * thread owns a contiguous range of (gate) panels; in groups of up to PAIR_NP panels (half
- * gate, half up when fused) its tiles of PAIR_MR rows pass over a chunk of rows. */
-static void pair_gemm_panels(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
-                             const float *bias, int64_t rows, int64_t out, int64_t in,
-                             int64_t panels, int64_t up) {
+ * gate, half up when fused) its tiles of PAIR_MR rows pass over a chunk of rows. With fp8
+ * (up == 0 only) the weights are fp8 e4m3 bytes laid out as the bf16 pairs, and each output
+ * column is multiplied by its `scale` before the bias. */
+static void pair_gemm_panels(bf16 *y, const bf16 *x, int64_t x_stride, const void *packed,
+                             const float *scale, const float *bias, int64_t rows, int64_t out,
+                             int64_t in, int64_t panels, int64_t up, int fp8) {
     int64_t pairs = in / 2, panel_stride = pairs * 2 * PAIR_PANEL;
+    const char *weights = packed;
+    const int64_t bytes = fp8 ? 1 : sizeof(bf16); /* a weight's */
     int group = up ? PAIR_NP / 2 : PAIR_NP; /* panels of y a group writes */
     /* Rows whose inputs stay in L2 while every panel of the thread passes over them: many
      * rows of a prefill would otherwise come from memory once per panel group. */
@@ -325,11 +382,20 @@ static void pair_gemm_panels(bf16 *y, const bf16 *x, int64_t x_stride, const bf1
         int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
         int64_t first = panels * t / threads, end = panels * (t + 1) / threads;
         float sums[PAIR_MR][PAIR_NP * PAIR_PANEL];
+        /* fp8 weights under more than one tile of rows are widened to bf16 once per group of
+         * panels and chunk of rows, here, for the bf16 tiles to read: else every tile of
+         * PAIR_MR rows would widen them again. Under one tile (decode), or without the
+         * memory, the fp8 tiles widen them as they load. */
+        bf16 *wide = fp8 && rows > PAIR_MR ? octavo_alloc(sizeof(bf16) * PAIR_NP * panel_stride)
+                                           : NULL;
         for (int64_t m0 = 0; m0 < rows; m0 += chunk) {
             int64_t m_end = rows - m0 < chunk ? rows : m0 + chunk;
             int64_t tiles = (m_end - m0 + PAIR_MR - 1) / PAIR_MR;
             for (int64_t p = first; p < end; p += group) {
                 int np = (int)(end - p < group ? end - p : group);
+                int widened = wide != NULL && tiles > 1;
+                if (widened)
+                    widen_fp8(wide, (const uint8_t *)weights + p * panel_stride, np * panel_stride);
                 int64_t cols = out - p * PAIR_PANEL;
                 cols = cols < np * PAIR_PANEL ? cols : np * PAIR_PANEL;
                 /* The panels this thread multiplies next, which its tiles here ask the memory
@@ -338,25 +404,33 @@ static void pair_gemm_panels(bf16 *y, const bf16 *x, int64_t x_stride, const bf1
                 int64_t next = p + group < end ? p + group : first;
                 int64_t next_np = end - next < group ? end - next : group;
                 int more = p + group < end || m_end < rows;
-                int64_t lines = more ? next_np * panel_stride * 2 / 64 : 0;
-                const char *ahead = (const char *)(packed + next * panel_stride);
-                const char *ahead_up =
-                    up ? (const char *)(packed + (next + up) * panel_stride) : NULL;
+                int64_t lines = more ? next_np * panel_stride * bytes / 64 : 0;
+                const char *ahead = weights + next * panel_stride * bytes;
+                const char *ahead_up = up ? weights + (next + up) * panel_stride * bytes : NULL;
                 for (int64_t m = m0, i = 0; m < m_end; m += PAIR_MR, i++) {
                     int mr = (int)(m_end - m < PAIR_MR ? m_end - m : PAIR_MR);
                     int64_t count;
                     const char *pf = ahead_share(ahead, ahead_up, lines, i, tiles, pairs, &count);
-                    const bf16 *x_tile = x + m * x_stride, *w = packed + p * panel_stride;
+                    const bf16 *x_tile = x + m * x_stride;
+                    const char *w = widened ? (const char *)wide
+                                            : weights + p * panel_stride * bytes;
                     prefetch_tile_output(y + m * out + p * PAIR_PANEL, out, mr,
                                          cols * (int64_t)sizeof(bf16));
                     if (!up) {
-                        pair_tiles[mr - 1][np - 1](sums, x_tile, x_stride, w, panel_stride, 0,
-                                                   pairs, pf, count);
+                        if (fp8 && !widened)
+                            fp8_pair_tiles[mr - 1][np - 1](sums, x_tile, x_stride,
+                                                           (const uint8_t *)w, panel_stride, 0,
+                                                           pairs, pf, count);
+                        else
+                            pair_tiles[mr - 1][np - 1](sums, x_tile, x_stride, (const bf16 *)w,
+                                                       panel_stride, 0, pairs, pf, count);
                         pair_tile_store(y + m * out + p * PAIR_PANEL, out, sums,
+                                        scale ? scale + p * PAIR_PANEL : NULL,
                                         bias ? bias + p * PAIR_PANEL : NULL, mr, cols);
                         continue;
                     }
-                    pair_tiles[mr - 1][2 * np - 1](sums, x_tile, x_stride, w, panel_stride,
+                    pair_tiles[mr - 1][2 * np - 1](sums, x_tile, x_stride, (const bf16 *)w,
+                                                   panel_stride,
                                                    (up - np) * panel_stride, pairs, pf, count);
                     pair_tile_store_silu(y + m * out + p * PAIR_PANEL, out, sums,
                                          bias ? bias + p * PAIR_PANEL : NULL,
@@ -365,6 +439,7 @@ static void pair_gemm_panels(bf16 *y, const bf16 *x, int64_t x_stride, const bf1
                 }
             }
         }
+        free(wide);
     }
 }
 
@@ -372,8 +447,21 @@ static void pair_gemm_panels(bf16 *y, const bf16 *x, int64_t x_stride, const bf1
  * padded to whole panels, or NULL. */
 int octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
                      const float *bias, int64_t rows, int64_t out, int64_t in) {
-    pair_gemm_panels(y, x, x_stride, packed, bias, rows, out, in,
-                     (out + PAIR_PANEL - 1) / PAIR_PANEL, 0);
+    pair_gemm_panels(y, x, x_stride, packed, NULL, bias, rows, out, in,
+                     (out + PAIR_PANEL - 1) / PAIR_PANEL, 0, 0);
+    return OCTAVO_OK;
+}
+
+/* octavo_pair_gemm on fp8 e4m3 weights (an fp8 checkpoint's, vLLM's `fp8`), packed as the
+ * bf16 pairs are but a byte each; y = (x W^T) * scale + bias, scale and bias fp32 per output
+ * column, padded to whole panels (bias NULL: none). The weights stream at half the bf16
+ * copy's bytes and widen to bf16 in registers, exactly: the products are the bf16 GEMM's on
+ * the dequantized weight, the scale applied to the sums. */
+int octavo_fp8_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const void *packed,
+                         const float *scale, const float *bias, int64_t rows, int64_t out,
+                         int64_t in) {
+    pair_gemm_panels(y, x, x_stride, packed, scale, bias, rows, out, in,
+                     (out + PAIR_PANEL - 1) / PAIR_PANEL, 0, 1);
     return OCTAVO_OK;
 }
 
@@ -383,8 +471,8 @@ int octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packe
  * octavo_pair_gemm then octavo_silu_and_mul would. */
 int octavo_pair_gemm_silu(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
                           const float *bias, int64_t rows, int64_t d, int64_t in) {
-    pair_gemm_panels(y, x, x_stride, packed, bias, rows, d, in, d / PAIR_PANEL,
-                     d / PAIR_PANEL);
+    pair_gemm_panels(y, x, x_stride, packed, NULL, bias, rows, d, in, d / PAIR_PANEL,
+                     d / PAIR_PANEL, 0);
     return OCTAVO_OK;
 }
 #else
@@ -397,6 +485,12 @@ int octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packe
 
 int octavo_pair_gemm_silu(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
                           const float *bias, int64_t rows, int64_t d, int64_t in) {
+    return OCTAVO_ERR_NEEDS_AVX512_BF16;
+}
+
+int octavo_fp8_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const void *packed,
+                         const float *scale, const float *bias, int64_t rows, int64_t out,
+                         int64_t in) {
     return OCTAVO_ERR_NEEDS_AVX512_BF16;
 }
 #endif

@@ -33,6 +33,7 @@ take: fp32 or strided slots, the pair kernels per slice) runs the layers one by 
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass
 from typing import cast
 
@@ -42,6 +43,7 @@ from octavo.attention.base import AttentionMetadata
 from octavo.attention.step_plan import build_plan
 from octavo.cpu import kernels
 from octavo.cpu.attention import CpuAttentionImpl, decode_rows
+from octavo.cpu.fp8_gemm import Fp8Gemm
 from octavo.cpu.gemm import CpuGemm
 from octavo.cpu.layers import CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
 from octavo.cpu.lora import LayerDelta
@@ -63,26 +65,32 @@ class _Projection:
     fp32 bias), and the steps it serves there: those of fewer than ``rows`` rows."""
 
     weight: int
-    type: int  # OCTAVO_WEIGHT_PAIRS: packed bf16 pairs; else the blocks' ggml type
+    type: int  # OCTAVO_WEIGHT_(FP8_)PAIRS: packed bf16 pairs (fp8 bytes); else a ggml type
     bias: int | None
     rows: int
     fuses_silu: bool  # as a gate/up projection, its product goes through SiLU in the call
+    scale: int | None = None  # an fp8 weight's fp32 scales per output column
 
 
 WEIGHT_PAIRS = kernels.HEADER.constants["OCTAVO_WEIGHT_PAIRS"]
+WEIGHT_FP8_PAIRS = kernels.HEADER.constants["OCTAVO_WEIGHT_FP8_PAIRS"]
 
 
 def _projection(linear: LinearBase) -> _Projection | None:
     """``linear`` as the fused call takes it, else None. Its GEMM must be the pair GEMM on
     a dense weight (with AMX only for steps of fewer than ``pair_rows`` rows: oneDNN takes
-    the others) or a :class:`QuantGemm` whose kernel the call runs too (steps of up to
-    ``DECODE_ROWS`` rows), on one tensor-parallel rank, the layer reading no weight itself."""
+    the others), an :class:`Fp8Gemm` (every step), or a :class:`QuantGemm` whose kernel the
+    call runs too (steps of up to ``DECODE_ROWS`` rows), on one tensor-parallel rank, the
+    layer reading no weight itself."""
     gemm = linear.cpu_gemm
     if linear.reads_weight_with_cpu_gemm() or linear.tp_size != 1:
         return None
     if linear.quant_method.dense and isinstance(gemm, CpuGemm) and gemm.pairs is not None:
         return _Projection(gemm.pairs.data_ptr(), WEIGHT_PAIRS, _address(gemm.pair_bias),
                            gemm.pair_rows, gemm.fuses_silu)
+    if isinstance(gemm, Fp8Gemm):
+        return _Projection(gemm.packed.data_ptr(), WEIGHT_FP8_PAIRS, _address(gemm.bias32),
+                           sys.maxsize, True, gemm.scale32.data_ptr())
     if isinstance(gemm, QuantGemm) and gemm.runs_in_fused_layers:
         return _Projection(gemm.weight.blocks.data_ptr(), gemm.weight.ggml_type,
                            _address(gemm.bias32), DECODE_ROWS + 1, True)
@@ -185,6 +193,8 @@ def layer_weights(layer: LlamaDecoderLayer) -> kernels.LayerWeights | None:
         post_norm=layer.post_attention_layernorm.weight.data_ptr(),
         qkv=qkv.weight, o=o.weight, gate_up=gate_up.weight, down=down.weight,
         qkv_bias=qkv.bias, o_bias=o.bias, gate_up_bias=gate_up.bias, down_bias=down.bias,
+        qkv_scale=qkv.scale, o_scale=o.scale, gate_up_scale=gate_up.scale,
+        down_scale=down.scale,
         qkv_type=qkv.type, o_type=o.type, gate_up_type=gate_up.type, down_type=down.type,
         qkv_lora=_lora_slots(attn.qkv_proj), o_lora=_lora_slots(attn.o_proj),
         gate_up_lora=_lora_slots(mlp.gate_up_proj), down_lora=_lora_slots(mlp.down_proj),

@@ -77,7 +77,7 @@ class CpuGemm:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         if rows < self.pair_rows and self.pairs is not None and cpu_kernels.usable(x):
-            y = cpu_kernels.pair_gemm(_rows_of(x, rows), self.pairs, self.pair_bias,
+            y = cpu_kernels.pair_gemm(rows_of(x, rows), self.pairs, self.pair_bias,
                                       self.out_features)
             return y.view(*x.shape[:-1], -1)
         if self.weight.is_meta:
@@ -86,7 +86,7 @@ class CpuGemm:
                                f"{x.dtype} {x.device.type} input with the CPU kernels "
                                f"{'loaded' if cpu_kernels.library() else 'off'}")
         if self.panels is not None and rows < LARGE_ROWS and cpu_kernels.usable(x):
-            y = cpu_kernels.gemm(_rows_of(x, rows), self.panels, self.bias_panels,
+            y = cpu_kernels.gemm(rows_of(x, rows), self.panels, self.bias_panels,
                                  self.out_features)
             return y.view(*x.shape[:-1], -1)
         if self.panels is None and rows == 1 and x.is_contiguous() and cpu_kernels.usable(x):
@@ -111,7 +111,7 @@ class CpuGemm:
         if (self.pairs is None or not self.fuses_silu or rows >= self.pair_rows
                 or not cpu_kernels.usable(x)):
             return None
-        y = cpu_kernels.pair_gemm_silu(_rows_of(x, rows), self.pairs, self.pair_bias, d)
+        y = cpu_kernels.pair_gemm_silu(rows_of(x, rows), self.pairs, self.pair_bias, d)
         return y.view(*x.shape[:-1], d)
 
     @property
@@ -127,7 +127,7 @@ class CpuGemm:
         return self.weight
 
 
-def _rows_of(x: torch.Tensor, rows: int) -> torch.Tensor:
+def rows_of(x: torch.Tensor, rows: int) -> torch.Tensor:
     """``x`` as ``[rows, in]`` with contiguous rows (a copy only when they are not)."""
     flat = x.reshape(rows, x.shape[-1])
     return flat if flat.stride(-1) == 1 else flat.contiguous()

@@ -117,15 +117,18 @@ def pack_bias(bias: torch.Tensor, panel: int) -> torch.Tensor:
 
 
 def _packed_gemm(kernel: str, x: torch.Tensor, packed: torch.Tensor,
-                 bias32: torch.Tensor | None, out_features: int) -> torch.Tensor:
-    """``kernel(y, x, x_stride, packed, bias, rows, out, in)``: a GEMM on a prepacked
-    weight, for rows ``x`` [T, in] with contiguous rows; returns ``y`` [T, out]."""
+                 bias32: torch.Tensor | None, out_features: int,
+                 scale32: torch.Tensor | None = None) -> torch.Tensor:
+    """``kernel(y, x, x_stride, packed, [scale,] bias, rows, out, in)``: a GEMM on a
+    prepacked weight, for rows ``x`` [T, in] with contiguous rows; returns ``y`` [T, out].
+    The per-column ``scale`` is passed where given (the fp8 GEMM's)."""
     rows, stride = _rows(x)
     y = torch.empty((rows, out_features), dtype=x.dtype)
     lib = library()
     assert lib is not None
+    scale = () if scale32 is None else (scale32.data_ptr(),)
     status = getattr(lib, kernel)(y.data_ptr(), x.data_ptr(), stride, packed.data_ptr(),
-                                  None if bias32 is None else bias32.data_ptr(), rows,
+                                  *scale, None if bias32 is None else bias32.data_ptr(), rows,
                                   out_features, x.shape[1])
     if status:
         raise _failure(kernel, status)
@@ -176,6 +179,15 @@ def pair_gemm_silu(x: torch.Tensor, packed: torch.Tensor, bias32: torch.Tensor |
     :func:`silu_and_mul` round it, without writing the [T, 2 * d] projection out."""
     assert d % PAIR_PANEL == 0, "the fused gate/up GEMM takes whole panels of each half"
     return _packed_gemm("octavo_pair_gemm_silu", x, packed, bias32, d)
+
+
+def fp8_pair_gemm(x: torch.Tensor, packed: torch.Tensor, scale32: torch.Tensor,
+                  bias32: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """``(x @ weight.T) * scale + bias`` for an fp8 e4m3 ``weight`` given as
+    :func:`pack_pair_weight`'s panels of its bytes (``weight.view(torch.uint8)``), with
+    ``scale`` and ``bias`` fp32 per output column padded as :func:`pack_bias` pads: [T, out],
+    the bf16 GEMM's result on the dequantized weight."""
+    return _packed_gemm("octavo_fp8_pair_gemm", x, packed, bias32, out_features, scale32)
 
 
 def rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

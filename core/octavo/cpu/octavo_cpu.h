@@ -33,9 +33,12 @@ typedef uint16_t bf16;
 #define OCTAVO_FIELD(type, name) type name;
 
 /* A projection's weight in octavo_layer: with type OCTAVO_WEIGHT_PAIRS, the pair GEMM's
- * packed bf16 copy; else ggml's type number of the GGUF blocks it points to (the file's
- * rows, as octavo_quant_matmul takes them), multiplied by that type's decode kernel. */
+ * packed bf16 copy; with OCTAVO_WEIGHT_FP8_PAIRS, an fp8 layer's e4m3 bytes packed the same
+ * way, multiplied by octavo_fp8_pair_gemm with the projection's *_scale; else ggml's type
+ * number of the GGUF blocks it points to (the file's rows, as octavo_quant_matmul takes
+ * them), multiplied by that type's decode kernel. */
 #define OCTAVO_WEIGHT_PAIRS 0
+#define OCTAVO_WEIGHT_FP8_PAIRS 1000
 
 /* A projection's LoRA adapter slots in octavo_layer, as octavo_lora_delta takes them (its
  * a, b, dtype, slices, num_slices, num_slots and rank; the projection's own in and out
@@ -49,13 +52,16 @@ typedef uint16_t bf16;
 typedef struct { OCTAVO_LORA_FIELDS(OCTAVO_FIELD) } octavo_lora;
 
 /* What stays fixed for a layer: its weights (each projection's, typed as above; fp32 biases
- * or NULL; the norms' bf16 weights), each projection's LoRA slots (NULL: none) and sizes. */
+ * or NULL; fp32 scales per output column for fp8 weights, else NULL; the norms' bf16
+ * weights), each projection's LoRA slots (NULL: none) and sizes. */
 #define OCTAVO_LAYER_FIELDS(FIELD)                                                           \
     FIELD(const bf16 *, input_norm) FIELD(const bf16 *, post_norm)                           \
     FIELD(const void *, qkv) FIELD(const void *, o) FIELD(const void *, gate_up)             \
     FIELD(const void *, down)                                                                \
     FIELD(const float *, qkv_bias) FIELD(const float *, o_bias)                              \
     FIELD(const float *, gate_up_bias) FIELD(const float *, down_bias)                       \
+    FIELD(const float *, qkv_scale) FIELD(const float *, o_scale)                            \
+    FIELD(const float *, gate_up_scale) FIELD(const float *, down_scale)                     \
     FIELD(int64_t, qkv_type) FIELD(int64_t, o_type) FIELD(int64_t, gate_up_type)             \
     FIELD(int64_t, down_type)                                                                \
     FIELD(const octavo_lora *, qkv_lora) FIELD(const octavo_lora *, o_lora)                  \
@@ -107,6 +113,9 @@ int octavo_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packe
                      const float *bias, int64_t rows, int64_t out, int64_t in);
 int octavo_pair_gemm_silu(bf16 *y, const bf16 *x, int64_t x_stride, const bf16 *packed,
                           const float *bias, int64_t rows, int64_t d, int64_t in);
+int octavo_fp8_pair_gemm(bf16 *y, const bf16 *x, int64_t x_stride, const void *packed,
+                         const float *scale, const float *bias, int64_t rows, int64_t out,
+                         int64_t in);
 
 /* The elementwise parts of a layer (cpu_ops.c). */
 void octavo_rms_norm(bf16 *out, bf16 *x, const bf16 *residual, const bf16 *weight,

@@ -107,7 +107,8 @@ class CpuPlatform(Platform):
 
     @classmethod
     def prepare_model(cls, model: nn.Module, dtype: torch.dtype) -> int:
-        """For a bf16 model: prepack the loaded weights for the CPU's GEMMs, fuse the
+        """For a bf16 model: prepack the loaded weights for the CPU's GEMMs (fp8 layers' too:
+        ``octavo.cpu.fp8_gemm``), fuse the
         element-wise layers and run decode steps a layer per call; nothing otherwise (fp32
         runs PyTorch's own kernels). In any dtype, layers kept in GGUF blocks multiply with
         the quantized kernels (``octavo.cpu.quant``), and the process's allocator keeps
@@ -117,6 +118,7 @@ class CpuPlatform(Platform):
 
         from octavo.cpu.allocator import keep_freed_memory
         from octavo.cpu.decode_layer import use_fused_decode_layers
+        from octavo.cpu.fp8_gemm import attach_fp8_gemms
         from octavo.cpu.gemm import attach_cpu_gemms, cpu_gemm_supported
         from octavo.cpu.layers import use_cpu_layers
         from octavo.cpu.quant import attach_quant_gemms
@@ -127,7 +129,8 @@ class CpuPlatform(Platform):
             return quantized
         changed = (quantized
                    + attach_cpu_gemms(model, native_bf16=cpu_has_native_bf16(), amx=cls.has_amx())
-                   + use_cpu_layers(model) + use_fused_decode_layers(model))
+                   + attach_fp8_gemms(model) + use_cpu_layers(model)
+                   + use_fused_decode_layers(model))
         return_freed_memory()  # the plain weights the packed copies replaced
         return changed
 

@@ -124,7 +124,8 @@ def test_the_stack_call_passes_each_layer_what_the_loop_does(num_layers: int) ->
         layers.append(kernels.LayerWeights(
             input_norm=norms[0].data_ptr(), post_norm=norms[1].data_ptr(), qkv=qkv, o=o,
             gate_up=gate_up, down=down, qkv_bias=None, o_bias=None, gate_up_bias=None,
-            down_bias=None, qkv_type=0, o_type=0, gate_up_type=0, down_type=0, hidden=hidden,
+            down_bias=None, qkv_scale=None, o_scale=None, gate_up_scale=None,
+            down_scale=None, qkv_type=0, o_type=0, gate_up_type=0, down_type=0, hidden=hidden,
             num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, intermediate=inter,
             qkv_lora=None, o_lora=None, gate_up_lora=None, down_lora=None,
             eps=1e-5, scale=head_dim**-0.5))

@@ -1,9 +1,10 @@
-"""The fused decode stack on GGUF blocks (``octavo_layer``'s projections typed by ggml type,
-cpu_layer.c): layers whose projections are quantized compute what the same kernels called
-one by one compute, bit for bit, and each quantized projection inside them the dense
-product of its dequantized weight within the Q8 kernels' stated bound; a GGUF model kept
-in its blocks decodes in the fused stack with the tokens and logprobs of its layers run
-one by one."""
+"""The fused decode stack on GGUF blocks and fp8 weights (``octavo_layer``'s projections typed
+by ggml type or ``OCTAVO_WEIGHT_FP8_PAIRS``, cpu_layer.c): layers whose projections are
+quantized compute what the same kernels called one by one compute, bit for bit, and each
+quantized projection inside them the dense product of its dequantized weight within the
+kernel's stated bound (Q8 activations: test_quant_gemm's; fp8: fp32 sums of exact bf16
+products); a GGUF model kept in its blocks decodes in the fused stack with the tokens and
+logprobs of its layers run one by one."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.usefixtures("single_thread"),
               pytest.mark.skipif(not kernels.pair_gemm_available(),
                                  reason="the fused call needs the pair GEMM (AVX512-BF16)")]
 PAIRS = decode_layer.WEIGHT_PAIRS
+FP8 = decode_layer.WEIGHT_FP8_PAIRS
 # Odd sizes: 96 hidden (3 blocks of 32), 3 heads and 1 kv head of 32, 224 intermediate (7
 # blocks: its gate/up of 448 is no whole number of pair panel pairs, which only blocks serve).
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 96, 3, 1, 32, 224
@@ -36,7 +38,9 @@ HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER = 96, 3, 1, 32, 224
 MIXES = {"q4_1": (GgmlType.Q4_1,) * 4,
          "mixed": (GgmlType.Q8_0, GgmlType.Q4_0, GgmlType.Q4_1, PAIRS),
          # types without a VNNI kernel: the fp32 decode kernel
-         "fp32-kernel": (GgmlType.Q5_0, GgmlType.Q5_1, GgmlType.Q5_1, GgmlType.Q5_0)}
+         "fp32-kernel": (GgmlType.Q5_0, GgmlType.Q5_1, GgmlType.Q5_1, GgmlType.Q5_0),
+         # an fp8 checkpoint's layers (octavo.cpu.fp8_gemm), one projection dense
+         "fp8": (FP8, FP8, FP8, PAIRS)}
 
 
 @dataclass
@@ -44,9 +48,10 @@ class Projection:
     """One projection's weight as the fused call takes it, and as the reference uses it."""
 
     type: int
-    stored: torch.Tensor  # the blocks, or the packed pairs
-    dense: torch.Tensor  # [out, in] fp32: the blocks dequantized, or the bf16 weight
+    stored: torch.Tensor  # the blocks, or the packed pairs (of bf16, or of fp8 bytes)
+    dense: torch.Tensor  # [out, in] fp32: the blocks or fp8 weight dequantized, or bf16's
     bias: torch.Tensor | None  # fp32
+    scale: torch.Tensor | None = None  # fp8's per output column, padded as the kernel reads
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """The product as the layers one by one compute it (QuantGemm: bf16 result, then
@@ -54,6 +59,9 @@ class Projection:
         out, inp = self.dense.shape
         if self.type == PAIRS:
             return kernels.pair_gemm(x, self.stored, self.bias, out)
+        if self.type == FP8:
+            assert self.scale is not None
+            return kernels.fp8_pair_gemm(x, self.stored, self.scale, self.bias, out)
         y = quant_matmul(x, self.stored, self.type, out, inp)
         return y if self.bias is None else y + self.bias.bfloat16()
 
@@ -63,7 +71,7 @@ class Projection:
         or fp32), plus the bf16 rounding of the result and, with a bias, of the sum."""
         exact = x.double() @ self.dense.double().T
         q8 = (q8_terms(self.stored.numpy(), self.dense, GgmlType(self.type))
-              if quant_q8_available(self.type) else None)
+              if self.type != FP8 and quant_q8_available(self.type) else None)
         bound = matmul_bound(x.float(), self.dense, q8)
         bound = bound + BF16_U * (exact.abs() + bound)
         if self.bias is not None:
@@ -81,6 +89,13 @@ def projection(ggml_type: int, out: int, inp: int, bias: bool,
         dense = torch.from_numpy(gen.standard_normal((out, inp), dtype=np.float32) * 0.05)
         dense = dense.bfloat16()
         return Projection(PAIRS, kernels.pack_pair_weight(dense), dense.float(), b)
+    if ggml_type == FP8:  # every e4m3 value but NaN is drawn, subnormals included
+        codes = gen.choice([c for c in range(256) if c & 0x7F != 0x7F], (out, inp))
+        weight = torch.from_numpy(codes.astype(np.uint8)).view(torch.float8_e4m3fn)
+        scale = torch.from_numpy(gen.uniform(0.5, 2.0, out).astype(np.float32)) / 448
+        return Projection(FP8, kernels.pack_pair_weight(weight.view(torch.uint8)),
+                          weight.float() * scale[:, None], b,
+                          kernels.pack_bias(scale, kernels.PAIR_PANEL))
     blocks = torch.from_numpy(random_blocks(GgmlType(ggml_type), out, inp, gen))
     weight = dequantize_blocks(blocks, int(ggml_type), (out, inp)).float()
     return Projection(int(ggml_type), blocks, weight, b)
@@ -98,10 +113,12 @@ class Layer:
         p = (self.qkv, self.o, self.gate_up, self.down)
         ptr = [w.stored.data_ptr() for w in p]
         bias = [None if w.bias is None else w.bias.data_ptr() for w in p]
+        scale = [None if w.scale is None else w.scale.data_ptr() for w in p]
         return kernels.LayerWeights(
             input_norm=self.norms[0].data_ptr(), post_norm=self.norms[1].data_ptr(),
             qkv=ptr[0], o=ptr[1], gate_up=ptr[2], down=ptr[3], qkv_bias=bias[0],
-            o_bias=bias[1], gate_up_bias=bias[2], down_bias=bias[3], qkv_type=p[0].type,
+            o_bias=bias[1], gate_up_bias=bias[2], down_bias=bias[3], qkv_scale=scale[0],
+            o_scale=scale[1], gate_up_scale=scale[2], down_scale=scale[3], qkv_type=p[0].type,
             o_type=p[1].type, gate_up_type=p[2].type, down_type=p[3].type, hidden=HIDDEN,
             num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM, intermediate=INTER,
             qkv_lora=None, o_lora=None, gate_up_lora=None, down_lora=None,
@@ -182,7 +199,8 @@ def test_quantized_layers_compute_what_their_kernels_do_one_by_one(mix: str, row
     assert torch.equal(out, h) and torch.equal(stream, residual), f"seed={seed}"
     assert all(torch.equal(a, b) for a, b in zip(stacked, looped)), f"seed={seed}"
     for i, (p, inp, y) in enumerate(products):
-        p.check_dense(inp, y, f"seed={seed} product {i} ({GgmlType(p.type).name})")
+        name = "fp8" if p.type == FP8 else GgmlType(p.type).name
+        p.check_dense(inp, y, f"seed={seed} product {i} ({name})")
 
 
 def fused_and_layer_by_layer(llm: LLM, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch,

@@ -103,7 +103,8 @@ def test_a_kernel_out_of_memory_raises_naming_it() -> None:
         kernels.decode_attention(q, cache, slots, seq_lens, NO_ROOM, 1, 0.125)
     layer = kernels.LayerWeights(
         input_norm=None, post_norm=None, qkv=None, o=None, gate_up=None, down=None,
-        qkv_bias=None, o_bias=None, gate_up_bias=None, down_bias=None, qkv_type=0, o_type=0,
+        qkv_bias=None, o_bias=None, gate_up_bias=None, down_bias=None, qkv_scale=None,
+        o_scale=None, gate_up_scale=None, down_scale=None, qkv_type=0, o_type=0,
         gate_up_type=0, down_type=0, hidden=64, num_heads=2, num_kv_heads=1, head_dim=64,
         intermediate=128, qkv_lora=None, o_lora=None, gate_up_lora=None, down_lora=None,
         eps=1e-5, scale=0.125)
