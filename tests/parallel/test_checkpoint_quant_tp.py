@@ -15,12 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from octavo.testing import quant_checkpoints as qc
 from octavo.testing.seeds import draw_seed
 
-from ..core.models.test_checkpoint_quant import FORMATS
+from ..core.models.test_checkpoint_quant import tiny_quantized_llama
 from ..core.models.tool_checkpoints import tool_checkpoints
-from ..core.tiny_models import save_tiny_model
 from .engines import max_logprob_gap, one_thread, run
 from .test_tensor_parallel import LOGPROB_TOLERANCE, random_prompts
 
@@ -29,15 +27,11 @@ NAME = "awq-g32"
 
 def test_awq_tp2_matches_one_rank(tmp_path: Path) -> None:
     seed = draw_seed()
-    save_tiny_model("llama", tmp_path / "dense", seed, hidden_size=128, head_dim=32,
-                    intermediate_size=256)
-    quantizer, config = FORMATS[NAME]
-    qc.quantize_folder(tmp_path / "dense", tmp_path / "q", tmp_path / "exact",
-                       tmp_path / "blocks", quantizer, config)
+    folder = str(tiny_quantized_llama(tmp_path, NAME, seed))
     prompts = random_prompts(np.random.default_rng(seed), 4)
     with one_thread():
-        reference = run(str(tmp_path / "q"), prompts, 8, max_model_len=128)
-    parallel = run(str(tmp_path / "q"), prompts, 8, tensor_parallel_size=2, max_model_len=128)
+        reference = run(folder, prompts, 8, max_model_len=128)
+    parallel = run(folder, prompts, 8, tensor_parallel_size=2, max_model_len=128)
     assert parallel.tokens == reference.tokens, f"seed {seed}"
     assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE, f"seed {seed}"
 

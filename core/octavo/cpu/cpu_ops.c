@@ -286,21 +286,16 @@ static void pair_tile_store(bf16 *y, int64_t y_stride,
 /* pair_tile with its sizes fixed at compile time, one function each for mr in 1..6 and np
  * in 1..4: in one function holding all 24, GCC allocated the registers of the 6 x 4 tile
  * worse. */
-#define PAIR_TILE(mr, np) \
-    static void pair_tile_##mr##x##np(float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], \
-                                      const bf16 *x, int64_t x_stride, const bf16 *w, \
-                                      int64_t panel_stride, int64_t jump, int64_t pairs, \
-                                      const char *ahead, int64_t ahead_lines) { \
+#define PAIR_TILE_OF(name, weight, fp8, mr, np) \
+    static void name##_##mr##x##np(float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], const bf16 *x, \
+                                   int64_t x_stride, const weight *w, int64_t panel_stride, \
+                                   int64_t jump, int64_t pairs, const char *ahead, \
+                                   int64_t ahead_lines) { \
         pair_tile(sums, x, x_stride, w, panel_stride, jump, pairs, ahead, ahead_lines, mr, np, \
-                  0); \
-    } \
-    static void fp8_pair_tile_##mr##x##np(float sums[PAIR_MR][PAIR_NP * PAIR_PANEL], \
-                                          const bf16 *x, int64_t x_stride, const uint8_t *w, \
-                                          int64_t panel_stride, int64_t jump, int64_t pairs, \
-                                          const char *ahead, int64_t ahead_lines) { \
-        pair_tile(sums, x, x_stride, w, panel_stride, jump, pairs, ahead, ahead_lines, mr, np, \
-                  1); \
+                  fp8); \
     }
+#define PAIR_TILE(mr, np) \
+    PAIR_TILE_OF(pair_tile, bf16, 0, mr, np) PAIR_TILE_OF(fp8_pair_tile, uint8_t, 1, mr, np)
 #define PAIR_TILES(mr) PAIR_TILE(mr, 1) PAIR_TILE(mr, 2) PAIR_TILE(mr, 3) PAIR_TILE(mr, 4)
 PAIR_TILES(1) PAIR_TILES(2) PAIR_TILES(3) PAIR_TILES(4) PAIR_TILES(5) PAIR_TILES(6)
 #define PAIR_ROW(prefix, mr) \

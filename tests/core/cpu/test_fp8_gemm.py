@@ -12,12 +12,10 @@ import torch
 from octavo import LLM
 from octavo.cpu import kernels
 from octavo.cpu.fp8_gemm import Fp8Gemm
-from octavo.testing import quant_checkpoints as qc
 from octavo.testing.seeds import draw_seed
 from tests.core.cpu.test_cpu_decode_layer_quant import fused_and_layer_by_layer
 from tests.core.cpu.test_quant_gemm import BF16_U, U
-from tests.core.models.test_checkpoint_quant import FORMATS
-from tests.core.tiny_models import save_tiny_model
+from tests.core.models.test_checkpoint_quant import tiny_quantized_llama
 
 pytestmark = [pytest.mark.usefixtures("single_thread"),
               pytest.mark.skipif(not kernels.pair_gemm_available(),
@@ -81,12 +79,8 @@ def test_an_fp8_checkpoint_decodes_on_the_fp8_gemm_fused_as_layer_by_layer(
     fp8 GEMM, its own fp8 weight given up for the packed copy; decode steps run in the fused
     stack with the tokens and logprobs of its layers one by one (the same kernels)."""
     seed = draw_seed()
-    save_tiny_model("llama", tmp_path / "dense", seed, hidden_size=128, head_dim=32,
-                    intermediate_size=256)
-    quantizer, config = FORMATS[name]
-    qc.quantize_folder(tmp_path / "dense", tmp_path / "q", tmp_path / "exact",
-                       tmp_path / "blocks", quantizer, config)
-    llm = LLM(model=str(tmp_path / "q"), dtype="bfloat16", max_model_len=128,
+    folder = tiny_quantized_llama(tmp_path, name, seed)
+    llm = LLM(model=str(folder), dtype="bfloat16", max_model_len=128,
               kv_cache_memory=8 * 2**20, enable_prefix_caching=False)
     model = llm.llm_engine.core.executor.worker.runner.model
     projections = [m for m in model.modules() if hasattr(m, "weight_scale")]

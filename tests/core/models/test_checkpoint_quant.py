@@ -175,8 +175,21 @@ def test_int_weights_become_blocks_where_they_can():
 
 def quantized_model(tmp_path_factory, dense: Path, name: str) -> tuple[Path, Path, Path]:
     """The checkpoint, its exact dequantized model and the model as blocks hold it."""
+    return quantized_model_in(tmp_path_factory.mktemp(name), dense, name)
+
+
+def tiny_quantized_llama(root: Path, name: str, seed: int) -> Path:
+    """A tiny Llama (hidden 128) of ``seed`` written under ``root`` as checkpoint ``name``
+    (and its dense, exact and blocks forms beside it): the checkpoint's folder."""
+    save_tiny_model("llama", root / "dense", seed, hidden_size=128, head_dim=32,
+                    intermediate_size=256)
+    quantized_model_in(root, root / "dense", name)
+    return root / "q"
+
+
+def quantized_model_in(root: Path, dense: Path, name: str) -> tuple[Path, Path, Path]:
+    """``quantized_model`` in the folder ``root``."""
     quantizer, quant_config = FORMATS[name]
-    root = tmp_path_factory.mktemp(name)
     qc.quantize_folder(dense, root / "q", root / "exact", root / "blocks", quantizer,
                        quant_config)
     return root / "q", root / "exact", root / "blocks"
