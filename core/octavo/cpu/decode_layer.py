@@ -210,6 +210,7 @@ class CpuLlamaDecoderLayer(LlamaDecoderLayer):
     _weights: kernels.LayerWeights | None | bool = False  # False: not looked at yet
     _fused_rows = 0  # steps of fewer rows run fused (set with _weights)
     _lora: LoRABatch | None = None  # the batch of the deltas the call adds (set with _weights)
+    _methods: list[LinearMethodBase] = []  # its projections' that may add (set with _weights)
 
     def forward(
         self,
@@ -221,7 +222,7 @@ class CpuLlamaDecoderLayer(LlamaDecoderLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         weights = _layer_weights(self)
         step = (None if weights is None or hidden.shape[0] >= self._fused_rows
-                or _adds_after_gemm(_methods([self]))
+                or _adds_after_gemm(self._methods)
                 or not kernels.usable(hidden, kv_cache) or not hidden.is_contiguous()
                 else decode_step(positions, hidden.shape[0], kv_cache, attn_metadata,
                                  self.self_attn.rotary_emb, _groups(self._lora)))
@@ -300,6 +301,7 @@ def _layer_weights(layer: torch.nn.Module) -> kernels.LayerWeights | None:
         layer._weights = layer_weights(layer)
         layer._fused_rows = 0 if layer._weights is None else fused_rows(layer)
         layer._lora = None if layer._weights is None else _lora_batch([layer])
+        layer._methods = [] if layer._weights is None else _methods([layer])
     return layer._weights if isinstance(layer._weights, kernels.LayerWeights) else None
 
 
