@@ -105,10 +105,13 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quantization", default=None,
+                        help="gguf: the default model on its blocks (default: dense)")
     args = parser.parse_args()
     print(f"seed {args.seed}")
     clock = CLOCKS[args.clock]
-    llm = LLM(dtype=args.dtype, max_num_seqs=max(args.batch_size, 8))
+    llm = LLM(dtype=args.dtype, quantization=args.quantization,
+              max_num_seqs=max(args.batch_size, 8))
     times = instrument(clock)
     rng = random.Random(args.seed)
     run_steps(llm, args.batch_size, args.context_len, 20, rng, clock, times)  # warm-up
