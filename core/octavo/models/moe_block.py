@@ -21,6 +21,7 @@ from octavo.models.base import CausalLM
 from octavo.models.config_parts import MoEConfig
 from octavo.models.layers.linear import ReplicatedLinear
 from octavo.models.layers.moe import FusedMoE, Routing, select_experts
+from octavo.models.layers.quantization import quantization_scope
 from octavo.models.llama import LlamaMLP
 
 # FusedMoE's shard ids: gate (HF Mixtral's w1), up (w3) and down (w2) projections.
@@ -38,14 +39,16 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.routing = Routing(moe.top_k, moe.renormalize, moe.num_groups, moe.topk_groups,
                                moe.routed_scaling_factor)
-        self.gate = ReplicatedLinear(hidden_size, moe.num_experts)
+        with quantization_scope(None):  # the router stays dense, as the tools leave it
+            self.gate = ReplicatedLinear(hidden_size, moe.num_experts)
         self.experts = FusedMoE(moe.num_experts, hidden_size, moe.intermediate_size)
         self.shared_name = shared_name if moe.shared_intermediate_size else None
         if self.shared_name is not None:
             self.add_module(self.shared_name,
                             LlamaMLP(hidden_size, moe.shared_intermediate_size, bias=False))
-        self.shared_expert_gate = (ReplicatedLinear(hidden_size, 1)
-                                   if moe.shared_expert_gate else None)
+        with quantization_scope(None):
+            self.shared_expert_gate = (ReplicatedLinear(hidden_size, 1)
+                                       if moe.shared_expert_gate else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, expert_ids = select_experts(self.gate(x), self.routing)
@@ -61,35 +64,73 @@ class SparseMoeBlock(nn.Module):
 @dataclass(frozen=True)
 class ExpertNames:
     """Checkpoint names of expert ``e``'s tensors: ``{prefix}.{module}.experts.{e}.{part}
-    .weight``, ``parts`` mapping each checkpoint part to its ``FusedMoE`` shard id; ours are
-    ``{prefix}.{ours}.experts.w13_weight`` / ``w2_weight``."""
+    .{suffix}``, ``parts`` mapping each checkpoint part to its ``FusedMoE`` shard id. Ours:
+    dense, ``{prefix}.{ours}.experts.w13_weight`` / ``w2_weight`` (suffix ``weight`` only);
+    quantized (``FusedMoE.quantized``), the expert's own layers
+    ``{prefix}.{ours}.experts.quantized.{e}.gate_up_proj`` / ``down_proj`` with the
+    checkpoint's suffix (``qweight``, ``scales``, ``weight_scale``, ...)."""
 
     module: str
     parts: tuple[tuple[str, str], ...]  # (checkpoint part, GATE | UP | DOWN)
     ours: str = "mlp"
 
-    def param_for(self, hf_name: str) -> tuple[str, tuple[int, str]] | None:
-        """The stacked parameter and shard id of an expert's tensor; None for others."""
-        match = re.match(rf"^(.*)\.{self.module}\.experts\.(\d+)\.(\w+)\.weight$", hf_name)
-        if match is None:
+    def expert_of(self, hf_name: str) -> tuple[str, int, str, str] | None:
+        """(prefix, expert, part, suffix) of an expert's tensor; None for other tensors."""
+        match = re.match(rf"^(.*)\.{self.module}\.experts\.(\d+)\.(\w+)\.(\w+)$", hf_name)
+        if match is None or match[3] not in dict(self.parts):
             return None
-        prefix, expert, part = match.groups()
-        which = dict(self.parts).get(part)
-        if which is None:
+        return match[1], int(match[2]), match[3], match[4]
+
+    def experts(self, model: nn.Module, prefix: str) -> FusedMoE | None:
+        """The layer's ``FusedMoE`` (None on a pipeline stage without the layer)."""
+        try:
+            experts = model.get_submodule(f"{prefix}.{self.ours}.experts")
+        except AttributeError:
             return None
+        return experts if isinstance(experts, FusedMoE) else None
+
+    def param_for(self, model: nn.Module, hf_name: str) -> tuple[str, object] | None:
+        """The parameter and shard id of an expert's tensor; None for others."""
+        found = self.expert_of(hf_name)
+        if found is None:
+            return None
+        prefix, expert, part, suffix = found
+        which = dict(self.parts)[part]
+        experts = self.experts(model, prefix)
+        if experts is not None and experts.quantized is not None:
+            layer = "down_proj" if which == DOWN else "gate_up_proj"
+            shard = None if which == DOWN else (0 if which == GATE else 1)
+            return f"{prefix}.{self.ours}.experts.quantized.{expert}.{layer}.{suffix}", shard
         stacked = "w2" if which == DOWN else "w13"
-        return f"{prefix}.{self.ours}.experts.{stacked}_weight", (int(expert), which)
+        return f"{prefix}.{self.ours}.experts.{stacked}_{suffix}", (expert, which)
+
+    def elsewhere(self, model: nn.Module, hf_name: str) -> bool:
+        """Whether the tensor is a quantized expert another rank holds (skipped here; the
+        dense stacked loader skips such experts itself)."""
+        found = self.expert_of(hf_name)
+        if found is None:
+            return False
+        experts = self.experts(model, found[0])
+        return (experts is not None and experts.quantized is not None
+                and found[1] not in experts.local_experts)
 
     def hf_names(self, model: nn.Module, param_name: str) -> list[str] | None:
-        """The checkpoint tensors of this rank's experts that fill a stacked parameter;
-        None for other parameters."""
+        """The checkpoint tensors of this rank's experts that fill a parameter; None for
+        other parameters."""
+        quantized = re.match(rf"^(.*)\.{self.ours}\.experts\.quantized\.(\d+)\."
+                             rf"(gate_up_proj|down_proj)\.(\w+)$", param_name)
+        if quantized is not None:
+            prefix, expert, layer, suffix = quantized.groups()
+            wanted = (DOWN,) if layer == "down_proj" else (GATE, UP)
+            return [f"{prefix}.{self.module}.experts.{expert}.{part}.{suffix}"
+                    for which in wanted for part, shard in self.parts if shard == which]
         match = re.match(rf"^(.*)\.{self.ours}\.experts\.(w13|w2)_weight$", param_name)
         if match is None:
             return None
         prefix, stacked = match.groups()
         wanted = (DOWN,) if stacked == "w2" else (GATE, UP)
-        experts = model.get_submodule(f"{prefix}.{self.ours}.experts")
-        assert isinstance(experts, FusedMoE)
+        experts = self.experts(model, prefix)
+        assert experts is not None
         return [f"{prefix}.{self.module}.experts.{expert}.{part}.weight"
                 for expert in experts.local_experts
                 for which in wanted for part, shard in self.parts if shard == which]
@@ -109,8 +150,11 @@ class ExpertWeights(CausalLM):
     supports_sp: ClassVar[bool] = False
 
     def param_for(self, hf_name: str) -> tuple[str, object]:
-        found = self.expert_names.param_for(hf_name)
+        found = self.expert_names.param_for(self, hf_name)
         return super().param_for(hf_name) if found is None else found
+
+    def ignores_weight(self, hf_name: str) -> bool:
+        return self.expert_names.elsewhere(self, hf_name) or super().ignores_weight(hf_name)
 
     def hf_names_for(self, param_name: str) -> list[str]:
         names = self.expert_names.hf_names(self, param_name)

@@ -26,8 +26,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ: field i of a word holds column AWQ_ORDER[i]
+# The decoder's linear layers, and Mixtral's experts (w1, w3: gate, up; w2: down); a mixture
+# of experts' router (``gate``) stays dense, as the tools leave it.
 LINEAR_SUFFIXES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                   "down_proj")
+                   "down_proj", "w1", "w2", "w3")
 
 Tensors = dict[str, torch.Tensor]
 Quantized = tuple[Tensors, torch.Tensor, torch.Tensor]  # tensors, exact, as blocks hold it

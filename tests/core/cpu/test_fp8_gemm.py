@@ -15,7 +15,7 @@ from octavo.cpu.fp8_gemm import Fp8Gemm
 from octavo.testing.seeds import draw_seed
 from tests.core.cpu.test_cpu_decode_layer_quant import fused_and_layer_by_layer
 from tests.core.cpu.test_quant_gemm import BF16_U, U
-from tests.core.models.test_checkpoint_quant import tiny_quantized_llama
+from tests.core.models.test_checkpoint_quant import tiny_quantized_model
 
 pytestmark = [pytest.mark.usefixtures("single_thread"),
               pytest.mark.skipif(not kernels.pair_gemm_available(),
@@ -79,7 +79,7 @@ def test_an_fp8_checkpoint_decodes_on_the_fp8_gemm_fused_as_layer_by_layer(
     fp8 GEMM, its own fp8 weight given up for the packed copy; decode steps run in the fused
     stack with the tokens and logprobs of its layers one by one (the same kernels)."""
     seed = draw_seed()
-    folder = tiny_quantized_llama(tmp_path, name, seed)
+    folder = tiny_quantized_model(tmp_path, name, seed)
     llm = LLM(model=str(folder), dtype="bfloat16", max_model_len=128,
               kv_cache_memory=8 * 2**20, enable_prefix_caching=False)
     model = llm.llm_engine.core.executor.worker.runner.model

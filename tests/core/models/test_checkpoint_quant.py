@@ -178,11 +178,16 @@ def quantized_model(tmp_path_factory, dense: Path, name: str) -> tuple[Path, Pat
     return quantized_model_in(tmp_path_factory.mktemp(name), dense, name)
 
 
-def tiny_quantized_llama(root: Path, name: str, seed: int) -> Path:
-    """A tiny Llama (hidden 128) of ``seed`` written under ``root`` as checkpoint ``name``
-    (and its dense, exact and blocks forms beside it): the checkpoint's folder."""
-    save_tiny_model("llama", root / "dense", seed, hidden_size=128, head_dim=32,
-                    intermediate_size=256)
+# The tiny models the quantized checkpoints are written from: sizes in whole groups of 32,
+# on each of two ranks too (a Mixtral of 4 experts of intermediate 64, 2 per token).
+TINY_SIZES = {"llama": dict(hidden_size=128, head_dim=32, intermediate_size=256),
+              "mixtral": dict(hidden_size=128, head_dim=32, intermediate_size=64)}
+
+
+def tiny_quantized_model(root: Path, name: str, seed: int, arch: str = "llama") -> Path:
+    """A tiny ``arch`` model of ``seed`` written under ``root`` as checkpoint ``name`` (and
+    its dense, exact and blocks forms beside it): the checkpoint's folder."""
+    save_tiny_model(arch, root / "dense", seed, **TINY_SIZES[arch])
     quantized_model_in(root, root / "dense", name)
     return root / "q"
 
@@ -198,8 +203,7 @@ def quantized_model_in(root: Path, dense: Path, name: str) -> tuple[Path, Path, 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("tiny-llama")
-    save_tiny_model("llama", folder, draw_seed(), hidden_size=128, head_dim=32,
-                    intermediate_size=256)
+    save_tiny_model("llama", folder, draw_seed(), **TINY_SIZES["llama"])
     return folder
 
 
@@ -236,6 +240,61 @@ def test_a_tiny_llama_checkpoint_matches_its_dequantized_model(name, tiny_llama,
         assert blocks_diff < ATOL, f"{name}: {blocks_diff:.2e} from the model as blocks"
         assert diff < MODEL_RTOL * exact.abs().max(), f"{name}: {diff:.2e} from exact"
         assert agree >= 0.99, f"{name}: greedy agreement {agree:.3f}"
+
+
+@pytest.fixture(scope="module")
+def tiny_mixtral(tmp_path_factory) -> Path:
+    """A tiny Mixtral whose experts' sizes are whole groups of 32 (hidden 128, 4 experts of
+    intermediate 64) and whose router picks 2 of them."""
+    folder = tmp_path_factory.mktemp("tiny-mixtral")
+    save_tiny_model("mixtral", folder, draw_seed(), **TINY_SIZES["mixtral"])
+    return folder
+
+
+@pytest.mark.parametrize("name", ["awq-g32", "fp8-per-tensor-static", "ct-w4a16"])
+def test_a_tiny_mixtral_checkpoint_with_quantized_experts_matches_its_dequantized_model(
+        name, tiny_mixtral, tmp_path_factory, monkeypatch):
+    """Every expert's w1/w3/w2 quantized (the router dense, as the tools leave it): each
+    expert is an ``ExpertMLP`` of the checkpoint's method, and the logits (portable, then on
+    the CPU's kernels) are within the bounds of the Llama test above. The kernels run with
+    fp32 activations: an expert's few tokens would take the VNNI kernels, whose int8
+    activations move logits by ~0.2 here (their bound is test_quant_gemm's; the whole
+    prompt of the Llama test above takes fp32 panels instead)."""
+    monkeypatch.setattr(quant_gemm, "Q8_ACTIVATIONS", False)
+    folder, exact_folder, blocks_folder = quantized_model(tmp_path_factory, tiny_mixtral, name)
+    gen = torch.Generator().manual_seed(draw_seed())
+    prompts = [torch.randint(0, VOCAB_SIZE, (n,), generator=gen).tolist() for n in (37, 64)]
+    exact = prompt_logits(exact_folder, prompts, kernels=False)
+    as_blocks = prompt_logits(blocks_folder, prompts, kernels=False)
+    model = build_model(load_model_files(str(folder)), torch.float32, TorchAttentionBackend)
+    experts = model.model.layers[0].mlp.experts
+    assert experts.quantized is not None and len(experts.quantized) == 4
+    assert not experts.quantized["0"].down_proj.quant_method.dense
+    assert model.model.layers[0].mlp.gate.quant_method.dense  # the router
+    for kernels in (False, True):
+        logits = prompt_logits(folder, prompts, kernels)
+        diff = (logits - exact).abs().max().item()
+        blocks_diff = (logits - as_blocks).abs().max().item()
+        agree = (logits.argmax(-1) == exact.argmax(-1)).float().mean().item()
+        print(f"{name} kernels={kernels}: logit diff {diff:.2e} from the exact model, "
+              f"{blocks_diff:.2e} from the blocks', greedy agreement {agree:.3f}")
+        assert blocks_diff < ATOL, f"{name}: {blocks_diff:.2e} from the model as blocks"
+        assert diff < MODEL_RTOL * exact.abs().max(), f"{name}: {diff:.2e} from exact"
+        assert agree >= 0.99, f"{name}: greedy agreement {agree:.3f}"
+
+
+@pytest.mark.parametrize("ignored", [["gate"], ["re:.*block_sparse_moe.gate$", "lm_head"],
+                                     ["model.layers.0.block_sparse_moe.gate"]])
+def test_a_config_may_leave_the_routers_unquantized(ignored):
+    """The tools list the MoE routers (and the LM head) as unquantized: moot here, where
+    both are dense anyway; any other layer left unquantized is refused, named."""
+    config_of({"quant_method": "fp8", "activation_scheme": "dynamic",
+               "ignored_layers": ignored})
+    config_of({"quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True,
+               "version": "gemm", "modules_to_not_convert": ignored})
+    with pytest.raises(ValueError, match="not 'model.layers.0.mlp.down_proj'"):
+        config_of({"quant_method": "fp8", "ignored_layers":
+                   [*ignored, "model.layers.0.mlp.down_proj"]})
 
 
 def _refused(tmp_path_factory, tiny_llama, name: str, message: str, edit=None,

@@ -30,6 +30,27 @@ GROUP_SIZES = (32, 64, 128)
 LM_HEAD_NAMES = frozenset({"lm_head", "re:.*lm_head", "re:^lm_head$"})
 
 
+def stays_dense(name: str) -> bool:
+    """Whether a layer a config leaves unquantized (``ignore``, ``ignored_layers``,
+    ``modules_to_not_convert``) is one that is dense here anyway: the LM head, or a mixture
+    of experts' router (``gate``, Qwen2-MoE's ``shared_expert_gate``; routers are built
+    outside the quantization scope) - by name, by a full module name or by a ``re:``
+    pattern ending in one."""
+    if name in LM_HEAD_NAMES:
+        return True
+    tail = name.removeprefix("re:").removesuffix("$").rsplit(".", 1)[-1]
+    return tail in ("gate", "shared_expert_gate")
+
+
+def check_unquantized(name: str, modules: list[str] | None) -> None:
+    """Refuse a config that leaves some other layer unquantized (not built: every linear
+    layer here holds the config's weights)."""
+    others = [m for m in modules or [] if not stays_dense(m)]
+    if others:
+        raise ValueError(f"{name}={modules!r}: only the LM head and MoE routers may stay "
+                         f"unquantized here (not {others[0]!r})")
+
+
 def field(config: dict[str, Any], name: str, allowed: tuple, default: Any = None) -> Any:
     """``config[name]`` (``default`` where absent), refused unless it is one of ``allowed``."""
     value = config.get(name, default)
@@ -41,6 +62,8 @@ def field(config: dict[str, Any], name: str, allowed: tuple, default: Any = None
 
 class IntConfig(QuantizationConfig):
     """A config whose every linear layer holds integers of one :class:`IntScheme`."""
+
+    quantizes_experts = True
 
     def __init__(self, scheme: IntScheme) -> None:
         self.scheme = scheme
@@ -62,7 +85,7 @@ class AwqConfig(IntConfig):
         group = field(config, "group_size", GROUP_SIZES, config.get("q_group_size"))
         field(config, "zero_point", (True,), True)
         field(config, "version", ("gemm", "GEMM"), "gemm")
-        field(config, "modules_to_not_convert", (None, []))
+        check_unquantized("modules_to_not_convert", config.get("modules_to_not_convert"))
         return cls(IntScheme("awq", 4, group))
 
 
@@ -94,6 +117,7 @@ class Fp8Config(QuantizationConfig):
     scales; block-scaled (``weight_block_size``) checkpoints are refused."""
 
     name = "fp8"
+    quantizes_experts = True
 
     def __init__(self, static_activations: bool) -> None:
         self.static_activations = static_activations
@@ -103,10 +127,7 @@ class Fp8Config(QuantizationConfig):
         config = config or {}
         scheme = field(config, "activation_scheme", ("static", "dynamic"), "dynamic")
         field(config, "weight_block_size", (None,))
-        ignored = config.get("ignored_layers") or []
-        if set(ignored) - LM_HEAD_NAMES:
-            raise ValueError(f"ignored_layers={ignored!r}: only the LM head may stay "
-                             f"unquantized here")
+        check_unquantized("ignored_layers", config.get("ignored_layers"))
         return cls(scheme == "static")
 
     def get_linear_method(self, layer: nn.Module) -> LinearMethodBase:
@@ -121,6 +142,7 @@ class CompressedTensorsConfig(QuantizationConfig):
     per-channel weights)."""
 
     name = "compressed-tensors"
+    quantizes_experts = True
 
     def __init__(self, method: IntScheme | bool) -> None:
         self.method = method  # an integer scheme, or fp8 with static activations or not
@@ -128,9 +150,7 @@ class CompressedTensorsConfig(QuantizationConfig):
     @classmethod
     def from_config(cls, config: dict[str, Any] | None) -> CompressedTensorsConfig:
         config = config or {}
-        ignore = config.get("ignore") or []
-        if set(ignore) - LM_HEAD_NAMES:
-            raise ValueError(f"ignore={ignore!r}: only the LM head may stay unquantized here")
+        check_unquantized("ignore", config.get("ignore"))
         groups = config.get("config_groups") or {}
         if len(groups) != 1:
             raise ValueError(f"config_groups has {len(groups)} groups; one is supported")

@@ -201,6 +201,9 @@ class Fp8LinearMethod(LinearMethodBase):
                 loaded = loaded.reshape(1, 1).expand(rows, 1)
             expect(loaded.reshape(rows, -1) if loaded.numel() == rows else loaded,
                    (rows, 1), FLOATS, "fp8 weight_scale")
+            if row_split(layer) > 1:  # a scale per output row: every rank needs them all
+                param.data.copy_(loaded.reshape(rows, 1))
+                return
             weight_loader(param, loaded.reshape(rows, 1).float(), shard_id)
 
         layer.weight = frozen(torch.zeros(out_features, in_features, dtype=FP8_E4M3),

@@ -32,7 +32,9 @@ from torch import nn
 from octavo.distributed.state import get_parallel_state
 from octavo.models.layers.activation import SiluAndMul
 from octavo.models.layers.expert_dispatch import dispatch_and_combine, token_share
+from octavo.models.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from octavo.models.layers.parallel import all_reduce, check_divisible, resolve_tp
+from octavo.models.layers.quantization import experts_quantized
 from octavo.models.layers.weights import copy_shard, new_parameter
 
 ExpertKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, nn.Module],
@@ -151,6 +153,42 @@ def expert_kernel(inputs: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> 
     return grouped_experts if grouped_mm_fits(inputs, w13, w2) else loop_experts
 
 
+class ExpertMLP(nn.Module):
+    """One expert of a quantized checkpoint: its gate/up and down projections as linear
+    layers of the checkpoint's method (AWQ, GPTQ, fp8, compressed-tensors: loaded, split and
+    multiplied - on the CPU by the quantized kernels - as any linear layer's), sharded
+    ``shard = (rank, size)`` over the intermediate dim like the stacked experts."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int,
+                 shard: tuple[int, int]) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2,
+                                                       tp_rank=shard[0], tp_size=shard[1])
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, tp_rank=shard[0],
+                                           tp_size=shard[1])
+
+    def forward(self, x: torch.Tensor, act: nn.Module) -> torch.Tensor:
+        """This rank's partial sum of the expert's output (FusedMoE reduces them all once)."""
+        return partial_product(self.down_proj, act(self.gate_up_proj(x)))
+
+
+def partial_product(layer: RowParallelLinear, x: torch.Tensor) -> torch.Tensor:
+    """A row-parallel layer's own product of its slice of ``x``, without the all-reduce its
+    forward does (experts have no bias)."""
+    if layer.cpu_gemm is not None:
+        return layer.quant_method.after_gemm(layer, x, layer.cpu_gemm(x))
+    return layer.quant_method.apply(layer, x)
+
+
+def quantized_experts(experts: nn.ModuleDict, inputs: torch.Tensor, counts: torch.Tensor,
+                      act: nn.Module, first: int) -> torch.Tensor:
+    """``loop_experts`` on quantized experts (``ExpertMLP``, keyed by global index from
+    ``first``): one pair of quantized GEMMs per expert that received tokens."""
+    outputs = [experts[str(first + e)](block, act)
+               for e, block in enumerate(inputs.split(counts.tolist())) if len(block)]
+    return torch.cat(outputs) if outputs else inputs.new_empty(0, inputs.shape[1])
+
+
 class FusedMoE(nn.Module):
     """``num_experts`` SiLU-gated MLPs; each token runs through the experts it was routed to
     and their outputs are summed with the routing weights.
@@ -159,7 +197,10 @@ class FusedMoE(nn.Module):
     parallel state. HF checkpoints store each expert separately
     (``experts.{e}.w1/w2/w3.weight``); the weight loader's ``shard_id`` is
     ``(expert, "w1" | "w2" | "w3")`` with the global expert index, and it skips the experts
-    another rank holds.
+    another rank holds. Built in the scope of a checkpoint's quantization config
+    (``experts_quantized``), the rank's experts are instead ``ExpertMLP`` modules in
+    ``quantized`` (keyed by global index), loaded by their layers' own loaders; the model
+    skips the tensors of other ranks' experts (``octavo.models.moe_block``).
     """
 
     def __init__(
@@ -193,11 +234,18 @@ class FusedMoE(nn.Module):
             self.intermediate_shard = (self.tp_rank, self.tp_size)
         self.local_intermediate = check_divisible("expert intermediate size",
                                                   intermediate_size, self.intermediate_shard[1])
+        self.hidden_size, self.dtype = hidden_size, torch.get_default_dtype()
+        self.act = SiluAndMul()
+        self.quantized: nn.ModuleDict | None = None
+        if experts_quantized():
+            self.quantized = nn.ModuleDict({
+                str(e): ExpertMLP(hidden_size, intermediate_size, self.intermediate_shard)
+                for e in self.local_experts})
+            return
         self.w13_weight = new_parameter(len(self.local_experts), 2 * self.local_intermediate,
                                         hidden_size, weight_loader=self.weight_loader)
         self.w2_weight = new_parameter(len(self.local_experts), hidden_size,
                                        self.local_intermediate, weight_loader=self.weight_loader)
-        self.act = SiluAndMul()
 
     def weight_loader(
         self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[int, str]
@@ -236,6 +284,9 @@ class FusedMoE(nn.Module):
         return all_reduce(output) if self.tp_size > 1 else output
 
     def _run_local_experts(self, inputs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return quantized_experts(self.quantized, inputs, counts, self.act,
+                                     self.local_experts.start)
         kernel = expert_kernel(inputs, self.w13_weight, self.w2_weight)
         return kernel(inputs, self.w13_weight, self.w2_weight, counts, self.act)
 
@@ -257,9 +308,9 @@ class FusedMoE(nn.Module):
     def run_dummy(self) -> None:
         """Take part in one pass of the expert group's collectives with no tokens: what an
         engine with no work does so that the engines with work are not left waiting."""
-        hidden = self.w2_weight.shape[1]
-        x = self.w2_weight.new_empty(0, hidden)
-        no_routes = torch.empty(0, 1, dtype=torch.int64, device=x.device)
+        device = next(self.parameters()).device
+        x = torch.empty(0, self.hidden_size, dtype=self.dtype, device=device)
+        no_routes = torch.empty(0, 1, dtype=torch.int64, device=device)
         self(x, no_routes.float(), no_routes)
 
 

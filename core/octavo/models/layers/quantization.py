@@ -141,6 +141,11 @@ class QuantizationConfig:
     (vLLM's ``--quantization`` value) and override the methods they change."""
 
     name: ClassVar[str]
+    # Whether a mixture of experts' experts hold this config's weights: one quantized linear
+    # pair per expert (``octavo.models.layers.moe.ExpertMLP``) instead of stacked dense
+    # tensors. A checkpoint config's do (its tools quantize the experts); GGUF's keeps its
+    # stacked expert tensors, dequantized.
+    quantizes_experts: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, config: dict[str, Any] | None) -> QuantizationConfig:
@@ -176,6 +181,13 @@ def quantization_scope(config: QuantizationConfig | None) -> Iterator[None]:
         yield
     finally:
         _current.pop()
+
+
+def experts_quantized() -> bool:
+    """Whether a mixture of experts being built holds the current scope's quantized weights
+    (``QuantizationConfig.quantizes_experts``)."""
+    config = _current[-1]
+    return config is not None and config.quantizes_experts
 
 
 def linear_method(layer: nn.Module) -> LinearMethodBase:
