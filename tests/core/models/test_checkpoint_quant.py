@@ -224,7 +224,12 @@ def test_a_tiny_llama_checkpoint_matches_its_dequantized_model(name, tiny_llama,
     kernels): within fp32's ``ATOL`` of the model as its blocks hold it, within
     ``MODEL_RTOL`` of the largest logit of the exact dequantized model, whose greedy picks
     they share at >= 99% of positions."""
-    folder, exact_folder, blocks_folder = quantized_model(tmp_path_factory, tiny_llama, name)
+    check_against_dequantized(name, *quantized_model(tmp_path_factory, tiny_llama, name))
+
+
+def check_against_dequantized(name: str, folder: Path, exact_folder: Path,
+                              blocks_folder: Path) -> None:
+    """The checks of the test above, on a checkpoint and its two dequantized forms."""
     gen = torch.Generator().manual_seed(draw_seed())
     prompts = [torch.randint(0, VOCAB_SIZE, (n,), generator=gen).tolist() for n in (37, 64)]
     exact = prompt_logits(exact_folder, prompts, kernels=False)
@@ -261,26 +266,13 @@ def test_a_tiny_mixtral_checkpoint_with_quantized_experts_matches_its_dequantize
     activations move logits by ~0.2 here (their bound is test_quant_gemm's; the whole
     prompt of the Llama test above takes fp32 panels instead)."""
     monkeypatch.setattr(quant_gemm, "Q8_ACTIVATIONS", False)
-    folder, exact_folder, blocks_folder = quantized_model(tmp_path_factory, tiny_mixtral, name)
-    gen = torch.Generator().manual_seed(draw_seed())
-    prompts = [torch.randint(0, VOCAB_SIZE, (n,), generator=gen).tolist() for n in (37, 64)]
-    exact = prompt_logits(exact_folder, prompts, kernels=False)
-    as_blocks = prompt_logits(blocks_folder, prompts, kernels=False)
-    model = build_model(load_model_files(str(folder)), torch.float32, TorchAttentionBackend)
+    folders = quantized_model(tmp_path_factory, tiny_mixtral, name)
+    model = build_model(load_model_files(str(folders[0])), torch.float32, TorchAttentionBackend)
     experts = model.model.layers[0].mlp.experts
     assert experts.quantized is not None and len(experts.quantized) == 4
     assert not experts.quantized["0"].down_proj.quant_method.dense
     assert model.model.layers[0].mlp.gate.quant_method.dense  # the router
-    for kernels in (False, True):
-        logits = prompt_logits(folder, prompts, kernels)
-        diff = (logits - exact).abs().max().item()
-        blocks_diff = (logits - as_blocks).abs().max().item()
-        agree = (logits.argmax(-1) == exact.argmax(-1)).float().mean().item()
-        print(f"{name} kernels={kernels}: logit diff {diff:.2e} from the exact model, "
-              f"{blocks_diff:.2e} from the blocks', greedy agreement {agree:.3f}")
-        assert blocks_diff < ATOL, f"{name}: {blocks_diff:.2e} from the model as blocks"
-        assert diff < MODEL_RTOL * exact.abs().max(), f"{name}: {diff:.2e} from exact"
-        assert agree >= 0.99, f"{name}: greedy agreement {agree:.3f}"
+    check_against_dequantized(name, *folders)
 
 
 @pytest.mark.parametrize("ignored", [["gate"], ["re:.*block_sparse_moe.gate$", "lm_head"],
