@@ -5,8 +5,9 @@
 Each config checks the fields it relies on and refuses what it does not run with a
 ``ValueError`` naming the field and value (the builder adds the file): other bit widths,
 AWQ's GEMV/Marlin layouts, fp8 block scales, compressed-tensors schemes other than W8A8
-int8, W4A16/W8A16 and fp8, quantized LM heads. The embedding and the LM head stay dense,
-as these tools leave them. The fields follow the tools' own config writers (AutoAWQ
+int8, W4A16/W8A16 and fp8, quantized LM heads. The embedding, the LM head and mixtures of
+experts' routers stay dense, as these tools leave them; the experts themselves hold the
+config's weights (``quantizes_experts``). The fields follow the tools' own config writers (AutoAWQ
 ``awq/models/base.py``, AutoGPTQ/GPTQModel ``quantize_config.py``, vLLM's ``fp8.py``,
 compressed-tensors ``quantization/quant_config.py`` and ``quant_scheme.py``).
 """
