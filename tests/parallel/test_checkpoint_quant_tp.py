@@ -24,9 +24,6 @@ from .engines import max_logprob_gap, one_thread, run
 from .test_tensor_parallel import LOGPROB_TOLERANCE, random_prompts
 
 NAME = "awq-g32"
-# Prompt logprobs of TP=2 against one rank where the int8 activations of the VNNI kernels
-# round the ranks' split sums (see test_quantized_experts_at_tp2_match_one_rank).
-Q8_LOGPROB_TOLERANCE = 0.05
 
 
 def test_awq_tp2_matches_one_rank(tmp_path: Path) -> None:
@@ -40,28 +37,23 @@ def test_awq_tp2_matches_one_rank(tmp_path: Path) -> None:
     assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE, f"seed {seed}"
 
 
-@pytest.mark.parametrize("name", ["fp8-per-tensor-static", "awq-g32"])
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp", "ep"])
-def test_quantized_experts_at_tp2_match_one_rank(name: str, expert_parallel: bool,
-                                                 tmp_path: Path) -> None:
-    """A tiny Mixtral whose experts are quantized, split over two ranks by the experts'
-    intermediate dim (TP) or whole experts (EP): one rank's greedy tokens and prompt
-    logprobs. fp8 in fp32 runs the portable path: within fp32 rounding. AWQ's blocks run
-    the CPU's kernels, and an expert's few prompt tokens take the VNNI ones, whose int8
-    activations (a rounding step of max|x| / 127 per 32 values) a 1e-6 difference of the
-    split sums can move by a step (the test below): within ``Q8_LOGPROB_TOLERANCE`` (0.005
-    and 0.007 measured; a wrong split moves them by whole units), and the same tokens at
-    this fixed seed (a near-tie could part them, as the test below explains)."""
+def test_fp8_experts_at_tp2_match_one_rank(expert_parallel: bool, tmp_path: Path) -> None:
+    """A tiny Mixtral written as an fp8 checkpoint (attention and experts), split over two
+    ranks by the experts' intermediate dim (TP) or whole experts (EP): one rank's greedy
+    tokens, prompt logprobs within fp32 rounding (fp32 runs fp8 on the portable path).
+    Not AWQ's blocks: on the CPU's VNNI kernels the ranks' int8 activation roundings (the
+    test below) can also swap a router's near-tied experts, which fresh seeds showed in
+    about half of the draws."""
     seed = draw_seed()
-    folder = str(tiny_quantized_model(tmp_path, name, seed, "mixtral"))
+    folder = str(tiny_quantized_model(tmp_path, "fp8-per-tensor-static", seed, "mixtral"))
     prompts = random_prompts(np.random.default_rng(seed), 4)
     with one_thread():
         reference = run(folder, prompts, 8, max_model_len=128)
     parallel = run(folder, prompts, 8, tensor_parallel_size=2, max_model_len=128,
                    enable_expert_parallel=expert_parallel)
     assert parallel.tokens == reference.tokens, f"seed {seed}"
-    tolerance = LOGPROB_TOLERANCE if name.startswith("fp8") else Q8_LOGPROB_TOLERANCE
-    assert max_logprob_gap(parallel, reference) < tolerance, f"seed {seed}"
+    assert max_logprob_gap(parallel, reference) < LOGPROB_TOLERANCE, f"seed {seed}"
 
 
 def test_llmcompressor_w4a16_tp2_matches_one_rank(monkeypatch) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,7 @@ from octavo.models.layers.checkpoint_configs import (
     GptqConfig,
 )
 from octavo.models.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from octavo.models.layers.moe import FusedMoE
 from octavo.models.layers.quantization import QuantizationConfig, quantization_scope
 from octavo.models.loader import ModelLoadError, load_model_files
 from octavo.testing import quant_checkpoints as qc
@@ -45,6 +47,11 @@ U = 2.0 ** -24
 FP16_U = 2.0 ** -11
 ATOL = 1e-4  # fp32 parity, as tests/core/models/test_models_parity.py
 MODEL_RTOL = 0.01
+# The share of a mixture of experts' positions that may be routed to other experts than in a
+# dequantized form of the same model (check_against_dequantized): AWQ g32 on the tiny Mixtral
+# swapped 0 or 1 of 101 positions in eight fresh draws; a wrong expert or router would route
+# most of them otherwise.
+ROUTE_SWAPS = 0.05
 IN_FEATURES = 256  # groups of 32, 64 and 128 divide it
 OUT_SIZES = (40, 88)  # a fused gate/up of odd sizes (multiples of 8, as AWQ packs)
 
@@ -207,13 +214,39 @@ def tiny_llama(tmp_path_factory) -> Path:
     return folder
 
 
-def prompt_logits(folder: Path, prompts: list[list[int]], kernels: bool) -> torch.Tensor:
+@dataclass
+class PromptRun:
+    """A model's logits at every prompt position, and where it is a mixture of experts the
+    experts each MoE layer sent each position to."""
+
+    logits: torch.Tensor  # [T, vocab]
+    routes: torch.Tensor | None  # [T, MoE layers, top-k] expert ids, sorted; None: no MoE
+
+    def same_routes(self, other: PromptRun) -> torch.Tensor:
+        """[T] bool: whether every MoE layer sent the position to the same experts in both
+        runs (all True without MoE)."""
+        if self.routes is None or other.routes is None:
+            return torch.ones(len(self.logits), dtype=torch.bool)
+        return (self.routes == other.routes).flatten(1).all(1)
+
+
+def prompt_run(folder: Path, prompts: list[list[int]], kernels: bool) -> PromptRun:
     model = build_model(load_model_files(str(folder)), torch.float32, TorchAttentionBackend)
     if kernels:
         attach_quant_gemms(model)
+    routes: list[torch.Tensor] = []
+    for module in model.modules():
+        if isinstance(module, FusedMoE):  # forward(x, weights, expert_ids)
+            module.register_forward_hook(
+                lambda _m, args, _out: routes.append(args[2].sort(-1).values))
     driver = PagedDriver(model, 0)
     out = driver.step(dict(enumerate(prompts)))
-    return torch.cat([out[i] for i in range(len(prompts))])
+    return PromptRun(torch.cat([out[i] for i in range(len(prompts))]),
+                     torch.stack(routes, 1) if routes else None)
+
+
+def prompt_logits(folder: Path, prompts: list[list[int]], kernels: bool) -> torch.Tensor:
+    return prompt_run(folder, prompts, kernels).logits
 
 
 @pytest.mark.parametrize("name", ["awq-g128", "gptq-4bit-g32-asym-act-order", "ct-w8a8-int8",
@@ -223,28 +256,46 @@ def test_a_tiny_llama_checkpoint_matches_its_dequantized_model(name, tiny_llama,
     """The checkpoint's logits at every prompt position (portable, then on the CPU's
     kernels): within fp32's ``ATOL`` of the model as its blocks hold it, within
     ``MODEL_RTOL`` of the largest logit of the exact dequantized model, whose greedy picks
-    they share at >= 99% of positions."""
+    they share wherever that bound cannot flip them (``check_against_dequantized``)."""
     check_against_dequantized(name, *quantized_model(tmp_path_factory, tiny_llama, name))
 
 
 def check_against_dequantized(name: str, folder: Path, exact_folder: Path,
                               blocks_folder: Path) -> None:
-    """The checks of the test above, on a checkpoint and its two dequantized forms."""
+    """The checks of the test above, on a checkpoint and its two dequantized forms; greedy
+    picks must agree wherever the exact model's top two logits are further apart than twice
+    the logits' bound (at a nearer tie the format's rounding may pick the other: on 101
+    positions of a tiny random model that happened at 0-2 positions, so a share of 99%
+    would fail now and then on a fresh draw; the share is printed). In a
+    mixture of experts they hold at the positions every MoE layer routed alike in both
+    models: a router's top-k is discontinuous, and the blocks' fp16 rounding (or fp32's,
+    between the kernels and the dense model) can swap two experts whose router logits are
+    within it, which moves that position's output by the experts' difference, not by the
+    rounding. Such swaps are counted and must stay rare (``ROUTE_SWAPS``)."""
     gen = torch.Generator().manual_seed(draw_seed())
     prompts = [torch.randint(0, VOCAB_SIZE, (n,), generator=gen).tolist() for n in (37, 64)]
-    exact = prompt_logits(exact_folder, prompts, kernels=False)
-    as_blocks = prompt_logits(blocks_folder, prompts, kernels=False)
+    exact = prompt_run(exact_folder, prompts, kernels=False)
+    as_blocks = prompt_run(blocks_folder, prompts, kernels=False)
     for kernels in (False, True):
-        logits = prompt_logits(folder, prompts, kernels)
-        diff = (logits - exact).abs().max().item()
-        blocks_diff = (logits - as_blocks).abs().max().item()
-        agree = (logits.argmax(-1) == exact.argmax(-1)).float().mean().item()
+        run = prompt_run(folder, prompts, kernels)
+        alike, alike_blocks = run.same_routes(exact), run.same_routes(as_blocks)
+        logits, bound = run.logits, MODEL_RTOL * exact.logits.abs().max().item()
+        diff = (logits - exact.logits)[alike].abs().max().item()
+        blocks_diff = (logits - as_blocks.logits)[alike_blocks].abs().max().item()
+        same = (logits.argmax(-1) == exact.logits.argmax(-1))[alike]
+        top2 = exact.logits[alike].topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 2 * bound  # no logit within the bound can flip it
         print(f"{name} kernels={kernels}: logit diff {diff:.2e} from the exact model "
-              f"(max |logit| {exact.abs().max():.2f}), {blocks_diff:.2e} from the blocks', "
-              f"greedy agreement {agree:.3f}")
+              f"(max |logit| {exact.logits.abs().max():.2f}), {blocks_diff:.2e} from the "
+              f"blocks', greedy agreement {same.float().mean():.3f} ({int(clear.sum())} clear "
+              f"picks); positions routed otherwise than the exact model "
+              f"{int((~alike).sum())}, than the blocks' {int((~alike_blocks).sum())} of "
+              f"{len(alike)}")
+        assert (~alike).float().mean() <= ROUTE_SWAPS, f"{name}: {int((~alike).sum())} swaps"
+        assert (~alike_blocks).float().mean() <= ROUTE_SWAPS, f"{name}: swaps against blocks"
         assert blocks_diff < ATOL, f"{name}: {blocks_diff:.2e} from the model as blocks"
-        assert diff < MODEL_RTOL * exact.abs().max(), f"{name}: {diff:.2e} from exact"
-        assert agree >= 0.99, f"{name}: greedy agreement {agree:.3f}"
+        assert diff < bound, f"{name}: {diff:.2e} from exact"
+        assert same[clear].all(), f"{name}: a pick the bound cannot flip differs"
 
 
 @pytest.fixture(scope="module")
