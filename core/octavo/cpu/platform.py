@@ -108,12 +108,12 @@ class CpuPlatform(Platform):
     @classmethod
     def prepare_model(cls, model: nn.Module, dtype: torch.dtype) -> int:
         """For a bf16 model: prepack the loaded weights for the CPU's GEMMs (fp8 layers' too:
-        ``octavo.cpu.fp8_gemm``), fuse the
-        element-wise layers and run decode steps a layer per call; nothing otherwise (fp32
-        runs PyTorch's own kernels). In any dtype, layers kept in GGUF blocks multiply with
-        the quantized kernels (``octavo.cpu.quant``), and the process's allocator keeps
-        freed memory for the next step (``octavo.cpu.allocator``). Imported here: a process that
-        lists platforms does not load torch or build the kernels."""
+        ``octavo.cpu.fp8_gemm``), fuse the element-wise layers and run decode steps a layer
+        per call; nothing otherwise (fp32 runs PyTorch's own kernels). In any dtype, layers
+        kept in GGUF blocks multiply with the quantized kernels (``octavo.cpu.quant``), and
+        the process's allocator keeps freed memory for the next step
+        (``octavo.cpu.allocator``). Imported here: a process that lists platforms does not
+        load torch or build the kernels."""
         import torch
 
         from octavo.cpu.allocator import keep_freed_memory

@@ -121,19 +121,22 @@ class ExpertNames:
                              rf"(gate_up_proj|down_proj)\.(\w+)$", param_name)
         if quantized is not None:
             prefix, expert, layer, suffix = quantized.groups()
-            wanted = (DOWN,) if layer == "down_proj" else (GATE, UP)
             return [f"{prefix}.{self.module}.experts.{expert}.{part}.{suffix}"
-                    for which in wanted for part, shard in self.parts if shard == which]
+                    for part in self.checkpoint_parts(down=layer == "down_proj")]
         match = re.match(rf"^(.*)\.{self.ours}\.experts\.(w13|w2)_weight$", param_name)
         if match is None:
             return None
         prefix, stacked = match.groups()
-        wanted = (DOWN,) if stacked == "w2" else (GATE, UP)
         experts = self.experts(model, prefix)
         assert experts is not None
         return [f"{prefix}.{self.module}.experts.{expert}.{part}.weight"
                 for expert in experts.local_experts
-                for which in wanted for part, shard in self.parts if shard == which]
+                for part in self.checkpoint_parts(down=stacked == "w2")]
+
+    def checkpoint_parts(self, down: bool) -> list[str]:
+        """The checkpoint parts of the down projection, or of gate and up in that order."""
+        wanted = (DOWN,) if down else (GATE, UP)
+        return [part for which in wanted for part, shard in self.parts if shard == which]
 
 
 # Qwen's and DeepSeek's checkpoints (and Jamba's, under feed_forward).

@@ -198,11 +198,16 @@ class RowParallelLinear(LinearBase):
     def reads_weight_with_cpu_gemm(self) -> bool:
         return self.tp_size > 1 and self.bias is not None
 
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's product of its slice of ``x``, before the ranks' all-reduce and the
+        bias (what a mixture of experts sums over its experts and reduces once)."""
+        # The platform's GEMM adds the bias, which must come once, after the reduction.
+        gemm = self.cpu_gemm if self.bias is None else None
+        return (self.quant_method.after_gemm(self, x, gemm(x)) if gemm is not None
+                else self.quant_method.apply(self, x))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return super().forward(x)
-        # The platform's GEMM adds the bias, which must come once, after the reduction.
-        gemm = self.cpu_gemm if self.bias is None else None
-        output = all_reduce(self.quant_method.after_gemm(self, x, gemm(x)) if gemm is not None
-                            else self.quant_method.apply(self, x))
+        output = all_reduce(self.partial(x))
         return output if self.bias is None else output + self.bias

@@ -116,9 +116,18 @@ def loop_experts(
 ) -> torch.Tensor:
     """Expert outputs ``[N, H]`` of the pairs' ``inputs [N, H]`` (sorted by expert), one
     pair of GEMMs per expert that received tokens."""
-    outputs = [F.linear(act(F.linear(block, w13[expert])), w2[expert])
+    return each_expert(inputs, counts,
+                       lambda expert, block: F.linear(act(F.linear(block, w13[expert])),
+                                                      w2[expert]))
+
+
+def each_expert(inputs: torch.Tensor, counts: torch.Tensor,
+                run: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``run(expert, block)`` on each local expert's block of ``inputs [N, H]`` (sorted by
+    expert, ``counts`` rows each) that received tokens; the outputs in the same order."""
+    outputs = [run(expert, block)
                for expert, block in enumerate(inputs.split(counts.tolist())) if len(block)]
-    return torch.cat(outputs) if outputs else inputs.new_empty(0, w2.shape[1])
+    return torch.cat(outputs) if outputs else inputs.new_empty(0, inputs.shape[1])
 
 
 def grouped_experts(
@@ -169,24 +178,7 @@ class ExpertMLP(nn.Module):
 
     def forward(self, x: torch.Tensor, act: nn.Module) -> torch.Tensor:
         """This rank's partial sum of the expert's output (FusedMoE reduces them all once)."""
-        return partial_product(self.down_proj, act(self.gate_up_proj(x)))
-
-
-def partial_product(layer: RowParallelLinear, x: torch.Tensor) -> torch.Tensor:
-    """A row-parallel layer's own product of its slice of ``x``, without the all-reduce its
-    forward does (experts have no bias)."""
-    if layer.cpu_gemm is not None:
-        return layer.quant_method.after_gemm(layer, x, layer.cpu_gemm(x))
-    return layer.quant_method.apply(layer, x)
-
-
-def quantized_experts(experts: nn.ModuleDict, inputs: torch.Tensor, counts: torch.Tensor,
-                      act: nn.Module, first: int) -> torch.Tensor:
-    """``loop_experts`` on quantized experts (``ExpertMLP``, keyed by global index from
-    ``first``): one pair of quantized GEMMs per expert that received tokens."""
-    outputs = [experts[str(first + e)](block, act)
-               for e, block in enumerate(inputs.split(counts.tolist())) if len(block)]
-    return torch.cat(outputs) if outputs else inputs.new_empty(0, inputs.shape[1])
+        return self.down_proj.partial(act(self.gate_up_proj(x)))
 
 
 class FusedMoE(nn.Module):
@@ -284,9 +276,11 @@ class FusedMoE(nn.Module):
         return all_reduce(output) if self.tp_size > 1 else output
 
     def _run_local_experts(self, inputs: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        if self.quantized is not None:
-            return quantized_experts(self.quantized, inputs, counts, self.act,
-                                     self.local_experts.start)
+        if self.quantized is not None:  # one pair of quantized GEMMs per expert with tokens
+            experts, first = self.quantized, self.local_experts.start
+            return each_expert(inputs, counts,
+                               lambda expert, block: experts[str(first + expert)](block,
+                                                                                  self.act))
         kernel = expert_kernel(inputs, self.w13_weight, self.w2_weight)
         return kernel(inputs, self.w13_weight, self.w2_weight, counts, self.act)
 
